@@ -1,0 +1,1 @@
+"""sapiens2.dense."""

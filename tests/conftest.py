@@ -1,0 +1,59 @@
+"""Shared test helpers: where the fixtures live, and the CI rule for missing ones.
+
+Fixtures are read from ``../shared`` (or ``$SAPIENS2_SHARED``). Outside CI a missing fixture skips with a
+reason; under ``CI=true`` it is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("SAPIENS2_SHARED", REPO.parent / "shared"))
+PARITY = SHARED / "fixtures" / "parity"
+KEYS = SHARED / "fixtures" / "keys"
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def require(path: Path) -> Path:
+    """Return ``path`` if it exists; otherwise skip (locally) or fail (under CI=true)."""
+    if not path.exists():
+        message = f"fixture missing: {path} (set SAPIENS2_SHARED to the shared/ folder)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def load_case(name: str) -> tuple[dict, Path]:
+    """Read ``parity/<name>/case.json``; returns (case dict, case folder)."""
+    folder = require(PARITY / name)
+    return json.loads((folder / "case.json").read_text()), folder
+
+
+def assert_rel_close(got: torch.Tensor, expected: torch.Tensor, max_rel: float, rms_rel: float, name: str = "") -> None:
+    """The fixtures' tensor rule: max|d| <= max_rel*max|e| and rms(d) <= rms_rel*rms(e)."""
+    assert got.shape == expected.shape, f"{name}: shape {tuple(got.shape)} != {tuple(expected.shape)}"
+    got = got.detach().double()
+    expected = expected.detach().double()
+    diff = got - expected
+    max_abs = diff.abs().max().item()
+    scale = expected.abs().max().item()
+    rms = diff.pow(2).mean().sqrt().item()
+    rms_scale = expected.pow(2).mean().sqrt().item()
+    assert max_abs <= max_rel * scale, f"{name}: max|diff| {max_abs:.3e} > {max_rel:.1e} * {scale:.3e}"
+    assert rms <= rms_rel * rms_scale, f"{name}: rms(diff) {rms:.3e} > {rms_rel:.1e} * {rms_scale:.3e}"
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_threads():
+    """One thread for bitwise-equality checks (the fixtures were made with one thread)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
