@@ -1,3 +1,12 @@
-"""sapiens2: a fast, checkpoint-exact implementation of Meta's Sapiens2 human-centric vision transformers."""
+"""sapiens2: a fast, checkpoint-exact implementation of Meta's Sapiens2 human-centric vision transformers.
+
+    >>> from sapiens2 import Sapiens2, load_backbone
+    >>> model = load_backbone("facebook/sapiens2-pretrain-1b")  # or a local .safetensors path
+"""
+
+from .checkpoints import load_backbone
+from .models import ARCHS, Arch, Sapiens2, get_arch
 
 __version__ = "0.1.0"
+
+__all__ = ["ARCHS", "Arch", "Sapiens2", "get_arch", "load_backbone", "__version__"]

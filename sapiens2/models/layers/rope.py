@@ -1,0 +1,84 @@
+"""2-D axial rotary position embedding with the official bfloat16 recipe (MODEL.md §1.4).
+
+The official model computes RoPE in bfloat16 even inside a float32 forward: periods, coordinates, angles and the
+sin/cos tables are bf16 with every op rounded, and q/k (prefix tokens included) are cast to bf16 for the rotation and
+back afterwards. Reproducing the numbers needs the same op sequence; ``dtype="fp32"`` gives a plain float32 RoPE
+(the transformers port's choice). All precision changes of the backbone live in this file.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+ROPE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def rope_dtype_from_name(name: str | torch.dtype) -> torch.dtype:
+    """Map "bf16"/"fp32" (or a torch dtype of those) to a torch dtype; anything else is a ValueError."""
+    if isinstance(name, torch.dtype) and name in ROPE_DTYPES.values():
+        return name
+    if name in ROPE_DTYPES:
+        return ROPE_DTYPES[name]
+    raise ValueError(f"rope_dtype must be one of {sorted(ROPE_DTYPES)}, got {name!r}")
+
+
+class RopePositionEmbedding(nn.Module):
+    """sin/cos tables for an (Hp, Wp) patch grid.
+
+    The ``periods`` buffer is persistent because official checkpoints carry it (``rope_embed.periods``) and its
+    stored values are authoritative. Whatever dtype the buffer is later moved to (``model.float()``, ``.half()``),
+    tables are computed in ``self.dtype``: the official model silently changes numerics when cast (MODEL.md §1.4
+    "Dtype traps"); we do not.
+    """
+
+    def __init__(self, head_dim: int, base: float = 100.0, dtype: str | torch.dtype = "bf16", *, device=None) -> None:
+        super().__init__()
+        if head_dim % 4:
+            raise ValueError(f"RoPE needs a head dimension divisible by 4, got {head_dim}")
+        self.head_dim = head_dim
+        self.base = base
+        self.dtype = rope_dtype_from_name(dtype)
+        self.register_buffer("periods", torch.empty(head_dim // 4, device=device, dtype=self.dtype), persistent=True)
+
+    def reset_parameters(self) -> None:
+        # periods[i] = base ** (2i / (hd/2)), every op in the RoPE dtype (bf16 rounds the exponent first).
+        exponent = 2 * torch.arange(self.head_dim // 4, dtype=self.dtype, device=self.periods.device)
+        exponent = exponent / (self.head_dim // 2)
+        with torch.no_grad():
+            self.periods.copy_(self.base**exponent)
+
+    def forward(self, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (sin, cos), each (Hp*Wp, head_dim) in the RoPE dtype, rows in row-major token order."""
+        height, width = grid
+        device, dtype = self.periods.device, self.dtype
+        coords_h = (torch.arange(height, dtype=dtype, device=device) + 0.5) / height  # "separate" normalisation
+        coords_w = (torch.arange(width, dtype=dtype, device=device) + 0.5) / width
+        coords = torch.stack(torch.meshgrid(coords_h, coords_w, indexing="ij"), dim=-1).flatten(0, 1)  # (HW, 2)
+        coords = 2.0 * coords - 1.0  # [0, 1] -> [-1, 1]
+        angles = (2 * math.pi * coords)[:, :, None] / self.periods.to(dtype)[None, None, :]  # (HW, 2, hd/4)
+        angles = angles.flatten(1, 2).tile(2)  # (HW, hd): [theta_h, theta_w, theta_h, theta_w]
+        return torch.sin(angles), torch.cos(angles)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Pairs dimension j with j + hd/2: (x1, x2) -> (-x2, x1)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    """Rotate the last Hp*Wp tokens of x (B, heads, N, hd); the N - Hp*Wp prefix tokens pass unrotated.
+
+    The whole tensor (prefix included) is cast to the table dtype and back, so in the default bf16 mode every q/k
+    element is rounded to bf16 once (MODEL.md §1.4 "Application"); each of x*cos, rotate_half(x)*sin and their sum
+    is rounded in that dtype.
+    """
+    out_dtype = x.dtype
+    x = x.to(sin.dtype)
+    num_prefix = x.shape[-2] - sin.shape[0]
+    prefix, patches = x[..., :num_prefix, :], x[..., num_prefix:, :]
+    patches = patches * cos + rotate_half(patches) * sin
+    return torch.cat((prefix, patches), dim=-2).to(out_dtype)

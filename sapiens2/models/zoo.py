@@ -1,0 +1,139 @@
+"""The one table of Sapiens2 architectures, their released files, and the parameter/FLOP formulas (MODEL.md §1.1, §1.9).
+
+Everything that needs an arch's numbers (the backbone, the loaders, ``sapiens2 info``) reads them here.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+PRETRAIN = "pretrain"
+TASKS = ("pose", "seg", "normal", "pointmap", "albedo", "matting")
+HF_ORG = "facebook"
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One backbone architecture.
+
+    Attributes:
+        name: official arch key, e.g. ``"sapiens2_1b"``.
+        embed_dims, num_layers, num_heads, feedforward_channels: widths and depth (D, L, h, F).
+        num_tokenizer_layers: transformer blocks of the 4K hierarchical tokenizer (built only when used).
+        use_tokenizer: True for the 4K variant.
+        img_size: the (H, W) input the released weights were trained at.
+        size: the short name used in file names and repo ids ("1b", "1b_4k").
+        released_tasks: tasks with released weights ("pretrain" included).
+    """
+
+    name: str
+    embed_dims: int
+    num_layers: int
+    num_heads: int
+    feedforward_channels: int
+    num_tokenizer_layers: int
+    size: str
+    use_tokenizer: bool = False
+    img_size: tuple[int, int] = (1024, 768)
+    released_tasks: tuple[str, ...] = field(default=(PRETRAIN,))
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dims // self.num_heads
+
+    def kv_heads(self, block: int) -> int:
+        """Full MHA for the first and last 8 blocks, GQA with h/2 kv heads in between (MODEL.md §1.1)."""
+        return self.num_heads if block < 8 or block >= self.num_layers - 8 else self.num_heads // 2
+
+    def filename(self, task: str = PRETRAIN) -> str:
+        """Official file name, e.g. ``sapiens2_1b_pretrain.safetensors`` or ``sapiens2_1b_seg.safetensors``."""
+        return f"sapiens2_{self.size}_{task}.safetensors"
+
+    def repo_id(self, task: str = PRETRAIN) -> str:
+        """Hugging Face repo id, e.g. ``facebook/sapiens2-pretrain-1b`` or ``facebook/sapiens2-seg-1b``."""
+        return f"{HF_ORG}/sapiens2-{task}-{self.size.replace('_', '-')}"
+
+    def num_parameters(self, with_tokenizer: bool | None = None) -> int:
+        """Exact backbone parameter count (the bf16 ``rope_embed.periods`` buffer is not a parameter)."""
+        d, f, hd = self.embed_dims, self.feedforward_channels, self.head_dim
+        total = d + 8 * d + (3 * 16 * 16 * d + d) + d  # cls, storage tokens, patch conv, final norm
+        for block in range(self.num_layers):
+            total += _block_params(d, f, self.kv_heads(block) * hd, qk_norm_dim=hd, layer_scale=True)
+        if self.use_tokenizer if with_tokenizer is None else with_tokenizer:
+            total += 17 * d + d  # local_pos_embed, w_cls
+            total += self.num_tokenizer_layers * _block_params(d, f, d, qk_norm_dim=0, layer_scale=False)
+        return total
+
+    def flops(self, img_size: tuple[int, int] | None = None, window_size: int = 4) -> int:
+        """Forward FLOPs per image (2 per multiply-add, attention matmuls included), MODEL.md §1.9's exact model."""
+        height, width = img_size or self.img_size
+        grid = (height // 16) * (width // 16)
+        d = self.embed_dims
+        total = 2 * grid * 3 * 16 * 16 * d  # patch conv
+        if self.use_tokenizer:
+            windows, seq = grid // window_size**2, window_size**2 + 1
+            total += self.num_tokenizer_layers * windows * (32 * seq * d * d + 4 * seq * seq * d)
+            grid = windows
+        tokens = grid + 9
+        for block in range(self.num_layers):
+            linear = 32 if self.kv_heads(block) == self.num_heads else 30
+            total += linear * tokens * d * d + 4 * tokens * tokens * d
+        return total
+
+
+def _block_params(d: int, f: int, kv_dim: int, qk_norm_dim: int, layer_scale: bool) -> int:
+    return (
+        2 * d  # ln1, ln2
+        + (d * d + d) + 2 * (d * kv_dim + kv_dim) + (d * d + d)  # wq, wk, wv, proj
+        + 2 * qk_norm_dim  # q_norm, k_norm
+        + (d if layer_scale else 0)  # gamma
+        + (2 * f * d + 2 * f) + (f * d + d)  # w12, w3
+    )
+
+
+_DENSE = (PRETRAIN, "pose", "seg", "normal", "pointmap")
+ARCHS: dict[str, Arch] = {
+    arch.name: arch
+    for arch in (
+        Arch("sapiens2_0.1b", 768, 12, 12, 3072, 2, size="0.1b"),
+        Arch("sapiens2_0.4b", 1024, 24, 16, 4096, 2, size="0.4b", released_tasks=_DENSE),
+        Arch("sapiens2_0.8b", 1280, 32, 16, 5120, 3, size="0.8b", released_tasks=_DENSE),
+        Arch("sapiens2_1b", 1536, 40, 24, 6144, 4, size="1b", released_tasks=(*_DENSE, "matting")),
+        Arch("sapiens2_5b", 2432, 56, 32, 9728, 6, size="5b", released_tasks=_DENSE),
+        Arch(
+            "sapiens2_1b_4k", 1536, 40, 24, 6144, 4, size="1b_4k", use_tokenizer=True, img_size=(4096, 3072)
+        ),
+    )
+}
+
+ARCH_FIELDS = ("embed_dims", "num_layers", "num_heads", "feedforward_channels", "num_tokenizer_layers")
+
+
+def get_arch(arch: str | dict | Arch) -> Arch:
+    """Resolve an arch name ("sapiens2_1b", or the short "1b"), an ``Arch``, or a dict of ``ARCH_FIELDS``.
+
+    Raises:
+        ValueError: unknown name (with the closest names), or a dict with missing/unknown fields.
+    """
+    if isinstance(arch, Arch):
+        return arch
+    if isinstance(arch, dict):
+        missing = [k for k in ARCH_FIELDS if k not in arch]
+        unknown = [k for k in arch if k not in (*ARCH_FIELDS, "name")]
+        if missing or unknown:
+            raise ValueError(
+                f"custom arch dict needs exactly the keys {list(ARCH_FIELDS)}; missing {missing}, unknown {unknown}"
+            )
+        values = {k: int(arch[k]) for k in ARCH_FIELDS}
+        if values["embed_dims"] % values["num_heads"]:
+            raise ValueError(f"embed_dims {values['embed_dims']} is not divisible by num_heads {values['num_heads']}")
+        return Arch(name=str(arch.get("name", "custom")), size="custom", **values)
+    if isinstance(arch, str):
+        name = arch if arch in ARCHS else f"sapiens2_{arch.replace('-', '_')}"
+        if name in ARCHS:
+            return ARCHS[name]
+        close = difflib.get_close_matches(arch, [*ARCHS, *(a.size for a in ARCHS.values())], n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown arch {arch!r}{hint} Known: {', '.join(ARCHS)}")
+    raise TypeError(f"arch must be a name, a dict or an Arch, got {type(arch).__name__}")
