@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -108,9 +109,8 @@ def conv_unit(
     in_channels: int, out_channels: int, kernel: int, norm: NormFactory, *, stride: int = 1, device=None, dtype=None
 ) -> list[nn.Module]:
     """Conv2d(kernel, stride, padding (kernel-1)//2, bias) -> norm -> SiLU."""
-    conv = _empty(
-        nn.Conv2d, in_channels, out_channels, kernel, stride=stride, padding=(kernel - 1) // 2, device=device, dtype=dtype
-    )
+    factory = {"device": device, "dtype": dtype}
+    conv = _empty(nn.Conv2d, in_channels, out_channels, kernel, stride=stride, padding=(kernel - 1) // 2, **factory)
     return [conv, norm(out_channels, device=device, dtype=dtype), nn.SiLU()]
 
 
@@ -340,9 +340,8 @@ class NormalHead(_UpsampleHead):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__(
-            in_channels, upsample_channels, conv_out_channels, conv_kernel_sizes, instance_norm, device=device, dtype=dtype
-        )
+        widths = (upsample_channels, conv_out_channels, conv_kernel_sizes)
+        super().__init__(in_channels, *widths, instance_norm, device=device, dtype=dtype)
         self.conv_normal = _conv1x1(self.trunk_channels, 3, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -363,9 +362,8 @@ class AlbedoHead(_UpsampleHead):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__(
-            in_channels, upsample_channels, conv_out_channels, conv_kernel_sizes, rms_norm_2d, device=device, dtype=dtype
-        )
+        widths = (upsample_channels, conv_out_channels, conv_kernel_sizes)
+        super().__init__(in_channels, *widths, rms_norm_2d, device=device, dtype=dtype)
         self.conv_albedo = _conv1x1(self.trunk_channels, 3, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -388,9 +386,8 @@ class MattingHead(_UpsampleHead):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__(
-            in_channels, upsample_channels, conv_out_channels, conv_kernel_sizes, instance_norm, device=device, dtype=dtype
-        )
+        widths = (upsample_channels, conv_out_channels, conv_kernel_sizes)
+        super().__init__(in_channels, *widths, instance_norm, device=device, dtype=dtype)
         self.conv_matting = _conv1x1(self.trunk_channels, 4, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -420,20 +417,19 @@ class PointmapHead(_UpsampleHead):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__(
-            in_channels, upsample_channels, conv_out_channels, conv_kernel_sizes, instance_norm, device=device, dtype=dtype
-        )
+        widths = (upsample_channels, conv_out_channels, conv_kernel_sizes)
+        super().__init__(in_channels, *widths, instance_norm, device=device, dtype=dtype)
         factory = {"device": device, "dtype": dtype}
         scale_out = _widths("scale_conv_out_channels", scale_conv_out_channels)
         scale_kernels = _kernels("scale_conv_kernel_sizes", scale_conv_kernel_sizes, scale_out, 1)
         mlp = _widths("scale_final_layer", scale_final_layer)
         if len(mlp) < 2:
-            raise ValueError(f"scale_final_layer needs an input and an output width, e.g. (6144, 512, 128, 1); got {mlp}")
+            raise ValueError(f"scale_final_layer needs input and output widths, e.g. (6144, 512, 128, 1); got {mlp}")
         self.scale_conv_layers = _stack(
             conv_unit, self.input_conv[0].in_channels, scale_out, scale_kernels, instance_norm, stride=2, **factory
         )
         layers: list[nn.Module] = [nn.Flatten()]
-        for index, (width_in, width_out) in enumerate(zip(mlp[:-1], mlp[1:])):
+        for index, (width_in, width_out) in enumerate(pairwise(mlp)):
             if index:
                 layers.append(nn.SiLU())
             layers.append(_empty(nn.Linear, width_in, width_out, **factory))
@@ -462,3 +458,162 @@ HEADS: dict[str, type[nn.Module]] = {
     "albedo": AlbedoHead,
     "matting": MattingHead,
 }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Released head configurations and config inference from a checkpoint
+# ---------------------------------------------------------------------------------------------------------------------
+
+# Backbone widths D of the released archs (MODEL.md §1.1): the in_channels of every head.
+_EMBED_DIMS = {"sapiens2_0.4b": 1024, "sapiens2_0.8b": 1280, "sapiens2_1b": 1536, "sapiens2_5b": 2432}
+
+
+def _released(task: str, arch: str) -> dict[str, Any]:
+    """Head kwargs of the released ``task`` model for ``arch`` (the configs' decode_head, MODEL.md §2.2–2.7)."""
+    in_channels = _EMBED_DIMS[arch]
+    big = arch == "sapiens2_5b"
+    if task == "pose":
+        deconv = (1536, 1024) if arch == "sapiens2_1b" else (1024, 768)
+        convs = (768, 512, 256) if arch == "sapiens2_1b" else (512, 512, 256)
+        return {
+            "in_channels": in_channels,
+            "out_channels": 308,
+            "deconv_out_channels": deconv,
+            "deconv_kernel_sizes": (4, 4),
+            "conv_out_channels": convs,
+            "conv_kernel_sizes": (1, 1, 1),
+        }
+    if task == "seg":
+        return {
+            "in_channels": in_channels,
+            "deconv_out_channels": (512, 256, 128, 64),
+            "deconv_kernel_sizes": (4, 4, 4, 4),
+            "conv_out_channels": (64, 64),
+            "conv_kernel_sizes": (1, 1),
+            "num_classes": 29,
+        }
+    if task == "normal":
+        upsample, convs = ((1536, 768, 512, 256), (128, 64, 32)) if big else ((768, 512, 256, 128), (64, 32, 16))
+    elif task == "albedo":
+        upsample = (1536, 768, 512, 256) if big else (768, 512, 256, 128)
+        convs = (64, 32, 16)
+    elif task == "pointmap":
+        upsample, convs = ((1536, 768, 768, 768), (128, 64, 32)) if big else ((1536, 768, 512, 256), (64, 32, 16))
+    else:
+        raise ValueError(f"no released {task} head")
+    config: dict[str, Any] = {
+        "in_channels": in_channels,
+        "upsample_channels": upsample,
+        "conv_out_channels": convs,
+        "conv_kernel_sizes": (3, 3, 3),
+    }
+    if task == "pointmap":
+        config |= {
+            "scale_conv_out_channels": (1536, 512, 128),
+            "scale_conv_kernel_sizes": (1, 1, 1),
+            # 6144 = 128 channels x the 8x6 grid left of 64x48 after three stride-2 units (1024x768 input).
+            "scale_final_layer": (6144, 512, 128, 1),
+        }
+    return config
+
+
+# HEAD_CONFIGS[task][arch] -> head kwargs of the released checkpoints. Matting is empty on purpose: the widths of the
+# released 1b matting head are unknown (MATTING.md); its checkpoint is loaded through infer_head_config.
+_RELEASED_TASKS = ("pose", "seg", "normal", "pointmap", "albedo")
+HEAD_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
+    task: {arch: _released(task, arch) for arch in _EMBED_DIMS} for task in _RELEASED_TASKS
+}
+HEAD_CONFIGS["matting"] = {}
+
+_OUTPUT_CONV = {
+    "pose": "conv_pose",
+    "seg": "conv_seg",
+    "normal": "conv_normal",
+    "pointmap": "conv_pointmap",
+    "albedo": "conv_albedo",
+    "matting": "conv_matting",
+}
+
+
+def _unit_shapes(
+    state: Mapping[str, Any], prefix: str, step: int, *, suffix: str = "weight", start: int = 0
+) -> list[tuple[int, ...]]:
+    """Weight shapes of the units ``{prefix}.{i}.{suffix}`` for i = start, start + step, ... (no gaps)."""
+    pattern = re.compile(rf"^{re.escape(prefix)}\.(\d+)\.{re.escape(suffix)}$")
+    indices = sorted(int(match.group(1)) for key in state if (match := pattern.match(key)))
+    expected = list(range(start, start + step * len(indices), step))
+    if indices != expected:
+        raise ValueError(
+            f"head state dict: '{prefix}.<i>.{suffix}' found at i = {indices}, expected i = {expected} "
+            f"(one layer every {step} modules); the checkpoint does not have the official head layout"
+        )
+    return [tuple(state[f"{prefix}.{i}.{suffix}"].shape) for i in indices]
+
+
+def _kernel_of(key: str, shape: tuple[int, ...]) -> int:
+    if len(shape) != 4 or shape[2] != shape[3]:
+        raise ValueError(f"head state dict: '{key}' has shape {shape}, expected a square conv kernel (O, I, k, k)")
+    return shape[2]
+
+
+def _shape(state: Mapping[str, Any], key: str, task: str) -> tuple[int, ...]:
+    if key not in state:
+        raise ValueError(
+            f"head state dict has no '{key}', which every {task} head has; check the task name "
+            f"(keys found start with: {sorted({k.split('.')[0] for k in state})})"
+        )
+    return tuple(state[key].shape)
+
+
+def infer_head_config(task: str, state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """Derive every kwarg of ``HEADS[task]`` from tensor shapes, so heads of any width load strictly.
+
+    Args:
+        task: one of ``pose, seg, normal, pointmap, albedo, matting``.
+        state_dict: the head's tensors with the ``decode_head.`` prefix already stripped (anything with ``.shape``
+            works, e.g. ``meta`` tensors).
+
+    Returns:
+        kwargs such that ``HEADS[task](**kwargs)`` has exactly these keys and shapes (tuples for width lists).
+
+    Raises:
+        ValueError: unknown task, ``decode_head.`` prefix still present, or a key layout that is not the task's.
+    """
+    if task not in HEADS:
+        raise ValueError(f"unknown task {task!r}; choose one of {sorted(HEADS)}")
+    if any(key.startswith("decode_head.") for key in state_dict):
+        raise ValueError(
+            "infer_head_config got keys starting with 'decode_head.'; pass only the head's tensors with that prefix "
+            "stripped, e.g. {k[len('decode_head.'):]: v for k, v in sd.items() if k.startswith('decode_head.')}"
+        )
+    output = _shape(state_dict, f"{_OUTPUT_CONV[task]}.weight", task)
+    convs = _unit_shapes(state_dict, "conv_layers", 3)
+    config: dict[str, Any] = {}
+    if task in ("pose", "seg"):
+        deconvs = _unit_shapes(state_dict, "deconv_layers", 3)
+        # ConvTranspose2d weights are (in, out, k, k); Conv2d weights (out, in, k, k).
+        first_in = deconvs[0][0] if deconvs else (convs[0][1] if convs else output[1])
+        config["in_channels"] = first_in
+        if task == "pose":
+            config["out_channels"] = output[0]
+        config["deconv_out_channels"] = tuple(shape[1] for shape in deconvs)
+        config["deconv_kernel_sizes"] = tuple(_kernel_of("deconv_layers", shape) for shape in deconvs)
+    else:
+        input_conv = _shape(state_dict, "input_conv.0.weight", task)
+        config["in_channels"] = input_conv[1]
+        upsample = _unit_shapes(state_dict, "upsample_blocks", 1, suffix="0.weight")
+        config["upsample_channels"] = tuple(shape[0] // 4 for shape in upsample)
+    config["conv_out_channels"] = tuple(shape[0] for shape in convs)
+    config["conv_kernel_sizes"] = tuple(_kernel_of("conv_layers", shape) for shape in convs)
+    if task == "seg":
+        config["num_classes"] = output[0]
+    if task == "pointmap":
+        scale_convs = _unit_shapes(state_dict, "scale_conv_layers", 3)
+        config["scale_conv_out_channels"] = tuple(shape[0] for shape in scale_convs)
+        config["scale_conv_kernel_sizes"] = tuple(_kernel_of("scale_conv_layers", shape) for shape in scale_convs)
+        # scale_final_layer = [Flatten, Linear, SiLU, Linear, SiLU, ...]: Linears at 1, 3, 5, ...
+        linears = _unit_shapes(state_dict, "scale_final_layer", 2, start=1)
+        if not linears:
+            raise ValueError("head state dict has no 'scale_final_layer.1.weight', which every pointmap head has")
+        config["scale_final_layer"] = (linears[0][1], *(shape[0] for shape in linears))
+    return config
