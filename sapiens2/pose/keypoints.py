@@ -1,0 +1,273 @@
+"""The 308-keypoint Sapiens2 format: metadata from ``assets/keypoints308.json`` and conversions (POSE.md §1).
+
+Keypoints are (x, y) pixels; conversions keep the frame of their input. Other formats: COCO-17 (body),
+COCO-WholeBody-133 and OpenPose BODY_25. A joint a target format has but the 308 format lacks is returned at (0, 0)
+with score 0, the COCO convention for an unlabelled keypoint.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+
+__all__ = [
+    "FORMATS",
+    "KeypointMetadata",
+    "convert_keypoints",
+    "flip_keypoints",
+    "format_keypoint_names",
+    "keypoint_metadata",
+]
+
+NUM_KEYPOINTS = 308
+
+_COCO17_NAMES = (
+    "nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder", "right_shoulder", "left_elbow",
+    "right_elbow", "left_wrist", "right_wrist", "left_hip", "right_hip", "left_knee", "right_knee", "left_ankle",
+    "right_ankle",
+)  # fmt: skip
+_FINGERS = ("thumb", "forefinger", "middle_finger", "ring_finger", "pinky_finger")
+
+
+def _wholebody_hand(side: str) -> tuple[str, ...]:
+    return (f"{side}_hand_root",) + tuple(f"{side}_{finger}{joint}" for finger in _FINGERS for joint in range(1, 5))
+
+
+# COCO-WholeBody order: 17 body, 6 feet, 68 face, 21 left hand, 21 right hand (the names mmpose uses).
+_COCO_WHOLEBODY_NAMES = (
+    _COCO17_NAMES
+    + ("left_big_toe", "left_small_toe", "left_heel", "right_big_toe", "right_small_toe", "right_heel")
+    + tuple(f"face-{i}" for i in range(68))
+    + _wholebody_hand("left")
+    + _wholebody_hand("right")
+)
+
+_OPENPOSE25_NAMES = (
+    "nose", "neck", "right_shoulder", "right_elbow", "right_wrist", "left_shoulder", "left_elbow", "left_wrist",
+    "mid_hip", "right_hip", "right_knee", "right_ankle", "left_hip", "left_knee", "left_ankle", "right_eye",
+    "left_eye", "right_ear", "left_ear", "left_big_toe", "left_small_toe", "left_heel", "right_big_toe",
+    "right_small_toe", "right_heel",
+)  # fmt: skip
+# BODY_25 joints that are midpoints of two 308 joints (names on the 308 side): neck and mid-hip.
+_OPENPOSE25_MIDPOINTS = {"neck": ("left_shoulder", "right_shoulder"), "mid_hip": ("left_hip", "right_hip")}
+
+FORMATS = ("sapiens308", "coco17", "coco_wholebody133", "openpose25")
+"""Names accepted by :func:`convert_keypoints`."""
+
+
+@dataclass(frozen=True)
+class KeypointMetadata:
+    """Everything the pipeline needs about the 308 keypoints (arrays are read-only; ids index the 308 axis).
+
+    Attributes:
+        names: 308 names in id order.
+        flip_indices: (308,) int64 horizontal-flip permutation (an involution; face pairs are positional mirrors,
+            never derive them from names, POSE.md §1.2).
+        flip_pairs: 146 unordered (i, j) pairs, i < j.
+        keypoint_colors: (308, 3) uint8 RGB.
+        skeleton_links: (65, 2) int64 id pairs (body, feet, hands; no face links).
+        skeleton_link_colors: (65, 3) uint8 RGB.
+        sigmas: (308,) float64 OKS constants.
+        groups: group name (body/foot/face/left_hand/right_hand/extra) -> ids in the config's order (body is
+            in COCO-17 order).
+        eval_subsets: xtcocotools iouType -> (json field, ids), POSE.md §6.
+        upper_body_ids, lower_body_ids: the half-body augmentation lists (51 and 12 ids).
+        coco_wholebody_to_308: the 53 name-matched (COCO-WholeBody index, 308 id) pairs of the reference.
+        min_visible_keypoints: the training datasets' threshold (8).
+    """
+
+    names: tuple[str, ...]
+    flip_indices: np.ndarray
+    flip_pairs: tuple[tuple[int, int], ...]
+    keypoint_colors: np.ndarray
+    skeleton_links: np.ndarray
+    skeleton_link_colors: np.ndarray
+    sigmas: np.ndarray
+    groups: Mapping[str, tuple[int, ...]]
+    eval_subsets: Mapping[str, tuple[str, tuple[int, ...]]]
+    upper_body_ids: tuple[int, ...]
+    lower_body_ids: tuple[int, ...]
+    coco_wholebody_to_308: tuple[tuple[int, int], ...]
+    min_visible_keypoints: int
+
+    def index(self, name: str) -> int:
+        """Id of a keypoint name; unknown names raise ValueError with the closest matches."""
+        try:
+            return self.names.index(name)
+        except ValueError:
+            close = difflib.get_close_matches(name, self.names, n=3)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise ValueError(f"unknown keypoint name {name!r}{hint}") from None
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+@functools.cache
+def keypoint_metadata() -> KeypointMetadata:
+    """Load the 308-keypoint metadata from the package's ``assets/keypoints308.json`` (once; cached).
+
+    Raises:
+        ValueError: if the asset is inconsistent (wrong count, flip map not an involution).
+    """
+    text = (resources.files("sapiens2") / "assets" / "keypoints308.json").read_text(encoding="utf-8")
+    data = json.loads(text)
+    names = tuple(data["names"])
+    flip = np.asarray(data["flip_indices"], dtype=np.int64)
+    if len(names) != NUM_KEYPOINTS or flip.shape != (NUM_KEYPOINTS,) or not np.array_equal(flip[flip], np.arange(308)):
+        raise ValueError("assets/keypoints308.json is corrupt: expected 308 names and an involutive flip map")
+    return KeypointMetadata(
+        names=names,
+        flip_indices=_frozen(flip),
+        flip_pairs=tuple((int(a), int(b)) for a, b in data["flip_pairs"]),
+        keypoint_colors=_frozen(np.asarray(data["keypoint_colors"], dtype=np.uint8)),
+        skeleton_links=_frozen(np.asarray(data["skeleton_links"], dtype=np.int64)),
+        skeleton_link_colors=_frozen(np.asarray(data["skeleton_link_colors"], dtype=np.uint8)),
+        sigmas=_frozen(np.asarray(data["sigmas"], dtype=np.float64)),
+        groups=types.MappingProxyType({name: tuple(group["ids"]) for name, group in data["groups"].items()}),
+        eval_subsets=types.MappingProxyType(
+            {name: (sub["json_field"], tuple(sub["ids"])) for name, sub in data["eval_subsets"].items()}
+        ),
+        upper_body_ids=tuple(data["upper_body_ids"]),
+        lower_body_ids=tuple(data["lower_body_ids"]),
+        coco_wholebody_to_308=tuple((int(a), int(b)) for a, b in data["coco_wholebody_to_308"]),
+        min_visible_keypoints=int(data["dataset_meta"]["min_visible_keypoints"]),
+    )
+
+
+@functools.cache
+def _source_ids(fmt: str) -> tuple[np.ndarray, dict[int, tuple[int, int]]]:
+    """For a target format: (target length,) int64 308-ids (-1 = no source) and target index -> midpoint id pair."""
+    meta = keypoint_metadata()
+    names = format_keypoint_names(fmt)
+    ids = np.full(len(names), -1, dtype=np.int64)
+    midpoints: dict[int, tuple[int, int]] = {}
+    if fmt == "sapiens308":
+        ids[:] = np.arange(NUM_KEYPOINTS)
+    elif fmt == "coco17":
+        ids[:] = meta.groups["body"]  # the body group is stored in COCO-17 order (POSE.md §1.2)
+    elif fmt == "coco_wholebody133":
+        for coco_index, id308 in meta.coco_wholebody_to_308:
+            ids[coco_index] = id308
+        # Beyond the reference's 53 name matches: the hand roots are the wrists, and each `*_third_joint` (the
+        # joint after the wrist in the 308 skeleton) is the COCO-WholeBody `*1` joint; the reference gives the
+        # third joints exactly the COCO-WholeBody `*1` sigmas (POSE.md §1.1 b), which confirms the match.
+        for side in ("left", "right"):
+            ids[names.index(f"{side}_hand_root")] = meta.index(f"{side}_wrist")
+            for finger in _FINGERS:
+                ids[names.index(f"{side}_{finger}1")] = meta.index(f"{side}_{finger}_third_joint")
+    else:  # openpose25
+        for target, name in enumerate(names):
+            if name in _OPENPOSE25_MIDPOINTS:
+                first, second = _OPENPOSE25_MIDPOINTS[name]
+                midpoints[target] = (meta.index(first), meta.index(second))
+            else:
+                ids[target] = meta.index(name)
+    ids.flags.writeable = False
+    return ids, midpoints
+
+
+def _check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        close = difflib.get_close_matches(str(fmt), FORMATS, n=1, cutoff=0.3)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown keypoint format {fmt!r}{hint} (choose from {', '.join(FORMATS)})")
+    return fmt
+
+
+def format_keypoint_names(fmt: str) -> tuple[str, ...]:
+    """Joint names of a keypoint format, in its order (see :data:`FORMATS`)."""
+    fmt = _check_format(fmt)
+    return {
+        "sapiens308": keypoint_metadata().names,
+        "coco17": _COCO17_NAMES,
+        "coco_wholebody133": _COCO_WHOLEBODY_NAMES,
+        "openpose25": _OPENPOSE25_NAMES,
+    }[fmt]
+
+
+def convert_keypoints(
+    keypoints: np.ndarray, scores: np.ndarray, fmt: str
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Convert 308-format keypoints to another format.
+
+    Mapping rules:
+        * ``sapiens308``: a copy.
+        * ``coco17``: the 308 body group (which is in COCO-17 order).
+        * ``coco_wholebody133``: the reference's 53 name matches, plus hand roots = wrists and finger ``1`` joints =
+          ``*_third_joint`` (65 joints in all); the 68 face landmarks and thumb/finger joints the 308 format lacks
+          (none besides these) stay unlabelled.
+        * ``openpose25``: joints by name; ``neck`` and ``mid_hip`` are the midpoints of the two shoulders / hips when
+          both are present (finite and score > 0), with the lower of the two scores; otherwise unlabelled. (The 308
+          ``neck`` keypoint is not used: OpenPose's neck is defined as the shoulder midpoint.)
+    Unlabelled joints are (0, 0) with score 0.
+
+    Args:
+        keypoints: (N, 308, 2) (x, y) in any pixel frame (kept).
+        scores: (N, 308) confidences.
+        fmt: one of :data:`FORMATS`.
+
+    Returns:
+        keypoints (N, J, 2) float64, scores (N, J) float64, and the J joint names of ``fmt``.
+
+    Raises:
+        ValueError: for an unknown format (with a did-you-mean) or wrong shapes.
+    """
+    fmt = _check_format(fmt)
+    points = np.asarray(keypoints, dtype=np.float64)
+    conf = np.asarray(scores, dtype=np.float64)
+    if points.ndim != 3 or points.shape[1:] != (NUM_KEYPOINTS, 2) or conf.shape != points.shape[:2]:
+        raise ValueError(
+            f"keypoints must be (N, 308, 2) and scores (N, 308), got {np.shape(keypoints)} and {np.shape(scores)}"
+        )
+    ids, midpoints = _source_ids(fmt)
+    mapped = ids >= 0
+    out_points = np.zeros((points.shape[0], ids.size, 2), dtype=np.float64)
+    out_scores = np.zeros((points.shape[0], ids.size), dtype=np.float64)
+    out_points[:, mapped] = points[:, ids[mapped]]
+    out_scores[:, mapped] = conf[:, ids[mapped]]
+    for target, (first, second) in midpoints.items():
+        present = (
+            (conf[:, first] > 0) & (conf[:, second] > 0) & np.isfinite(points[:, [first, second]]).all(axis=(1, 2))
+        )
+        midpoint = 0.5 * (points[:, first] + points[:, second])
+        out_points[:, target] = np.where(present[:, None], midpoint, 0.0)
+        out_scores[:, target] = np.where(present, np.minimum(conf[:, first], conf[:, second]), 0.0)
+    return out_points, out_scores, format_keypoint_names(fmt)
+
+
+def flip_keypoints(
+    keypoints: np.ndarray, scores: np.ndarray | None = None, *, image_width: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Mirror 308-format keypoints horizontally: x -> W - 1 - x, then swap left/right ids by ``flip_indices``.
+
+    This is the training-time flip of POSE.md §4.3 (pixel centres on integers); applying it twice is the identity.
+
+    Args:
+        keypoints: (..., 308, 2) (x, y) image pixels.
+        scores: optional (..., 308) values carried along with their keypoints (scores, visibility).
+        image_width: W in pixels.
+
+    Returns:
+        Flipped keypoints (float64 copy) and flipped scores (copy, or None).
+
+    Raises:
+        ValueError: on a wrong keypoint axis.
+    """
+    points = np.asarray(keypoints, dtype=np.float64)
+    if points.ndim < 2 or points.shape[-2:] != (NUM_KEYPOINTS, 2):
+        raise ValueError(f"keypoints must be (..., 308, 2), got {points.shape}")
+    flip = keypoint_metadata().flip_indices
+    flipped = points[..., flip, :].copy()
+    flipped[..., 0] = (image_width - 1) - flipped[..., 0]
+    flipped_scores = None if scores is None else np.asarray(scores)[..., flip].copy()
+    return flipped, flipped_scores
