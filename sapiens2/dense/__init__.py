@@ -1,1 +1,25 @@
-"""sapiens2.dense."""
+"""Dense tasks (seg, normal, pointmap, albedo, matting): official pre/post-processing and typed results.
+
+Each task module has ``preprocess(images_rgb, input_size) -> (tensor, meta)``, ``postprocess(raw, meta) -> results``
+and a frozen result dataclass; the networks live in ``sapiens2.models``.
+"""
+
+from sapiens2.dense import albedo, matting, normal, pointmap, seg
+from sapiens2.dense.albedo import AlbedoResult
+from sapiens2.dense.matting import MattingResult
+from sapiens2.dense.normal import NormalResult
+from sapiens2.dense.pointmap import PointmapResult
+from sapiens2.dense.seg import SegResult
+
+__all__ = [
+    "AlbedoResult",
+    "MattingResult",
+    "NormalResult",
+    "PointmapResult",
+    "SegResult",
+    "albedo",
+    "matting",
+    "normal",
+    "pointmap",
+    "seg",
+]

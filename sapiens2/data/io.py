@@ -1,0 +1,320 @@
+"""Image reading into RGB uint8 arrays, and atomic file writing (no half-written output, ever).
+
+Reading decodes with OpenCV exactly as the official demos' ``cv2.imread(path)`` does (MODEL.md §2.8), then
+reorders BGR to RGB, so pixels match the reference bit for bit. Arrays are HxWx3 uint8 RGB throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+__all__ = [
+    "ImageReadError",
+    "atomic_write",
+    "read_image",
+    "save_json",
+    "save_npy",
+    "save_ply",
+    "save_png",
+    "to_rgb_array",
+]
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike
+
+
+class ImageReadError(ValueError):
+    """An image file could not be read; ``str(error)`` is one line naming the file and the problem.
+
+    Attributes:
+        path: the file that failed.
+        reason: what went wrong, in words.
+    """
+
+    def __init__(self, path: PathLike, reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"cannot read image {str(self.path)!r}: {reason}")
+
+    def __reduce__(self) -> tuple[type, tuple[Path, str]]:  # keep (path, reason) through pickling / multiprocessing
+        return type(self), (self.path, self.reason)
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_JPEG_SIGNATURE = b"\xff\xd8\xff"
+
+
+def _truncation_problem(data: bytes) -> str | None:
+    """Say why a PNG/JPEG byte string is cut short, or return None.
+
+    OpenCV's JPEG decoder fills a truncated scan with grey and returns an image (libjpeg only prints
+    "Premature end of JPEG file"), so truncation is detected from the file structure instead: a JPEG needs an
+    end-of-image marker after its last start-of-scan (the marker bytes cannot occur inside entropy-coded data);
+    a PNG needs its IEND chunk.
+    """
+    if data.startswith(_JPEG_SIGNATURE):
+        last_scan = data.rfind(b"\xff\xda")
+        if last_scan < 0:
+            return "truncated or corrupt JPEG (no image data)"
+        if data.find(b"\xff\xd9", last_scan) < 0:
+            return "truncated JPEG (file ends before the end-of-image marker)"
+    elif data.startswith(_PNG_SIGNATURE) and data.rfind(b"IEND") < 0:
+        return "truncated PNG (file ends before the IEND chunk)"
+    return None
+
+
+def read_image(path: PathLike) -> np.ndarray:
+    """Read an image file as RGB uint8, decoding exactly like the official ``cv2.imread(path)``.
+
+    - EXIF orientation is applied (the image comes out upright).
+    - Grayscale and palette images are expanded to three equal / looked-up channels.
+    - An alpha channel is **dropped**, not composited: the colour stored under transparent pixels is kept,
+      as the reference does (composite yourself first if you need a background colour).
+    - 16-bit images are scaled to 8 bits by dropping the low byte (``v >> 8``, OpenCV's conversion).
+    - CMYK JPEGs are converted to RGB by the decoder.
+
+    Args:
+        path: file path (``str`` or ``pathlib.Path``); any format OpenCV decodes (JPEG, PNG, BMP, TIFF, WebP, ...).
+
+    Returns:
+        HxWx3 uint8 RGB array (C-contiguous, owned by the caller).
+
+    Raises:
+        ImageReadError: missing, empty, unreadable, truncated, corrupt or non-image file.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ImageReadError(path, "no such file") from None
+    except IsADirectoryError:
+        raise ImageReadError(path, "is a directory, not an image file") from None
+    except OSError as error:
+        raise ImageReadError(path, f"cannot open ({error.strerror or error})") from None
+    if not data:
+        raise ImageReadError(path, "file is empty (0 bytes)")
+    problem = _truncation_problem(data)
+    if problem is not None:
+        raise ImageReadError(path, problem)
+    try:
+        bgr = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error as error:  # e.g. OpenCV's pixel-count limit for huge images
+        reason = str(error).strip().splitlines()[-1] if str(error).strip() else "decoder error"
+        raise ImageReadError(path, f"decoder failed ({reason})") from None
+    if bgr is None:
+        raise ImageReadError(path, "not a decodable image (corrupt, truncated or not an image format)")
+    if bgr.ndim != 3 or bgr.shape[2] != 3 or bgr.size == 0:
+        raise ImageReadError(path, f"decoded to an unexpected array of shape {bgr.shape}")
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def _pil_to_rgb(image: Any) -> np.ndarray:
+    """Convert a PIL image to HxWx3 uint8 RGB with the same rules as ``read_image``."""
+    from PIL import ImageOps  # only reached when the caller already holds a PIL image
+
+    image = ImageOps.exif_transpose(image)
+    mode = image.mode
+    if mode.startswith("I;16") or mode == "I":
+        # 16-bit (or 32-bit integer) grey: drop the low byte like OpenCV, clip anything outside uint16 first.
+        values = np.clip(np.asarray(image, dtype=np.int64), 0, 65535)
+        grey = (values >> 8).astype(np.uint8)
+        return np.ascontiguousarray(np.repeat(grey[:, :, None], 3, axis=2))
+    if mode == "F":
+        raise ValueError(
+            "PIL image has mode 'F' (32-bit float) with no defined 8-bit range; convert it to 8-bit "
+            "(e.g. Image.fromarray((np.clip(x, 0, 1) * 255).astype(np.uint8))) first"
+        )
+    if mode != "RGB":
+        image = image.convert("RGB")  # drops alpha, expands palette/grey, converts CMYK/YCbCr/LAB/HSV
+    return np.array(image, dtype=np.uint8)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"array of shape {value.shape} and dtype {value.dtype}"
+    return type(value).__name__
+
+
+def _array_fix_hint(image: np.ndarray) -> str:
+    if image.dtype != np.uint8:
+        if np.issubdtype(image.dtype, np.floating):
+            return "convert floats in [0, 1] with (np.clip(x, 0, 1) * 255).round().astype(np.uint8)"
+        return "convert it with .astype(np.uint8) after scaling to 0..255"
+    if image.ndim == 2:
+        return "expand grey images with np.repeat(x[:, :, None], 3, axis=2)"
+    if image.ndim == 3 and image.shape[2] == 4:
+        return "drop the alpha channel with x[..., :3] (or composite it first)"
+    if image.ndim == 3 and image.shape[0] == 3:
+        return "channels-first arrays need x.transpose(1, 2, 0)"
+    return "give an HxWx3 uint8 RGB array"
+
+
+def to_rgb_array(image: PathLike | np.ndarray | Any) -> np.ndarray:
+    """Turn a path, a PIL image or an RGB array into an HxWx3 uint8 RGB array.
+
+    - ``str`` / ``pathlib.Path``: ``read_image``.
+    - PIL image: EXIF orientation applied, alpha dropped, grey/palette/CMYK converted, 16-bit scaled by ``>> 8``
+      (the ``read_image`` rules). PIL is imported only when an image of it is passed.
+    - numpy array: must already be HxWx3 uint8 **RGB** (no conversion is guessed); returned as is if
+      C-contiguous (no copy), else as a contiguous copy.
+
+    Raises:
+        ImageReadError: the path cannot be read.
+        ValueError: an array of the wrong shape/dtype (the message says how to convert it).
+        TypeError: any other kind of object.
+    """
+    if isinstance(image, (str, os.PathLike)):
+        return read_image(image)
+    if isinstance(image, np.ndarray):
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+            hint = _array_fix_hint(image)
+            raise ValueError(f"image must be an HxWx3 uint8 RGB array, got {_describe(image)}; {hint}")
+        if image.shape[0] == 0 or image.shape[1] == 0:
+            raise ValueError(f"image array is empty ({_describe(image)}); give at least 1x1 pixels")
+        return np.ascontiguousarray(image)
+    if type(image).__module__.startswith("PIL.") and hasattr(image, "convert") and hasattr(image, "mode"):
+        return _pil_to_rgb(image)
+    raise TypeError(
+        f"unsupported image type {_describe(image)}; give a file path, a PIL image or an HxWx3 uint8 RGB numpy array"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Atomic writing
+
+
+def _temporary_sibling(path: Path) -> Path:
+    # Same folder (so os.replace is an atomic rename on one filesystem), hidden, and ending in the real suffix so
+    # writers that pick the format from the extension (cv2.imwrite, np.save) behave as for the final name.
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp{path.suffix}")
+
+
+def atomic_write(path: PathLike, content: bytes | bytearray | memoryview | Callable[[Path], Any]) -> Path:
+    """Write a file so that ``path`` holds either its old content or the complete new one, never a partial file.
+
+    The data goes to a hidden temporary file in the same folder, is flushed to disk, then renamed over ``path``
+    with ``os.replace``. On any exception (also KeyboardInterrupt) the temporary file is removed and the error
+    re-raised; an existing ``path`` is left untouched. Missing parent folders are created.
+
+    Args:
+        path: destination file.
+        content: the bytes to write, or ``writer(temp_path)`` which writes the file itself at ``temp_path`` (a path
+            with the same suffix as ``path``; it must not rename it).
+
+    Returns:
+        ``path`` as a ``pathlib.Path``.
+    """
+    path = Path(path)
+    if not (isinstance(content, (bytes, bytearray, memoryview)) or callable(content)):
+        raise TypeError(f"atomic_write content must be bytes or a callable writer(path), got {type(content).__name__}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = _temporary_sibling(path)
+    try:
+        if callable(content):
+            content(temporary)
+            if not temporary.is_file():
+                raise RuntimeError(f"writer for {str(path)!r} did not create its file at {str(temporary)!r}")
+            with open(temporary, "rb+") as handle:
+                os.fsync(handle.fileno())
+        else:
+            with open(temporary, "xb") as handle:  # 'x': never clobber; permissions follow the umask
+                handle.write(content)
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save_png(path: PathLike, image: np.ndarray, *, compression: int = 3) -> Path:
+    """Atomically write a PNG.
+
+    Args:
+        image: HxW uint8/uint16 (grey, e.g. label maps), HxWx3 uint8/uint16 **RGB**, or HxWx4 RGBA.
+        compression: zlib level 0–9 (OpenCV's default is 1; 3 is a good size/speed trade-off).
+    """
+    image = np.asarray(image)
+    if image.dtype not in (np.uint8, np.uint16):
+        raise ValueError(f"save_png needs uint8 or uint16 pixels, got {image.dtype}; convert (and scale) first")
+    if image.ndim == 3 and image.shape[2] == 3:
+        image = cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
+    elif image.ndim == 3 and image.shape[2] == 4:
+        image = cv2.cvtColor(image, cv2.COLOR_RGBA2BGRA)
+    elif image.ndim != 2:
+        raise ValueError(f"save_png needs an HxW, HxWx3 (RGB) or HxWx4 (RGBA) array, got shape {image.shape}")
+    ok, encoded = cv2.imencode(".png", image, [cv2.IMWRITE_PNG_COMPRESSION, int(compression)])
+    if not ok:
+        raise RuntimeError(f"OpenCV could not encode a PNG of shape {image.shape} for {str(path)!r}")
+    return atomic_write(path, encoded.tobytes())
+
+
+def save_npy(path: PathLike, array: np.ndarray) -> Path:
+    """Atomically write one array in ``.npy`` format (no pickling)."""
+    array = np.asarray(array)
+    if array.dtype == object:
+        raise ValueError(f"save_npy refuses object arrays (they would need pickle) for {str(path)!r}")
+
+    def write(temporary: Path) -> None:
+        # Through a file handle: np.save given a name would append ".npy" to names lacking it.
+        with open(temporary, "xb") as handle:
+            np.save(handle, array, allow_pickle=False)
+
+    return atomic_write(path, write)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"object of type {type(value).__name__} is not JSON serialisable")
+
+
+def save_json(path: PathLike, data: Any, *, indent: int | None = 2) -> Path:
+    """Atomically write JSON (UTF-8); numpy arrays/scalars and paths are converted to plain JSON values."""
+    text = json.dumps(data, indent=indent, default=_json_default, ensure_ascii=False, allow_nan=True)
+    return atomic_write(path, (text + "\n").encode("utf-8"))
+
+
+def save_ply(path: PathLike, points: np.ndarray, colors: np.ndarray | None = None) -> Path:
+    """Atomically write a binary little-endian PLY point cloud.
+
+    Args:
+        points: (N, 3) float x, y, z (written as float32; metres for metric pointmaps, camera frame).
+        colors: optional (N, 3) uint8 RGB (written as uchar red, green, blue).
+    """
+    points = np.asarray(points)
+    if points.ndim != 2 or points.shape[1] != 3:
+        raise ValueError(f"save_ply points must have shape (N, 3), got {points.shape}")
+    fields = [("x", "<f4"), ("y", "<f4"), ("z", "<f4")]
+    header = ["ply", "format binary_little_endian 1.0", f"element vertex {len(points)}"]
+    header += ["property float x", "property float y", "property float z"]
+    if colors is not None:
+        colors = np.asarray(colors)
+        if colors.shape != points.shape or colors.dtype != np.uint8:
+            raise ValueError(
+                f"save_ply colors must be uint8 with the points' shape {points.shape}, "
+                f"got {colors.dtype} {colors.shape}"
+            )
+        fields += [("red", "u1"), ("green", "u1"), ("blue", "u1")]
+        header += ["property uchar red", "property uchar green", "property uchar blue"]
+    header.append("end_header")
+    vertices = np.empty(len(points), dtype=np.dtype(fields))
+    vertices["x"], vertices["y"], vertices["z"] = points[:, 0], points[:, 1], points[:, 2]
+    if colors is not None:
+        vertices["red"], vertices["green"], vertices["blue"] = colors[:, 0], colors[:, 1], colors[:, 2]
+    return atomic_write(path, ("\n".join(header) + "\n").encode("ascii") + vertices.tobytes())

@@ -1,0 +1,205 @@
+"""Expand command-line inputs (files, folders, glob patterns) into a deterministic list of images to process.
+
+Each item knows its source file and its output stem: the path relative to the folder (or the glob's fixed root)
+without the extension, so outputs mirror the input tree. Inputs that cannot be expanded become error items,
+so one bad argument costs one line of error, not the run (STYLE.md §2 pattern 23).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["IMAGE_EXTENSIONS", "InputItem", "expand_inputs", "usable"]
+
+logger = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS: frozenset[str] = frozenset(
+    {".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".dib", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".pnm"}
+    | {".jp2", ".avif", ".gif"}
+)
+"""Lower-case extensions picked up when expanding folders and globs (explicit files are taken whatever their name)."""
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+@dataclass(frozen=True)
+class InputItem:
+    """One image to process, or one input that could not be expanded.
+
+    Attributes:
+        source: the image file (as found; not resolved), or the offending input for an error item.
+        stem: output path relative to ``output_dir`` without extension, with ``/`` separators (e.g. ``"day1/img_3"``).
+        output_dir: the output root given to ``expand_inputs``.
+        error: ``None`` for a usable item; otherwise a one-line message saying what is wrong.
+    """
+
+    source: Path
+    stem: str
+    output_dir: Path
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the item names an image file to process."""
+        return self.error is None
+
+    def output_path(self, suffix: str) -> Path:
+        """Output file ``output_dir / (stem + suffix)``, e.g. ``item.output_path("_seg.png")``."""
+        return self.output_dir / f"{self.stem}{suffix}"
+
+
+def _has_glob(text: str) -> bool:
+    return any(char in text for char in _GLOB_CHARS)
+
+
+def _is_hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def _is_image_name(name: str) -> bool:
+    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def _inside(path: Path, folder: Path | None) -> bool:
+    if folder is None:
+        return False
+    try:
+        path.resolve().relative_to(folder)
+    except ValueError:
+        return False
+    return True
+
+
+def _relative_stem(path: Path, root: Path) -> str:
+    relative = path.relative_to(root)
+    return relative.with_suffix("").as_posix() if relative.suffix else relative.as_posix()
+
+
+def _walk_folder(folder: Path, recursive: bool, skip: Path | None) -> list[Path]:
+    """Image files under ``folder`` (hidden files/folders and the output folder skipped), sorted by path parts."""
+    found: list[Path] = []
+    for current, dirnames, filenames in os.walk(folder):
+        current_path = Path(current)
+        if recursive:
+            dirnames[:] = [name for name in dirnames if not _is_hidden(name) and not _inside(current_path / name, skip)]
+        else:
+            dirnames[:] = []
+        for name in filenames:
+            if not _is_hidden(name) and _is_image_name(name):
+                found.append(current_path / name)
+    return sorted(found, key=lambda path: path.relative_to(folder).parts)
+
+
+def _glob_root(pattern: str) -> Path:
+    """The leading part of ``pattern`` without glob characters: stems are taken relative to it."""
+    parts = Path(pattern).parts
+    fixed: list[str] = []
+    for part in parts[:-1]:
+        if _has_glob(part):
+            break
+        fixed.append(part)
+    return Path(*fixed) if fixed else Path(".")
+
+
+def _expand_one(text: str, recursive: bool, skip: Path | None) -> tuple[list[tuple[Path, str]], str | None]:
+    """Expand one input into (file, stem) pairs, or return an error message."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        files = _walk_folder(path, recursive, skip)
+        if not files:
+            where = "or its subfolders " if recursive else ""
+            return [], f"folder {text!r} {where}contains no image files ({', '.join(sorted(IMAGE_EXTENSIONS))})"
+        return [(file, _relative_stem(file, path)) for file in files], None
+    if path.is_file():
+        return [(path, path.stem or path.name)], None
+    if path.exists():
+        return [], f"input {text!r} is neither a regular file nor a folder"
+    if _has_glob(text):
+        root = _glob_root(os.path.expanduser(text))
+        matches = glob.glob(os.path.expanduser(text), recursive=recursive)
+        files = sorted(
+            (Path(match) for match in matches if os.path.isfile(match) and _is_image_name(match)),
+            key=lambda file: file.relative_to(root).parts,
+        )
+        files = [file for file in files if not _inside(file, skip)]
+        if not files:
+            return [], f"pattern {text!r} matches no image files"
+        return [(file, _relative_stem(file, root)) for file in files], None
+    return [], f"input {text!r} does not exist (no such file or folder)"
+
+
+def _unique_stem(stem: str, source: Path, taken: set[str]) -> str:
+    """Make ``stem`` unique (case-insensitively, for case-insensitive file systems): add the extension, then a count."""
+    if stem.casefold() not in taken:
+        return stem
+    extension = source.suffix.lstrip(".").lower()
+    candidate = f"{stem}_{extension}" if extension else f"{stem}_2"
+    count = 2
+    while candidate.casefold() in taken:
+        count += 1
+        candidate = f"{stem}_{extension}_{count}" if extension else f"{stem}_{count}"
+    logger.warning("output name %r is used by an earlier input; writing %s as %r instead", stem, source, candidate)
+    return candidate
+
+
+def expand_inputs(
+    inputs: Sequence[str | os.PathLike] | str | os.PathLike,
+    output_dir: str | os.PathLike,
+    recursive: bool = True,
+) -> list[InputItem]:
+    """Expand files, folders and glob patterns into items with mirrored output stems.
+
+    - A file is taken as is (whatever its extension); its stem is its name without the last extension.
+    - A folder contributes its image files (``IMAGE_EXTENSIONS``, case-insensitive; hidden files and folders
+      skipped, and the output folder skipped if it lies inside); stems keep the relative path, so outputs mirror
+      the input tree. ``recursive=False`` looks at the top level only.
+    - A glob pattern (``*``, ``?``, ``[...]``; ``**`` when recursive) contributes matching image files; stems are
+      relative to the pattern's leading fixed folder.
+    - Order is deterministic: inputs in the order given, files within one input sorted by path. A file reached
+      twice is kept once. Two files wanting the same stem (``a.jpg`` and ``a.png``) get distinct stems
+      (``a`` and ``a_png``), with a logged warning.
+    - An input that does not exist, an empty folder, or a pattern matching nothing gives an item with ``error``
+      set instead of raising, so the caller can report it and carry on.
+
+    Args:
+        inputs: paths, folders or patterns (a single one is accepted too).
+        output_dir: output root; every item's outputs go under it.
+        recursive: descend into subfolders (and let ``**`` match across folders).
+
+    Returns:
+        The items, usable and erroneous, in processing order.
+    """
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    output_root = Path(output_dir)
+    skip = output_root.resolve() if output_root.exists() else None
+    items: list[InputItem] = []
+    seen_files: set[Path] = set()
+    taken_stems: set[str] = set()
+    for raw in inputs:
+        text = os.fspath(raw)
+        pairs, error = _expand_one(text, recursive, skip)
+        if error is not None:
+            logger.error(error)
+            items.append(InputItem(Path(text), Path(text).stem or text, output_root, error))
+            continue
+        for file, stem in pairs:
+            resolved = file.resolve()
+            if resolved in seen_files:
+                logger.debug("skipping %s: already listed", file)
+                continue
+            seen_files.add(resolved)
+            stem = _unique_stem(stem, file, taken_stems)
+            taken_stems.add(stem.casefold())
+            items.append(InputItem(file, stem, output_root))
+    return items
+
+
+def usable(items: Iterable[InputItem]) -> list[InputItem]:
+    """The items without an error."""
+    return [item for item in items if item.ok]

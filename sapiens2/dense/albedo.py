@@ -1,0 +1,83 @@
+"""Albedo (diffuse colour): official demo pre/post-processing and the per-image result.
+
+Implements MODEL.md §2.9 "Albedo" / DENSE.md §5.5: letterbox, normalise; the output is clamped to [0, 1] at
+network resolution, the padding cropped, resized bilinearly, then ×255 and **truncated** to uint8.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from sapiens2.data.io import to_rgb_array
+from sapiens2.data.transforms import (
+    DEFAULT_INPUT_SIZE,
+    ResizeInfo,
+    as_output_batch,
+    check_paths,
+    crop_padding,
+    letterbox_batch,
+    resize_bilinear,
+)
+
+__all__ = ["AlbedoResult", "postprocess", "preprocess"]
+
+
+@dataclass(frozen=True, eq=False)
+class AlbedoResult:
+    """Albedo of one image at its original resolution.
+
+    Attributes:
+        albedo: (H, W, 3) uint8 RGB, ``uint8(truncate(albedo_float * 255))`` as the reference writes it.
+        albedo_float: (H, W, 3) float32 RGB in [0, 1] (sRGB-encoded values, like the 8-bit training targets).
+        path: source file, if known.
+        size: original (H, W).
+    """
+
+    albedo: np.ndarray
+    albedo_float: np.ndarray
+    path: str | None
+    size: tuple[int, int]
+
+
+def preprocess(
+    images_rgb: Sequence[Any] | np.ndarray,
+    input_size: Sequence[int] = DEFAULT_INPUT_SIZE,
+    *,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, list[ResizeInfo]]:
+    """Letterbox (int truncation, LINEAR, centred zero padding) and normalise images for the albedo network.
+
+    Returns:
+        float32 (B, 3, H_in, W_in) network input and one ``ResizeInfo`` per image (the ``meta`` for postprocess).
+    """
+    images = [images_rgb] if isinstance(images_rgb, np.ndarray) and images_rgb.ndim == 3 else list(images_rgb)
+    return letterbox_batch([to_rgb_array(image) for image in images], input_size, device=device)
+
+
+def postprocess(
+    raw: torch.Tensor | np.ndarray,
+    meta: Sequence[ResizeInfo],
+    *,
+    paths: Sequence[str | os.PathLike | None] | None = None,
+) -> list[AlbedoResult]:
+    """Turn the raw (B, 3, H_in, W_in) output into albedo images at each image's original resolution.
+
+    Per image: clamp to [0, 1], crop the letterbox padding, bilinear resize (align_corners=False), ×255 → uint8
+    by truncation (the reference's ``astype(np.uint8)``).
+    """
+    raw = as_output_batch(raw, meta, 3, "albedo output")
+    results = []
+    for index, (info, path) in enumerate(zip(meta, check_paths(paths, len(meta)), strict=True)):
+        albedo = raw[index : index + 1].clamp(0.0, 1.0)  # (1, 3, H_in, W_in)
+        albedo = resize_bilinear(crop_padding(albedo, info.padding), info.original_hw)
+        albedo_float = albedo[0].permute(1, 2, 0).contiguous().cpu().numpy()  # (H, W, 3) float32
+        # float32 * 255 then truncation toward zero, exactly the reference's numpy arithmetic.
+        albedo_u8 = (albedo_float * np.float32(255)).astype(np.uint8)
+        results.append(AlbedoResult(albedo_u8, albedo_float, path, info.original_hw))
+    return results

@@ -1,0 +1,118 @@
+"""Human matting: pre/post-processing and the per-image result (alpha + premultiplied foreground).
+
+Follows MATTING.md: the network ends in a sigmoid and gives 4 channels (premultiplied RGB foreground, alpha) at the
+input resolution. The released model's resize mode is not documented; we use the letterbox of the other
+dense tasks (MATTING.md's safest default) and crop the padding before resizing back, then clamp to [0, 1].
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from sapiens2.data.io import to_rgb_array
+from sapiens2.data.transforms import (
+    DEFAULT_INPUT_SIZE,
+    ResizeInfo,
+    as_output_batch,
+    check_paths,
+    crop_padding,
+    letterbox_batch,
+    resize_bilinear,
+)
+
+__all__ = ["MattingResult", "postprocess", "preprocess"]
+
+# Below this alpha a pixel is treated as fully transparent when un-premultiplying (avoids dividing noise by ~0).
+_MIN_ALPHA = 1.0 / 512.0
+
+
+def _to_u8(values: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(values * 255.0), 0, 255).astype(np.uint8)
+
+
+@dataclass(frozen=True, eq=False)
+class MattingResult:
+    """Alpha matte and foreground of one image at its original resolution.
+
+    Attributes:
+        alpha: (H, W) float32 opacity in [0, 1].
+        foreground: (H, W, 3) float32 RGB in [0, 1], **premultiplied** by alpha (so ``foreground <= alpha``
+            up to the network's accuracy).
+        path: source file, if known.
+        size: original (H, W).
+    """
+
+    alpha: np.ndarray
+    foreground: np.ndarray
+    path: str | None
+    size: tuple[int, int]
+
+    def unpremultiplied(self) -> np.ndarray:
+        """(H, W, 3) float32 straight (un-premultiplied) colour in [0, 1]; 0 where alpha < 1/512."""
+        alpha = self.alpha[..., None]
+        safe = np.where(alpha >= _MIN_ALPHA, alpha, np.float32(1))
+        colour = np.where(alpha >= _MIN_ALPHA, self.foreground / safe, np.float32(0))
+        return np.clip(colour, 0.0, 1.0).astype(np.float32)
+
+    def rgba(self) -> np.ndarray:
+        """(H, W, 4) uint8 RGBA cut-out: straight colour plus alpha, each rounded to 0..255 (for a PNG)."""
+        return np.concatenate([_to_u8(self.unpremultiplied()), _to_u8(self.alpha)[..., None]], axis=2)
+
+    def composite(self, background: Sequence[int] | np.ndarray = (255, 255, 255)) -> np.ndarray:
+        """(H, W, 3) uint8 RGB: ``foreground + (1 - alpha) * background``, clamped and rounded.
+
+        Args:
+            background: an RGB colour (3 values 0..255) or an (H, W, 3) uint8 RGB image of the same size.
+        """
+        background = np.asarray(background)
+        if background.shape == (3,):
+            background = background.reshape(1, 1, 3)
+        elif background.shape != self.foreground.shape:
+            raise ValueError(
+                f"background must be an RGB colour or an image of shape {self.foreground.shape}, got {background.shape}"
+            )
+        back = background.astype(np.float32) / np.float32(255)
+        return _to_u8(self.foreground + (1.0 - self.alpha[..., None]) * back)
+
+
+def preprocess(
+    images_rgb: Sequence[Any] | np.ndarray,
+    input_size: Sequence[int] = DEFAULT_INPUT_SIZE,
+    *,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, list[ResizeInfo]]:
+    """Letterbox (int truncation, LINEAR, centred zero padding) and normalise images for the matting network.
+
+    Returns:
+        float32 (B, 3, H_in, W_in) network input and one ``ResizeInfo`` per image (the ``meta`` for postprocess).
+    """
+    images = [images_rgb] if isinstance(images_rgb, np.ndarray) and images_rgb.ndim == 3 else list(images_rgb)
+    return letterbox_batch([to_rgb_array(image) for image in images], input_size, device=device)
+
+
+def postprocess(
+    raw: torch.Tensor | np.ndarray,
+    meta: Sequence[ResizeInfo],
+    *,
+    paths: Sequence[str | os.PathLike | None] | None = None,
+) -> list[MattingResult]:
+    """Turn the (B, 4, H_in, W_in) sigmoid output into alpha + premultiplied foreground at original resolution.
+
+    Per image: crop the letterbox padding, bilinear resize (align_corners=False, no antialias), clamp to [0, 1]
+    (MATTING.md "Outputs"). Channels 0-2 are the premultiplied RGB foreground, channel 3 alpha.
+    """
+    raw = as_output_batch(raw, meta, 4, "matting output")
+    results = []
+    for index, (info, path) in enumerate(zip(meta, check_paths(paths, len(meta)), strict=True)):
+        output = resize_bilinear(crop_padding(raw[index : index + 1], info.padding), info.original_hw).clamp(0.0, 1.0)
+        output = output[0].permute(1, 2, 0).contiguous().cpu().numpy()  # (H, W, 4)
+        foreground = np.ascontiguousarray(output[..., :3])
+        alpha = np.ascontiguousarray(output[..., 3])
+        results.append(MattingResult(alpha, foreground, path, info.original_hw))
+    return results

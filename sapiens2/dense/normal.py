@@ -1,0 +1,84 @@
+"""Surface normals: official demo pre/post-processing and the per-image result.
+
+Implements MODEL.md §2.9 "Normal" / DENSE.md §3.5: letterbox, normalise; the output is L2-normalised at network
+resolution, the padding cropped and the map resized bilinearly to the original size (not re-normalised after).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from sapiens2.data.io import to_rgb_array
+from sapiens2.data.transforms import (
+    DEFAULT_INPUT_SIZE,
+    ResizeInfo,
+    as_output_batch,
+    check_paths,
+    crop_padding,
+    letterbox_batch,
+    resize_bilinear,
+)
+
+__all__ = ["NORM_EPS", "NormalResult", "postprocess", "preprocess"]
+
+NORM_EPS = 1e-8
+"""Lower clamp of the per-pixel norm before dividing (reference value)."""
+
+
+@dataclass(frozen=True, eq=False)
+class NormalResult:
+    """Surface normals of one image at its original resolution.
+
+    Attributes:
+        normals: (H, W, 3) float32 (x, y, z) in the camera frame: x along image columns (a horizontal flip negates
+            it), y along rows, z depth. Unit length at network resolution; bilinear resizing makes vectors between
+            network pixels slightly shorter (the reference does not re-normalise).
+        path: source file, if known.
+        size: original (H, W).
+    """
+
+    normals: np.ndarray
+    path: str | None
+    size: tuple[int, int]
+
+
+def preprocess(
+    images_rgb: Sequence[Any] | np.ndarray,
+    input_size: Sequence[int] = DEFAULT_INPUT_SIZE,
+    *,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, list[ResizeInfo]]:
+    """Letterbox (int truncation, LINEAR, centred zero padding) and normalise images for the normal network.
+
+    Returns:
+        float32 (B, 3, H_in, W_in) network input and one ``ResizeInfo`` per image (the ``meta`` for postprocess).
+    """
+    images = [images_rgb] if isinstance(images_rgb, np.ndarray) and images_rgb.ndim == 3 else list(images_rgb)
+    return letterbox_batch([to_rgb_array(image) for image in images], input_size, device=device)
+
+
+def postprocess(
+    raw: torch.Tensor | np.ndarray,
+    meta: Sequence[ResizeInfo],
+    *,
+    paths: Sequence[str | os.PathLike | None] | None = None,
+) -> list[NormalResult]:
+    """Turn the raw (B, 3, H_in, W_in) output into unit normals at each image's original resolution.
+
+    Per image: n / max(||n||, 1e-8) over channels, crop the letterbox padding, bilinear resize (align_corners=False).
+    """
+    raw = as_output_batch(raw, meta, 3, "normal output")
+    results = []
+    for index, (info, path) in enumerate(zip(meta, check_paths(paths, len(meta)), strict=True)):
+        normals = raw[index : index + 1]  # (1, 3, H_in, W_in)
+        normals = normals / torch.linalg.vector_norm(normals, dim=1, keepdim=True).clamp(min=NORM_EPS)
+        normals = resize_bilinear(crop_padding(normals, info.padding), info.original_hw)
+        array = normals[0].permute(1, 2, 0).contiguous().cpu().numpy()  # (H, W, 3)
+        results.append(NormalResult(array, path, info.original_hw))
+    return results
