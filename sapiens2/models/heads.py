@@ -8,7 +8,6 @@ head is the backbone feature map (B, D, Hp, Wp), Hp×Wp = (H/16, W/16) the token
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
@@ -17,8 +16,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.utils import skip_init
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "HEADS",
@@ -142,10 +139,8 @@ def _stack(
     return nn.Sequential(*layers)
 
 
-def _widths(name: str, values: Sequence[int], *, allow_empty: bool = True) -> tuple[int, ...]:
+def _widths(name: str, values: Sequence[int]) -> tuple[int, ...]:
     values = tuple(int(v) for v in values)
-    if not allow_empty and not values:
-        raise ValueError(f"{name} must list at least one width")
     if any(v <= 0 for v in values):
         raise ValueError(f"{name} must hold positive channel counts, got {values}")
     return values
@@ -171,12 +166,15 @@ def _kernels(
 
 
 class _Head(nn.Module):
-    """Random init shared by all heads (only for training from scratch; loading a checkpoint overwrites it)."""
+    """Base of every head: holds the random init shared by all of them."""
 
     def init_weights(self) -> None:
-        """Conv/deconv weights Kaiming-normal (fan_out, ReLU gain) as the pose config (POSE.md §4.1), biases 0;
-        linear layers of the pointmap scale MLP trunc-normal std 0.02 (a choice: the dense init is not in the
-        spec); RMSNorm weights 1."""
+        """Randomly initialise all parameters in place, for training from scratch (a checkpoint overwrites them).
+
+        Conv/deconv weights Kaiming-normal (fan_out, ReLU gain) as the pose config (POSE.md §4.1), biases 0; the
+        pointmap scale MLP's Linear weights trunc-normal std 0.02 (a choice: the spec does not give the dense-head
+        init); RMSNorm weights 1. A no-op on ``meta`` parameters.
+        """
         for module in self.modules():
             if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)):
                 nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
@@ -207,8 +205,6 @@ class _DeconvHead(_Head):
         in_channels = _widths("in_channels", [in_channels])[0]
         deconv_out = _widths("deconv_out_channels", deconv_out_channels)
         deconv_kernels = _kernels("deconv_kernel_sizes", deconv_kernel_sizes, deconv_out, 4, odd=False)
-        for kernel in deconv_kernels:
-            _deconv_padding(kernel)
         conv_out = _widths("conv_out_channels", conv_out_channels)
         conv_kernels = _kernels("conv_kernel_sizes", conv_kernel_sizes, conv_out, 1)
         factory = {"device": device, "dtype": dtype}
@@ -309,6 +305,7 @@ class _UpsampleHead(_Head):
         conv_out = _widths("conv_out_channels", conv_out_channels)
         conv_kernels = _kernels("conv_kernel_sizes", conv_kernel_sizes, conv_out, 3)
         factory = {"device": device, "dtype": dtype}
+        self.in_channels = in_channels
         self.input_conv = nn.Sequential(*conv_unit(in_channels, in_channels, 3, norm, **factory))
         blocks = []
         channels = in_channels
@@ -426,7 +423,7 @@ class PointmapHead(_UpsampleHead):
         if len(mlp) < 2:
             raise ValueError(f"scale_final_layer needs input and output widths, e.g. (6144, 512, 128, 1); got {mlp}")
         self.scale_conv_layers = _stack(
-            conv_unit, self.input_conv[0].in_channels, scale_out, scale_kernels, instance_norm, stride=2, **factory
+            conv_unit, self.in_channels, scale_out, scale_kernels, instance_norm, stride=2, **factory
         )
         layers: list[nn.Module] = [nn.Flatten()]
         for index, (width_in, width_out) in enumerate(pairwise(mlp)):
