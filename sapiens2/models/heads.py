@@ -208,6 +208,7 @@ class _DeconvHead(_Head):
         conv_out = _widths("conv_out_channels", conv_out_channels)
         conv_kernels = _kernels("conv_kernel_sizes", conv_kernel_sizes, conv_out, 1)
         factory = {"device": device, "dtype": dtype}
+        self.in_channels = in_channels
         self.deconv_layers = _stack(deconv_unit, in_channels, deconv_out, deconv_kernels, instance_norm, **factory)
         trunk_out = deconv_out[-1] if deconv_out else in_channels
         self.conv_layers = _stack(conv_unit, trunk_out, conv_out, conv_kernels, instance_norm, **factory)
@@ -219,7 +220,15 @@ class _DeconvHead(_Head):
 
 class PoseHeatmapHead(_DeconvHead):
     """Top-down pose head (MODEL.md §2.2): featmap (B, D, Hp, Wp) -> raw heatmaps (B, K, 4·Hp, 4·Wp) with the
-    released two deconv units (K = 308; heatmaps at 1/4 of the network input, no sigmoid)."""
+    released two deconv units (K = 308; heatmaps at 1/4 of the network input, no sigmoid).
+
+    Args:
+        in_channels: backbone width D.
+        out_channels: number of keypoints K.
+        deconv_out_channels, deconv_kernel_sizes: one deconv unit (stride 2; kernel 4, 3 or 2) per entry.
+        conv_out_channels, conv_kernel_sizes: one conv unit (odd kernel, same padding) per entry.
+        device, dtype: where and how to create the (uninitialised) parameters; see ``init_weights``.
+    """
 
     def __init__(
         self,
@@ -233,15 +242,8 @@ class PoseHeatmapHead(_DeconvHead):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__(
-            in_channels,
-            deconv_out_channels,
-            deconv_kernel_sizes,
-            conv_out_channels,
-            conv_kernel_sizes,
-            device=device,
-            dtype=dtype,
-        )
+        widths = (deconv_out_channels, deconv_kernel_sizes, conv_out_channels, conv_kernel_sizes)
+        super().__init__(in_channels, *widths, device=device, dtype=dtype)
         out_channels = _widths("out_channels", [out_channels])[0]
         self.conv_pose = _conv1x1(self.trunk_channels, out_channels, device=device, dtype=dtype)
 
@@ -251,7 +253,10 @@ class PoseHeatmapHead(_DeconvHead):
 
 class SegHead(_DeconvHead):
     """Body-part segmentation head (MODEL.md §2.3): featmap (B, D, Hp, Wp) -> raw logits (B, C, 16·Hp, 16·Wp)
-    with the released four deconv units (C = 29 classes; logits at the network input resolution)."""
+    with the released four deconv units (C = 29 classes; logits at the network input resolution).
+
+    Args: as ``PoseHeatmapHead``, with ``num_classes`` C in place of ``out_channels``.
+    """
 
     def __init__(
         self,
@@ -265,15 +270,8 @@ class SegHead(_DeconvHead):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__(
-            in_channels,
-            deconv_out_channels,
-            deconv_kernel_sizes,
-            conv_out_channels,
-            conv_kernel_sizes,
-            device=device,
-            dtype=dtype,
-        )
+        widths = (deconv_out_channels, deconv_kernel_sizes, conv_out_channels, conv_kernel_sizes)
+        super().__init__(in_channels, *widths, device=device, dtype=dtype)
         num_classes = _widths("num_classes", [num_classes])[0]
         self.conv_seg = _conv1x1(self.trunk_channels, num_classes, device=device, dtype=dtype)
 
@@ -324,8 +322,15 @@ class _UpsampleHead(_Head):
 
 
 class NormalHead(_UpsampleHead):
-    """Surface-normal head (MODEL.md §2.4): featmap (B, D, Hp, Wp) -> raw normals (B, 3, 16·Hp, 16·Wp), camera
-    frame (x right, y down in the image), not unit length."""
+    """Surface-normal head (MODEL.md §2.4): featmap (B, D, Hp, Wp) -> raw normals (B, 3, 16·Hp, 16·Wp) with the
+    released four upsampling units; camera frame, x along the image's horizontal axis; not unit length.
+
+    Args:
+        in_channels: backbone width D (also the width of ``input_conv``).
+        upsample_channels: one pixel-shuffle unit (×2) per entry.
+        conv_out_channels, conv_kernel_sizes: one conv unit (odd kernel, default 3, same padding) per entry.
+        device, dtype: where and how to create the (uninitialised) parameters; see ``init_weights``.
+    """
 
     def __init__(
         self,
@@ -347,7 +352,7 @@ class NormalHead(_UpsampleHead):
 
 class AlbedoHead(_UpsampleHead):
     """Albedo head (MODEL.md §2.6): the normal topology with RMSNorm2d everywhere; featmap (B, D, Hp, Wp) ->
-    raw RGB albedo (B, 3, 16·Hp, 16·Wp), trained towards [0, 1], not clamped here."""
+    raw RGB albedo (B, 3, 16·Hp, 16·Wp), trained towards [0, 1], not clamped here. Args: as ``NormalHead``."""
 
     def __init__(
         self,
@@ -371,6 +376,8 @@ class MattingHead(_UpsampleHead):
     """Matting head (MATTING.md): the normal topology with 4 outputs and a sigmoid inside.
 
     Returns (B, 4, 16·Hp, 16·Wp) in [0, 1]: channels 0–2 pre-multiplied foreground RGB, channel 3 alpha.
+    Args: as ``NormalHead``. The released 1b widths are unknown (MATTING.md): build it from a checkpoint with
+    ``infer_head_config``.
     """
 
     def __init__(
@@ -399,6 +406,9 @@ class PointmapHead(_UpsampleHead):
     (1×1 kernels, padding 0, so they sample even rows/columns), a (C, H, W)-order flatten, then Linear layers with
     SiLU between them (``scale_final_layer`` lists their widths, first = flattened size, last = 1). Because of that
     flatten the head only accepts the token grid it was built for (64×48 for the released models).
+
+    Args: as ``NormalHead``, plus ``scale_conv_out_channels``/``scale_conv_kernel_sizes`` (one stride-2 conv unit
+    per entry, kernel default 1) and ``scale_final_layer`` (Linear widths, e.g. (6144, 512, 128, 1)).
     """
 
     def __init__(
