@@ -1,7 +1,7 @@
 """sapiens2: a fast, checkpoint-exact implementation of Meta's Sapiens2 human-centric vision transformers.
 
-    >>> from sapiens2 import Sapiens2, load_backbone
-    >>> model = load_backbone("facebook/sapiens2-pretrain-1b")  # or a local .safetensors path
+>>> from sapiens2 import Sapiens2, load_backbone
+>>> model = load_backbone("facebook/sapiens2-pretrain-1b")  # or a local .safetensors path
 """
 
 from .checkpoints import load_backbone

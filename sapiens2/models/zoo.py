@@ -85,10 +85,13 @@ class Arch:
 def _block_params(d: int, f: int, kv_dim: int, qk_norm_dim: int, layer_scale: bool) -> int:
     return (
         2 * d  # ln1, ln2
-        + (d * d + d) + 2 * (d * kv_dim + kv_dim) + (d * d + d)  # wq, wk, wv, proj
+        + (d * d + d)
+        + 2 * (d * kv_dim + kv_dim)
+        + (d * d + d)  # wq, wk, wv, proj
         + 2 * qk_norm_dim  # q_norm, k_norm
         + (d if layer_scale else 0)  # gamma
-        + (2 * f * d + 2 * f) + (f * d + d)  # w12, w3
+        + (2 * f * d + 2 * f)
+        + (f * d + d)  # w12, w3
     )
 
 
@@ -101,9 +104,7 @@ ARCHS: dict[str, Arch] = {
         Arch("sapiens2_0.8b", 1280, 32, 16, 5120, 3, size="0.8b", released_tasks=_DENSE),
         Arch("sapiens2_1b", 1536, 40, 24, 6144, 4, size="1b", released_tasks=(*_DENSE, "matting")),
         Arch("sapiens2_5b", 2432, 56, 32, 9728, 6, size="5b", released_tasks=_DENSE),
-        Arch(
-            "sapiens2_1b_4k", 1536, 40, 24, 6144, 4, size="1b_4k", use_tokenizer=True, img_size=(4096, 3072)
-        ),
+        Arch("sapiens2_1b_4k", 1536, 40, 24, 6144, 4, size="1b_4k", use_tokenizer=True, img_size=(4096, 3072)),
     )
 }
 

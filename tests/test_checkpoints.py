@@ -1,0 +1,199 @@
+"""Loading: sources (file, folder, repo id), safe formats, dtype handling, strict errors, offline behaviour."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from sapiens2 import Sapiens2, load_backbone
+from sapiens2.checkpoints import (
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    infer_arch,
+    read_state_dict,
+    resolve_checkpoint,
+)
+from sapiens2.models.zoo import ARCHS
+
+TINY = {"embed_dims": 32, "num_layers": 10, "num_heads": 4, "feedforward_channels": 128, "num_tokenizer_layers": 0}
+TINY_4K = TINY | {"num_tokenizer_layers": 2}
+
+
+def tiny_model(**kwargs) -> Sapiens2:
+    torch.manual_seed(0)
+    return Sapiens2(TINY, **kwargs).eval()
+
+
+def save(model: torch.nn.Module, path, dtype=None) -> None:
+    state = {
+        k: (v.to(dtype) if dtype and k != "rope_embed.periods" else v).contiguous()
+        for k, v in model.state_dict().items()
+    }
+    save_file(state, str(path))
+
+
+def outputs(model, x):
+    with torch.inference_mode():
+        return model(x)[0]
+
+
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_arch_is_inferred_from_shapes_for_every_released_model(name):
+    state = Sapiens2(name, device="meta").state_dict()
+    assert infer_arch(state).name == name
+    prefixed = {f"backbone.{k}": v for k, v in state.items()}
+    assert infer_arch(prefixed, prefix="backbone.").name == name
+
+
+def test_round_trip_file_and_folder_give_identical_outputs(tmp_path):
+    model = tiny_model()
+    save(model, tmp_path / "tiny.safetensors")
+    x = torch.randn(2, 3, 64, 48)
+    loaded = load_backbone(tmp_path / "tiny.safetensors")
+    assert loaded.arch.embed_dims == 32 and loaded.arch.num_layers == 10
+    assert torch.equal(outputs(loaded, x), outputs(model, x))
+    assert torch.equal(outputs(load_backbone(tmp_path), x), outputs(model, x))
+    featmap = load_backbone(tmp_path, out_type="featmap")
+    assert outputs(featmap, x).shape == (2, 32, 4, 3)
+
+
+def test_tokenizer_checkpoint_infers_the_4k_variant(tmp_path):
+    torch.manual_seed(0)
+    model = Sapiens2(TINY_4K, use_tokenizer=True).eval()
+    save(model, tmp_path / "tiny4k.safetensors")
+    loaded = load_backbone(tmp_path / "tiny4k.safetensors")
+    assert loaded.tokenizer is not None
+    x = torch.randn(1, 3, 128, 128)
+    assert torch.equal(outputs(loaded, x), outputs(model, x))
+
+
+def test_bf16_file_loads_into_float32_or_keeps_bf16_on_request(tmp_path):
+    model = tiny_model()
+    save(model, tmp_path / "bf16.safetensors", dtype=torch.bfloat16)
+    loaded = load_backbone(tmp_path / "bf16.safetensors")
+    assert loaded.blocks[0].attn.wq.weight.dtype == torch.float32
+    assert loaded.rope_embed.periods.dtype == torch.bfloat16
+    assert torch.equal(loaded.blocks[0].attn.wq.weight, model.blocks[0].attn.wq.weight.bfloat16().float())
+    kept = load_backbone(tmp_path / "bf16.safetensors", dtype="auto")
+    assert kept.blocks[0].attn.wq.weight.dtype == torch.bfloat16
+
+
+def test_pth_loads_with_weights_only_and_pickled_code_is_refused(tmp_path):
+    model = tiny_model()
+    torch.save({"state_dict": model.state_dict()}, tmp_path / "tiny.pth")
+    x = torch.randn(1, 3, 32, 32)
+    assert torch.equal(outputs(load_backbone(tmp_path / "tiny.pth"), x), outputs(model, x))
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save({"state_dict": model.state_dict(), "evil": Exploit()}, tmp_path / "evil.pth")
+    with pytest.raises(ValueError, match="evil.pth"):
+        read_state_dict(tmp_path / "evil.pth")
+
+
+def test_mismatched_file_lists_missing_unexpected_misshaped_keys_and_names_the_arch(tmp_path):
+    state = dict(tiny_model().state_dict())
+    del state["blocks.3.ffn.w3.bias"]
+    state["blocks.0.attn.extra"] = torch.zeros(1)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "broken.safetensors"))
+    with pytest.raises(CheckpointMismatchError) as error:
+        load_backbone(tmp_path / "broken.safetensors")
+    message = str(error.value)
+    assert "broken.safetensors" in message
+    assert "1 missing keys: blocks.3.ffn.w3.bias" in message
+    assert "1 unexpected keys: blocks.0.attn.extra" in message
+    save(tiny_model(), tmp_path / "tiny.safetensors")
+    with pytest.raises(CheckpointMismatchError) as error:
+        load_backbone(tmp_path / "tiny.safetensors", arch="sapiens2_0.1b")
+    message = str(error.value)
+    assert "mis-shaped" in message and "cls_token: file (1, 1, 32) vs model (1, 1, 768)" in message
+    assert "embed_dims=32, num_layers=10, num_heads=4" in message
+
+
+def test_released_shapes_name_the_released_arch_in_the_error():
+    from sapiens2.checkpoints import check_keys, describe_arch
+
+    state = Sapiens2("sapiens2_0.4b", device="meta").state_dict()
+    with pytest.raises(CheckpointMismatchError, match="suggest: sapiens2_0.4b"):
+        check_keys(Sapiens2("sapiens2_0.1b", device="meta"), state, describe_arch(infer_arch(state)))
+
+
+def test_bad_sources_give_clear_errors(tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match="not found"):
+        resolve_checkpoint(tmp_path / "nope.safetensors")
+    with pytest.raises(CheckpointNotFoundError, match="No weight file"):
+        resolve_checkpoint(tmp_path)
+    (tmp_path / "a.safetensors").write_bytes(b"x")
+    (tmp_path / "b.safetensors").write_bytes(b"x")
+    with pytest.raises(CheckpointNotFoundError, match="Several weight files"):
+        resolve_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match="Cannot read checkpoint .*a.safetensors"):
+        read_state_dict(tmp_path / "a.safetensors")
+    with pytest.raises(CheckpointNotFoundError, match="No released 'pose' weights for sapiens2_0.1b"):
+        resolve_checkpoint("0.1b", task="pose")
+
+
+def _run_isolated(code: str, env_extra: dict) -> subprocess.CompletedProcess:
+    env = {**os.environ, **env_extra}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_offline_download_fails_fast_with_one_clear_message(tmp_path):
+    """HF_HUB_OFFLINE=1 and an empty cache: one message naming the repo, the file and the local-path fix."""
+    code = """
+        from sapiens2 import load_backbone
+        try:
+            load_backbone("facebook/sapiens2-pretrain-1b")
+        except FileNotFoundError as error:
+            print("ERROR:", error)
+    """
+    result = _run_isolated(code, {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.strip()
+    assert line.startswith("ERROR: Cannot download 'sapiens2_1b_pretrain.safetensors'")
+    assert "'facebook/sapiens2-pretrain-1b'" in line and "HF_HUB_OFFLINE" in line and "local path" in line
+
+
+def test_unreachable_hub_fails_fast_without_retrying(tmp_path):
+    code = """
+        import time
+        from sapiens2.checkpoints import download
+        start = time.monotonic()
+        try:
+            download("facebook/sapiens2-seg-1b", "sapiens2_1b_seg.safetensors")
+        except FileNotFoundError as error:
+            print(f"{time.monotonic() - start:.1f}", error)
+    """
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
+    result = _run_isolated(code, env)
+    seconds, message = result.stdout.split(" ", 1)
+    assert float(seconds) < 10, "should not go through huggingface_hub's retry loop"
+    assert "not reachable" in message and "facebook/sapiens2-seg-1b" in message
+
+
+def test_cached_download_is_used_offline(tmp_path):
+    """A file already in the Hugging Face cache loads by repo id with HF_HUB_OFFLINE=1."""
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--facebook--sapiens2-pretrain-0.1b"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    save(tiny_model(), repo / "snapshots" / commit / "sapiens2_0.1b_pretrain.safetensors")
+    code = """
+        from sapiens2 import load_backbone
+        model = load_backbone("facebook/sapiens2-pretrain-0.1b")
+        print(model.arch.embed_dims, len(model.blocks))
+    """
+    result = _run_isolated(code, {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["32", "10"]
