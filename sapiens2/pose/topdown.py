@@ -250,7 +250,7 @@ def flip_average(
     if index.shape != (heatmaps.shape[1],):
         raise ValueError(f"flip_indices must have one entry per channel ({heatmaps.shape[1]}), got {index.shape}")
     if isinstance(heatmaps, torch.Tensor):
-        back = heatmaps_of_flipped_input.flip(-1)[:, torch.from_numpy(index).to(heatmaps.device)]
+        back = heatmaps_of_flipped_input.flip(-1)[:, torch.tensor(index, device=heatmaps.device)]
         return (heatmaps + back) / 2
     back = np.asarray(heatmaps_of_flipped_input)[..., ::-1][:, index]
     return (np.asarray(heatmaps) + back) / np.asarray(2, dtype=np.asarray(heatmaps).dtype)
