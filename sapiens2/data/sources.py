@@ -185,7 +185,7 @@ def expand_inputs(
         text = os.fspath(raw)
         pairs, error = _expand_one(text, recursive, skip)
         if error is not None:
-            logger.error(error)
+            logger.debug(error)
             items.append(InputItem(Path(text), Path(text).stem or text, output_root, error))
             continue
         for file, stem in pairs:
