@@ -1,0 +1,525 @@
+"""Built-in person detector: the Sapiens2 pose demo's RTMDet-m (1 class) with no mm* package.
+
+Implements DETECTOR.md: checkpoint loading (§1), preprocessing (§2), post-processing (§5), and the demo's box
+selection that follows it (POSE.md §2.2). Boxes are xyxy float32 in pixels of the original image, x right, y down,
+with no ±0.5 shift anywhere (DETECTOR.md §0). The public API takes **RGB** uint8 images; the network sees BGR like the
+official ``cv2.imread`` pipeline, converted once in :func:`rgb_to_bgr`.
+
+Example:
+    >>> detector = PersonDetector.from_checkpoint(None)  # downloads rtmdet_m.pth once
+    >>> boxes = detector([image_rgb])[0]  # (N, 5) float32: x1, y1, x2, y2, score
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from sapiens2.pose.detector_net import HEAD_STRIDES, RTMDet, fuse_batchnorm
+
+__all__ = [
+    "DETECTOR_FILENAME",
+    "DETECTOR_REPO_ID",
+    "Candidates",
+    "PersonDetector",
+    "build_detector_model",
+    "decode_candidates",
+    "finalize_detections",
+    "letterbox",
+    "load_detector_state_dict",
+    "nms",
+    "normalize_bgr",
+    "rescale_boxes",
+    "resolve_detector_checkpoint",
+    "rgb_to_bgr",
+    "select_person_boxes",
+]
+
+logger = logging.getLogger(__name__)
+
+DETECTOR_REPO_ID = "facebook/sapiens-pose-bbox-detector"
+DETECTOR_FILENAME = "rtmdet_m.pth"
+
+INPUT_SIZE = 640  # square network input, DETECTOR.md §2
+PAD_VALUE = 114
+# ImageNet statistics listed in BGR order, because the network is fed BGR (DETECTOR.md §2 step 3).
+MEAN_BGR = (103.53, 116.28, 123.675)
+STD_BGR = (57.375, 57.12, 58.395)
+# The Sapiens2 config's test_cfg (DETECTOR.md, header): no NMS inside the detector.
+SCORE_THR = 0.05
+NMS_PRE = 1000
+MAX_PER_IMG = 100
+
+# Only numpy scalars/dtypes, which hold plain numbers, are allowed beyond torch's default safe set; they are what a
+# re-saved mmengine `meta` may contain (DETECTOR.md §1.2). Pickles name them under numpy 1.x or 2.x module paths.
+_NUMPY_SCALAR = (np._core if hasattr(np, "_core") else np.core).multiarray.scalar
+_NUMPY_SAFE_GLOBALS = [
+    (_NUMPY_SCALAR, "numpy.core.multiarray.scalar"),
+    (_NUMPY_SCALAR, "numpy._core.multiarray.scalar"),
+    np.dtype,
+    *[type(np.dtype(code)) for code in "?bBhHiIlLqQefdg"],
+]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoint
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def resolve_detector_checkpoint(path: str | Path | None) -> Path:
+    """Return a local checkpoint file: ``path`` itself, or ``rtmdet_m.pth`` fetched through the Hugging Face cache.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist, or ``path`` is None and the file is neither reachable (offline,
+            ``HF_HUB_OFFLINE=1``, no network) nor in the local cache. The message says how to pass a local file.
+    """
+    if path is not None:
+        path = Path(path).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"person-detector checkpoint not found: {path}. Pass the path of a local '{DETECTOR_FILENAME}' "
+                f"(from Hugging Face repo '{DETECTOR_REPO_ID}'), or None to download it."
+            )
+        return path
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import LocalEntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(repo_id=DETECTOR_REPO_ID, filename=DETECTOR_FILENAME))
+    except LocalEntryNotFoundError as error:
+        raise FileNotFoundError(
+            f"cannot get the person-detector checkpoint '{DETECTOR_FILENAME}' from Hugging Face repo "
+            f"'{DETECTOR_REPO_ID}': the hub is unreachable or offline mode is on (HF_HUB_OFFLINE=1), and the file is "
+            "not in the local Hugging Face cache. Fix: download it once with network access "
+            f"(`hf download {DETECTOR_REPO_ID} {DETECTOR_FILENAME}`), or pass a local copy: "
+            "PersonDetector.from_checkpoint('/path/to/rtmdet_m.pth')."
+        ) from error
+
+
+def load_detector_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read the state dict of an mmengine/mmdet checkpoint with ``torch.load(weights_only=True)`` only.
+
+    Accepts the legacy (non-zip) and zip torch formats, a top-level ``state_dict`` entry (other top-level keys such
+    as ``meta`` are ignored) or a bare state dict, and strips a leading ``module.`` (DETECTOR.md §1). Tensors are
+    returned on the CPU.
+
+    Raises:
+        ValueError: the file is not a weights-only-loadable checkpoint, or holds no tensor state dict.
+    """
+    path = Path(path)
+    try:
+        checkpoint = _torch_load_weights_only(path)
+    except pickle.UnpicklingError as error:
+        raise ValueError(
+            f"{path} cannot be read with torch.load(weights_only=True): {error}. Unsafe unpickling is not used; "
+            f"re-save only its 'state_dict' (a dict of tensors) with torch.save, or use the published "
+            f"'{DETECTOR_FILENAME}' from '{DETECTOR_REPO_ID}'."
+        ) from error
+    state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, Mapping) else checkpoint
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path} holds no state dict of tensors (expected a dict with a 'state_dict' entry)")
+    return {(k[len("module.") :] if k.startswith("module.") else k): v for k, v in state.items()}
+
+
+def _torch_load_weights_only(path: Path) -> object:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # Retry once with numpy scalar types allow-listed; anything else stays refused.
+        with torch.serialization.safe_globals(_NUMPY_SAFE_GLOBALS):
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        logger.info("%s: loaded with numpy scalar types allow-listed for weights_only unpickling", path)
+        return checkpoint
+
+
+def _check_state_dict(model: RTMDet, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Return ``state`` completed with absent ``num_batches_tracked`` counters; raise on any other mismatch."""
+    expected = model.state_dict()
+    # BN counters are training bookkeeping; a file saved without them (580 entries) is still complete (§1.2).
+    state = {**{k: v for k, v in expected.items() if k.endswith("num_batches_tracked")}, **state}
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    mis_shaped = [
+        f"{k}: file {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    if missing or unexpected or mis_shaped:
+
+        def listing(names: list[str]) -> str:
+            return ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "") or "none"
+
+        hint = ""
+        cls_weight = state.get("bbox_head.rtm_cls.0.weight")
+        if cls_weight is not None and cls_weight.shape[0] != 1:
+            hint = f" The file's head predicts {cls_weight.shape[0]} classes: it is not the 1-class person detector."
+        raise ValueError(
+            f"checkpoint does not match RTMDet-m (1 class, person). Missing: {listing(missing)}. "
+            f"Unexpected: {listing(unexpected)}. Mis-shaped: {listing(mis_shaped)}.{hint} "
+            f"Use '{DETECTOR_FILENAME}' from Hugging Face repo '{DETECTOR_REPO_ID}'."
+        )
+    # The head's convs are shared across levels (§3.4); the file repeats them, and they must agree.
+    for tower in ("cls_convs", "reg_convs"):
+        for level in (1, 2):
+            for depth in (0, 1):
+                name = f"bbox_head.{tower}.{level}.{depth}.conv.weight"
+                if not torch.equal(state[name], state[f"bbox_head.{tower}.0.{depth}.conv.weight"]):
+                    raise ValueError(f"{name} differs from level 0's; RTMDetSepBNHead shares these convs across levels")
+    return state
+
+
+def build_detector_model(state: Mapping[str, torch.Tensor], *, fuse_bn: bool = True) -> RTMDet:
+    """Build RTMDet-m in eval mode and load ``state`` strictly; optionally fold BN into the convs.
+
+    The model is built on the ``meta`` device (no wasted random init) and given its own contiguous copies of the
+    tensors of ``state`` (file tensors can be views into shared storages, DETECTOR.md §1.2), on ``state``'s device.
+    """
+    model = RTMDet(device="meta").eval()
+    own = {name: tensor.clone(memory_format=torch.contiguous_format) for name, tensor in state.items()}
+    model.load_state_dict(_check_state_dict(model, own), strict=True, assign=True)
+    return fuse_batchnorm(model) if fuse_bn else model
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Preprocessing (DETECTOR.md §2)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def rgb_to_bgr(image: np.ndarray) -> np.ndarray:
+    """Swap channels 0 and 2 of an (H, W, 3) array: the one RGB -> BGR boundary of this module (a contiguous copy)."""
+    return np.ascontiguousarray(image[..., ::-1])
+
+
+def letterbox(image: np.ndarray, size: int = INPUT_SIZE, pad_value: int = PAD_VALUE) -> tuple[np.ndarray, tuple]:
+    """Resize keeping the aspect ratio to fit ``size``×``size``, then pad bottom/right with ``pad_value``.
+
+    The mmcv rules of DETECTOR.md §2 steps 1–2: scale ``s = size / max(H0, W0)`` (upscaling included), new sizes
+    ``int(W0·s + 0.5)``, ``int(H0·s + 0.5)``, OpenCV INTER_LINEAR on uint8. Both steps act per channel, so the channel
+    order of ``image`` is kept as is.
+
+    Args:
+        image: (H0, W0, 3) uint8.
+        size: side of the square output canvas.
+        pad_value: value of the padded pixels, all channels.
+
+    Returns:
+        (canvas, scale_factor): canvas (size, size, 3) uint8 with the image at the top-left corner;
+        scale_factor (w_scale, h_scale) = (new_w / W0, new_h / H0) as Python floats, the per-axis factors that map
+        original-image pixels to canvas pixels.
+    """
+    h0, w0 = image.shape[:2]
+    scale = min(size / max(h0, w0), size / min(h0, w0))
+    new_w, new_h = int(w0 * scale + 0.5), int(h0 * scale + 0.5)  # mmcv's round-half-up by truncation (§2 step 1)
+    resized = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    canvas = np.full((size, size, 3), pad_value, dtype=np.uint8)
+    canvas[:new_h, :new_w] = resized
+    return canvas, (new_w / w0, new_h / h0)
+
+
+def normalize_bgr(batch: torch.Tensor) -> torch.Tensor:
+    """(B, H, W, 3) uint8 BGR -> (B, 3, H, W) float32 ``(x - mean) / std`` with the BGR-ordered ImageNet statistics."""
+    mean = torch.tensor(MEAN_BGR, dtype=torch.float32, device=batch.device).view(1, 3, 1, 1)
+    std = torch.tensor(STD_BGR, dtype=torch.float32, device=batch.device).view(1, 3, 1, 1)
+    x = batch.permute(0, 3, 1, 2).float()  # (B, H, W, 3) -> (B, 3, H, W)
+    return (x - mean) / std
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Post-processing (DETECTOR.md §5), batched over images, no loop over priors
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Per-level score-filtered, top-k candidates, levels concatenated in order 0, 1, 2 (DETECTOR.md §5.1–5.3).
+
+    K = sum over levels of min(nms_pre, H_l·W_l). Entry [b, k] is a candidate of image b iff ``valid[b, k]``;
+    within a level, candidates are sorted by descending score.
+
+    Attributes:
+        scores: (B, K) float32 sigmoid scores.
+        boxes: (B, K, 4) float32 xyxy boxes in network-input (canvas) pixels, clamped to the canvas.
+        valid: (B, K) bool, score > score_thr.
+        level: (K,) int64 level index of each column.
+        prior_index: (B, K) int64 row-major prior index within the level (row·W_l + col).
+    """
+
+    scores: torch.Tensor
+    boxes: torch.Tensor
+    valid: torch.Tensor
+    level: torch.Tensor
+    prior_index: torch.Tensor
+
+
+def decode_candidates(
+    cls_scores: Sequence[torch.Tensor],
+    bbox_preds: Sequence[torch.Tensor],
+    *,
+    strides: Sequence[int] = HEAD_STRIDES,
+    canvas_hw: tuple[int, int] = (INPUT_SIZE, INPUT_SIZE),
+    score_thr: float = SCORE_THR,
+    nms_pre: int = NMS_PRE,
+) -> Candidates:
+    """Sigmoid, strict ``> score_thr`` filter, per-level top ``nms_pre``, distance decoding and canvas clamp.
+
+    Args:
+        cls_scores: per level (B, 1, H_l, W_l) logits.
+        bbox_preds: per level (B, 4, H_l, W_l) distances (left, top, right, bottom) in canvas pixels.
+        strides: per-level prior strides; the prior of (row, col) is (col·stride, row·stride), offset 0 (§4.2).
+        canvas_hw: (H, W) the boxes are clamped to: the padded canvas, since mmcv's Pad overwrites img_shape (§5.3).
+        score_thr: strict score threshold.
+        nms_pre: candidates kept per level and image, before decoding.
+    """
+    scores_l, boxes_l, valid_l, level_l, index_l = [], [], [], [], []
+    for level, (logits, dists, stride) in enumerate(zip(cls_scores, bbox_preds, strides, strict=True)):
+        batch, _, height, width = logits.shape
+        scores = logits.permute(0, 2, 3, 1).reshape(batch, height * width).sigmoid()  # (B, HW), row-major priors
+        dists = dists.permute(0, 2, 3, 1).reshape(batch, height * width, 4)
+        # Masking then top-k selects the same set as mmdet's filter-then-sort (ties only matter as an order).
+        masked = scores.masked_fill(scores <= score_thr, -1.0)
+        top, index = masked.topk(min(nms_pre, height * width), dim=1)  # (B, k), descending
+        rows = torch.div(index, width, rounding_mode="floor")
+        points = torch.stack([index - rows * width, rows], dim=-1).to(torch.float32) * stride  # (B, k, 2) = (x, y)
+        dist = torch.gather(dists, 1, index.unsqueeze(-1).expand(-1, -1, 4))  # (B, k, 4)
+        boxes = torch.cat([points - dist[..., :2], points + dist[..., 2:]], dim=-1)  # (B, k, 4) xyxy
+        boxes[..., 0::2] = boxes[..., 0::2].clamp(0, canvas_hw[1])
+        boxes[..., 1::2] = boxes[..., 1::2].clamp(0, canvas_hw[0])
+        scores_l.append(torch.gather(scores, 1, index))
+        boxes_l.append(boxes)
+        valid_l.append(top > score_thr)
+        level_l.append(torch.full((index.shape[1],), level, dtype=torch.int64, device=index.device))
+        index_l.append(index)
+    return Candidates(
+        scores=torch.cat(scores_l, dim=1),
+        boxes=torch.cat(boxes_l, dim=1),
+        valid=torch.cat(valid_l, dim=1),
+        level=torch.cat(level_l),
+        prior_index=torch.cat(index_l, dim=1),
+    )
+
+
+def rescale_boxes(boxes: torch.Tensor, scale_factors: Sequence[tuple[float, float]]) -> torch.Tensor:
+    """Canvas -> original-image pixels: x·(1/w_scale), y·(1/h_scale), reciprocals taken in float64 then cast (§5.4).
+
+    Args:
+        boxes: (B, K, 4) float32 xyxy.
+        scale_factors: per image (w_scale, h_scale) from :func:`letterbox`.
+    """
+    inverse = [[1.0 / w, 1.0 / h, 1.0 / w, 1.0 / h] for w, h in scale_factors]
+    return boxes * torch.tensor(inverse, dtype=torch.float32, device=boxes.device).unsqueeze(1)  # (B, 1, 4)
+
+
+def finalize_detections(
+    candidates: Candidates, scale_factors: Sequence[tuple[float, float]], *, max_per_img: int = MAX_PER_IMG
+) -> list[torch.Tensor]:
+    """Rescale, drop boxes of non-positive width/height, sort all levels by score and keep ``max_per_img`` (§5.4–5.6).
+
+    Returns:
+        Per image a (N, 5) float32 tensor [x1, y1, x2, y2, score], original-image pixels, scores descending, N ≤
+        ``max_per_img``. Boxes are not clipped to the image and can extend past it (§5.4).
+    """
+    boxes = rescale_boxes(candidates.boxes, scale_factors)
+    valid = candidates.valid & (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])  # min_bbox_size 0
+    # With nms=None, mmcv's batched_nms only sorts by descending score (§5.6).
+    scores = candidates.scores.masked_fill(~valid, float("-inf"))
+    top, index = scores.topk(min(max_per_img, scores.shape[1]), dim=1)  # (B, n)
+    picked = torch.gather(boxes, 1, index.unsqueeze(-1).expand(-1, -1, 4))
+    detections = torch.cat([picked, top.unsqueeze(-1)], dim=-1)  # (B, n, 5)
+    counts = torch.isfinite(top).sum(dim=1).tolist()  # valid entries come first: they are sorted before the -inf
+    return [detections[b, :count] for b, count in enumerate(counts)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Demo-side box selection (POSE.md §2.2)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def nms(detections: np.ndarray, iou_thr: float) -> np.ndarray:
+    """Greedy NMS of the pose demo: "+1" pixel areas, drop a box iff its IoU with a kept one is > ``iou_thr``.
+
+    Args:
+        detections: (N, 5) [x1, y1, x2, y2, score]; arithmetic in its dtype (float32 in the demo).
+        iou_thr: IoU above which the lower-scored box is dropped.
+
+    Returns:
+        (M,) int64 indices of the kept rows, in descending-score order.
+    """
+    x1, y1, x2, y2, scores = (detections[:, i] for i in range(5))
+    areas = (x2 - x1 + 1) * (y2 - y1 + 1)
+    order = scores.argsort()[::-1]  # the reference's order, ties included
+    keep = []
+    while order.size > 0:
+        best, rest = order[0], order[1:]
+        keep.append(best)
+        inter_w = np.maximum(0.0, np.minimum(x2[best], x2[rest]) - np.maximum(x1[best], x1[rest]) + 1)
+        inter_h = np.maximum(0.0, np.minimum(y2[best], y2[rest]) - np.maximum(y1[best], y1[rest]) + 1)
+        inter = inter_w * inter_h
+        iou = inter / (areas[best] + areas[rest] - inter)
+        order = rest[iou <= iou_thr]
+    return np.asarray(keep, dtype=np.int64)
+
+
+def select_person_boxes(
+    detections: np.ndarray, image_hw: tuple[int, int], *, score_thr: float = 0.3, iou_thr: float = 0.3
+) -> np.ndarray:
+    """The pose demo's use of the detector output: score > ``score_thr``, NMS at ``iou_thr``, full-image fallback.
+
+    Args:
+        detections: (N, 5) float32 [x1, y1, x2, y2, score] from :class:`PersonDetector` (all label 0, person).
+        image_hw: (H, W) of the original image, for the fallback box.
+        score_thr: strict score threshold (demo default 0.3).
+        iou_thr: NMS IoU threshold (demo default 0.3).
+
+    Returns:
+        (M, 4) float32 xyxy boxes in descending-score order, M ≥ 1: the single box (0, 0, W−1, H−1) when no
+        detection survives.
+    """
+    detections = np.asarray(detections)
+    if detections.ndim != 2 or detections.shape[1] != 5:
+        raise ValueError(f"detections must have shape (N, 5) [x1, y1, x2, y2, score], got {detections.shape}")
+    kept = detections[detections[:, 4] > score_thr]
+    kept = kept[nms(kept, iou_thr), :4]
+    if len(kept) == 0:
+        height, width = image_hw
+        return np.array([[0, 0, width - 1, height - 1]], dtype=np.float32)
+    return kept.astype(np.float32, copy=False)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# User-facing detector
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _exact_fp32_convolutions(device: torch.device, allow_tf32: bool) -> Iterator[None]:
+    """Run CUDA convolutions in true fp32 inside the block (cuDNN defaults to TF32, which breaks parity: §8)."""
+    if device.type != "cuda" or allow_tf32:
+        yield
+        return
+    # torch >= 2.9 has the per-backend fp32_precision setting; older versions only the allow_tf32 flag.
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None:
+        owner, name, exact = conv, "fp32_precision", "ieee"
+    else:
+        owner, name, exact = torch.backends.cudnn, "allow_tf32", False
+    previous = getattr(owner, name)
+    setattr(owner, name, exact)
+    try:
+        yield
+    finally:
+        setattr(owner, name, previous)
+
+
+class PersonDetector:
+    """RTMDet-m person detector with the official pre/post-processing; images in, boxes out.
+
+    ``detector(images)`` takes RGB uint8 (H, W, 3) arrays and returns per image a (N, 5) float32 array
+    [x1, y1, x2, y2, score] in original-image pixels, scores descending, N ≤ 100, score > 0.05 — the output of
+    mmdet's ``inference_detector`` with the Sapiens2 config (no NMS). Apply :func:`select_person_boxes` for the
+    pose demo's filtering.
+
+    Example:
+        >>> detector = PersonDetector.from_checkpoint("rtmdet_m.pth", device="cpu")
+        >>> detections = detector([image_rgb_a, image_rgb_b])  # list of (N, 5) float32 arrays
+    """
+
+    def __init__(
+        self,
+        model: RTMDet,
+        *,
+        device: torch.device | str | None = None,
+        batch_size: int = 8,
+        allow_tf32: bool = False,
+    ) -> None:
+        """Wrap a loaded ``model``; moves it to ``device`` (default: CUDA if available, else CPU) in eval mode.
+
+        Args:
+            model: RTMDet with weights loaded (BN fused or not).
+            device: where the network and post-processing run.
+            batch_size: images per forward pass.
+            allow_tf32: let cuDNN use TF32 on CUDA (faster, but outside the fixtures' tolerances, DETECTOR.md §8).
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = model.eval().to(self.device)
+        self.batch_size = batch_size
+        self.allow_tf32 = allow_tf32
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path | None = None,
+        device: torch.device | str | None = None,
+        *,
+        fuse_bn: bool = True,
+        batch_size: int = 8,
+        allow_tf32: bool = False,
+    ) -> PersonDetector:
+        """Load the official ``rtmdet_m.pth`` (mmengine format) from ``path``, or from the Hugging Face hub if None.
+
+        Args:
+            path: local .pth file; None downloads ``rtmdet_m.pth`` from ``facebook/sapiens-pose-bbox-detector``
+                (cached by huggingface_hub).
+            device: see :meth:`__init__`.
+            fuse_bn: fold BatchNorm into the convs (faster; float32-rounding-level changes, DETECTOR.md §7).
+            batch_size: images per forward pass.
+            allow_tf32: see :meth:`__init__`.
+
+        Raises:
+            FileNotFoundError: no such file, or offline with nothing cached (the message names the repo and file).
+            ValueError: the file is not weights-only loadable, or its keys/shapes are not RTMDet-m 1-class.
+        """
+        checkpoint = resolve_detector_checkpoint(path)
+        model = build_detector_model(load_detector_state_dict(checkpoint), fuse_bn=fuse_bn)
+        logger.info("person detector loaded from %s", checkpoint)
+        return cls(model, device=device, batch_size=batch_size, allow_tf32=allow_tf32)
+
+    def preprocess(self, images: Sequence[np.ndarray]) -> tuple[torch.Tensor, list[tuple[float, float]]]:
+        """RGB uint8 images -> ((B, 3, 640, 640) float32 normalised BGR batch on the device, scale factors)."""
+        canvases, scale_factors = [], []
+        for image in images:
+            canvas, scale_factor = letterbox(image)  # per-channel ops: same result as letterboxing the BGR image
+            canvases.append(rgb_to_bgr(canvas))
+            scale_factors.append(scale_factor)
+        batch = torch.from_numpy(np.stack(canvases)).to(self.device, non_blocking=True)  # (B, 640, 640, 3) uint8
+        return normalize_bgr(batch), scale_factors
+
+    @torch.inference_mode()
+    def detect_batch(self, images: Sequence[np.ndarray]) -> list[torch.Tensor]:
+        """One batch: preprocess, forward, post-process; returns per image a (N, 5) float32 tensor on the device."""
+        inputs, scale_factors = self.preprocess(images)
+        with _exact_fp32_convolutions(self.device, self.allow_tf32):
+            cls_scores, bbox_preds = self.model(inputs)
+        return finalize_detections(decode_candidates(cls_scores, bbox_preds), scale_factors)
+
+    def __call__(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Detect people in RGB uint8 (H, W, 3) images; returns per image (N, 5) float32 [x1, y1, x2, y2, score]."""
+        images = _check_images(images)
+        results: list[np.ndarray] = []
+        for start in range(0, len(images), self.batch_size):
+            detections = self.detect_batch(images[start : start + self.batch_size])
+            results.extend(d.cpu().numpy() for d in detections)
+        return results
+
+
+def _check_images(images: Sequence[np.ndarray]) -> list[np.ndarray]:
+    if isinstance(images, np.ndarray) or not isinstance(images, Sequence):
+        raise TypeError("images must be a list of RGB uint8 (H, W, 3) arrays; wrap a single image as [image]")
+    for index, image in enumerate(images):
+        if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
+            kind = image.dtype if isinstance(image, np.ndarray) else type(image).__name__
+            raise TypeError(f"images[{index}] must be a uint8 numpy array (RGB, H×W×3), got {kind}")
+        if image.ndim != 3 or image.shape[2] != 3 or image.shape[0] < 1 or image.shape[1] < 1:
+            raise ValueError(
+                f"images[{index}] has shape {image.shape}; expected (H, W, 3) RGB — convert grey/RGBA images first"
+            )
+    return list(images)
