@@ -6,7 +6,18 @@
 
 from .checkpoints import load_backbone
 from .models import ARCHS, Arch, Sapiens2, get_arch
+from .models.task_model import TaskModel, build_model, load_model
 
 __version__ = "0.1.0"
 
-__all__ = ["ARCHS", "Arch", "Sapiens2", "get_arch", "load_backbone", "__version__"]
+__all__ = [
+    "ARCHS",
+    "Arch",
+    "Sapiens2",
+    "TaskModel",
+    "__version__",
+    "build_model",
+    "get_arch",
+    "load_backbone",
+    "load_model",
+]

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn.utils import skip_init
 
+from .zoo import ARCHS
+
 __all__ = [
     "HEADS",
     "HEAD_CONFIGS",
@@ -472,7 +474,9 @@ HEADS: dict[str, type[nn.Module]] = {
 # ---------------------------------------------------------------------------------------------------------------------
 
 # Backbone widths D of the released archs (MODEL.md §1.1): the in_channels of every head.
-_EMBED_DIMS = {"sapiens2_0.4b": 1024, "sapiens2_0.8b": 1280, "sapiens2_1b": 1536, "sapiens2_5b": 2432}
+_EMBED_DIMS = {
+    name: ARCHS[name].embed_dims for name in ("sapiens2_0.4b", "sapiens2_0.8b", "sapiens2_1b", "sapiens2_5b")
+}
 
 
 def _released(task: str, arch: str) -> dict[str, Any]:

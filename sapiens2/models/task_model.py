@@ -1,0 +1,202 @@
+"""Task models: a Sapiens2 backbone (featmap output) plus a decode head, with the official ``backbone.`` /
+``decode_head.`` key layout (MODEL.md §2.1). ``build_model`` never touches disk; ``load_model`` reads a checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from .backbone import Sapiens2
+from .heads import HEAD_CONFIGS, HEADS, infer_head_config
+from .zoo import Arch, get_arch
+
+logger = logging.getLogger(__name__)
+
+TASKS = tuple(HEADS)
+# Name of each head's final convolution: it tells which task a checkpoint was trained for.
+OUTPUT_LAYERS = {
+    "pose": "conv_pose",
+    "seg": "conv_seg",
+    "normal": "conv_normal",
+    "pointmap": "conv_pointmap",
+    "albedo": "conv_albedo",
+    "matting": "conv_matting",
+}
+
+
+class TaskModel(nn.Module):
+    """``decode_head(backbone(x)[0])``: raw head outputs (pointmap: ``(points, scale)``), no post-processing.
+
+    Attributes:
+        task: the task name.
+        backbone: a ``Sapiens2`` with ``out_type="featmap"``.
+        decode_head: the task head.
+    """
+
+    def __init__(self, task: str, backbone: Sapiens2, decode_head: nn.Module) -> None:
+        super().__init__()
+        self.task = task
+        self.backbone = backbone
+        self.decode_head = decode_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, 3, H, W) normalised images -> head output at the head's resolution."""
+        return self.decode_head(self.backbone(x)[0])
+
+
+def check_task(task: str) -> str:
+    if task not in TASKS:
+        import difflib
+
+        close = difflib.get_close_matches(task, TASKS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}.{hint}")
+    return task
+
+
+def default_head_config(task: str, arch: Arch, input_size: tuple[int, int] = (1024, 768)) -> dict[str, Any]:
+    """Head kwargs of the released ``task`` model for ``arch``; for other archs the 0.4b head topology on D channels.
+
+    Matting has no published widths (MATTING.md): the normal head's widths of the same size are used for training
+    from scratch; released matting files load through their shapes (``load_model``) whatever their widths.
+    """
+    released = HEAD_CONFIGS.get(task, {})
+    source_task = "normal" if task == "matting" else task
+    config = dict(
+        released.get(arch.name)
+        or HEAD_CONFIGS[source_task].get(arch.name)
+        or HEAD_CONFIGS[source_task]["sapiens2_0.4b"]
+    )
+    config["in_channels"] = arch.embed_dims
+    if task == "pointmap":
+        # The scale MLP flattens the grid left after three stride-2 1x1 convolutions: (H/16/8) x (W/16/8) cells.
+        grid_h, grid_w = -(-input_size[0] // 16 // 8), -(-input_size[1] // 16 // 8)
+        config["scale_final_layer"] = (
+            config["scale_conv_out_channels"][-1] * grid_h * grid_w,
+            *config["scale_final_layer"][1:],
+        )
+    return config
+
+
+def build_model(
+    task: str,
+    arch: str | dict | Arch = "sapiens2_1b",
+    *,
+    input_size: tuple[int, int] = (1024, 768),
+    rope_dtype: str = "bf16",
+    frozen_stages: int = -1,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    **head: Any,
+) -> TaskModel:
+    """Build a task model with random weights (on ``device="meta"``: no memory, for loading).
+
+    Args:
+        task: ``pose, seg, normal, pointmap, albedo`` or ``matting``.
+        arch: backbone arch name or custom dict (see ``Sapiens2``).
+        input_size: network input (H, W); only the pointmap scale MLP depends on it.
+        rope_dtype, frozen_stages: see ``Sapiens2``.
+        **head: head hyper-parameters with the official names (``deconv_out_channels``, ``conv_out_channels``,
+            ``conv_kernel_sizes``, ``upsample_channels``, ``scale_conv_out_channels``, ``scale_final_layer``,
+            ``num_classes``, ``out_channels`` ...), overriding the released head of that size.
+
+    Example:
+        >>> model = build_model("seg", "sapiens2_0.4b", device="meta")
+        >>> model = build_model("pose", "sapiens2_1b", out_channels=17)  # a 17-keypoint head
+    """
+    check_task(task)
+    arch = get_arch(arch)
+    backbone = Sapiens2(
+        arch,
+        img_size=input_size,
+        out_type="featmap",
+        rope_dtype=rope_dtype,
+        frozen_stages=frozen_stages,
+        device=device,
+        dtype=dtype,
+    )
+    config = default_head_config(task, arch, input_size) | head
+    if config["in_channels"] != arch.embed_dims:
+        raise ValueError(f"head in_channels {config['in_channels']} != backbone width {arch.embed_dims} of {arch.name}")
+    try:
+        decode_head = HEADS[task](**config, device=device, dtype=dtype)
+    except TypeError as error:
+        raise TypeError(f"{task} head: {error}") from None
+    if torch.device(device or "cpu").type != "meta":
+        decode_head.init_weights()
+    return TaskModel(task, backbone, decode_head)
+
+
+def detect_task(state_dict: dict[str, torch.Tensor]) -> str | None:
+    """The task of a task checkpoint, from the name of its final head layer (None for a bare backbone)."""
+    for task, layer in OUTPUT_LAYERS.items():
+        if f"decode_head.{layer}.weight" in state_dict:
+            return task
+    return None
+
+
+def load_model(
+    task: str,
+    source: str | os.PathLike,
+    *,
+    dtype: torch.dtype | str | None = torch.float32,
+    device: torch.device | str = "cpu",
+    filename: str | None = None,
+    rope_dtype: str = "bf16",
+) -> TaskModel:
+    """Load a task model from a checkpoint; arch and head widths are read off the tensor shapes.
+
+    Args:
+        task: the task the checkpoint was trained for.
+        source: a file, a folder, a Hugging Face repo id (``facebook/sapiens2-seg-1b``) or a size (``"1b"``).
+        dtype: parameter dtype (float32 by default; ``"auto"`` keeps the file's).
+        device: where the model ends up.
+        filename: the file inside a folder or repo, when not the official name.
+        rope_dtype: ``"bf16"`` (official numerics) or ``"fp32"``.
+
+    Returns:
+        The model in eval mode.
+
+    Raises:
+        CheckpointNotFoundError, CheckpointMismatchError, ValueError: with the file and the problem named.
+
+    Example:
+        >>> model = load_model("seg", "facebook/sapiens2-seg-1b")
+        >>> logits = model(images)  # (B, 29, H, W)
+    """
+    from ..checkpoints import (
+        CheckpointMismatchError,
+        convert_dtypes,
+        describe_arch,
+        infer_arch,
+        load_into,
+        read_state_dict,
+        resolve_checkpoint,
+    )
+
+    check_task(task)
+    path = resolve_checkpoint(source, task, filename)
+    state_dict = read_state_dict(path)
+    found = detect_task(state_dict)
+    if found is None:
+        raise CheckpointMismatchError(
+            f"{path} is not a task checkpoint (no decode_head.* layers; a pretrain backbone?). Use load_backbone() "
+            f"for it, or build_model('{task}', arch) and load it into .backbone for fine-tuning."
+        )
+    if found != task:
+        raise CheckpointMismatchError(f"{path} holds a '{found}' model, not '{task}'")
+    arch = infer_arch(state_dict, prefix="backbone.")
+    head_state = {k.removeprefix("decode_head."): v for k, v in state_dict.items() if k.startswith("decode_head.")}
+    head_config = infer_head_config(task, head_state)
+    model = build_model(task, arch, rope_dtype=rope_dtype, device="meta", **head_config)
+    try:
+        load_into(model, convert_dtypes(state_dict, dtype), describe_arch(arch))
+    except CheckpointMismatchError as error:
+        raise CheckpointMismatchError(f"{path}: {error}") from None
+    logger.info("loaded %s %s from %s", task, describe_arch(arch), path)
+    return model.to(device).eval()
