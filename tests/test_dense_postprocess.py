@@ -193,3 +193,15 @@ def test_preprocess_accepts_paths_and_a_single_array(tmp_path) -> None:
     from_path, _ = normal.preprocess([tmp_path / "a.png"], (16, 12))
     from_array, _ = normal.preprocess(image, (16, 12))
     assert torch.equal(from_path, from_array) and from_array.shape == (1, 3, 16, 12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_pre_and_postprocess_stay_within_strict_tolerance() -> None:
+    for name, image, outputs, case in _case_images("D_pointmap_e2e"):
+        network_input, meta = pointmap.preprocess([image], tuple(case["model"]["network_input_hw"]), device="cuda")
+        assert torch.equal(network_input.cpu(), outputs[f"{name}__debug__network_input"])
+        canonical = outputs[f"{name}__debug__network_output_pointmap"].cuda()
+        raw = (canonical, outputs[f"{name}__debug__network_output_scale"])
+        (result,) = pointmap.postprocess(raw, meta)
+        strict = case["tolerance"]["suggested"][f"{name}__pointmap"]["strict"]
+        assert np.abs(result.points - outputs[f"{name}__pointmap"].numpy()).max() <= strict

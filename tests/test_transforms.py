@@ -186,3 +186,17 @@ def test_pointmap_resize_smooths_only_when_enlarging() -> None:
 def test_resize_info_maps_stretch_points_per_axis() -> None:
     info = ResizeInfo(original_hw=(100, 50), input_hw=(200, 200), resized_hw=(200, 200))
     np.testing.assert_allclose(info.to_input(np.array([24.5, 49.5])), [99.5, 99.5])
+
+
+def test_gaussian_blur_is_bit_identical_to_torchvision_when_installed() -> None:
+    functional = pytest.importorskip("torchvision.transforms.functional")
+    x = torch.randn(2, 3, 19, 11, generator=torch.Generator().manual_seed(5)) * 3
+    reference = x
+    for _ in range(4):
+        reference = functional.gaussian_blur(reference, [3, 3], [0.8, 0.8])
+    assert torch.equal(gaussian_blur(x, 3, 0.8, passes=4), reference)
+
+
+def test_gaussian_blur_rejects_integer_tensors() -> None:
+    with pytest.raises(ValueError, match="floating-point"):
+        gaussian_blur(torch.zeros(1, 1, 4, 4, dtype=torch.int32))

@@ -244,10 +244,15 @@ def resize_bilinear(x: torch.Tensor, size_hw: Sequence[int]) -> torch.Tensor:
     return F.interpolate(x, size=(out_h, out_w), mode="bilinear", align_corners=False)
 
 
-def gaussian_kernel1d(kernel_size: int, sigma: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Normalised 1-D Gaussian with torchvision's sampling: taps at linspace(-(k-1)/2, (k-1)/2, k), in ``dtype``."""
+def gaussian_kernel1d(
+    kernel_size: int, sigma: float, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Normalised 1-D Gaussian with torchvision's sampling: taps at linspace(-(k-1)/2, (k-1)/2, k), in ``dtype``.
+
+    Computed on ``device`` like torchvision does: CUDA's exp can differ from the CPU's in the last bit.
+    """
     half = (kernel_size - 1) * 0.5
-    taps = torch.linspace(-half, half, steps=kernel_size, dtype=dtype)
+    taps = torch.linspace(-half, half, steps=kernel_size, dtype=dtype, device=device)
     weights = torch.exp(-0.5 * (taps / sigma).pow(2))
     return weights / weights.sum()
 
@@ -264,9 +269,11 @@ def gaussian_blur(x: torch.Tensor, kernel_size: int = 3, sigma: float = 0.8, pas
     if x.ndim != 4:
         raise ValueError(f"gaussian_blur expects a (B, C, H, W) tensor, got shape {tuple(x.shape)}")
     channels = x.shape[1]
-    kernel1d = gaussian_kernel1d(kernel_size, sigma, dtype=x.dtype if x.is_floating_point() else torch.float32)
-    kernel2d = torch.mm(kernel1d[:, None], kernel1d[None, :])  # (k, k)
-    kernel = kernel2d.to(x.device).expand(channels, 1, kernel_size, kernel_size)
+    if not x.is_floating_point():
+        raise ValueError(f"gaussian_blur needs a floating-point tensor, got {x.dtype}; convert with .float()")
+    kernel1d = gaussian_kernel1d(kernel_size, sigma, dtype=x.dtype, device=x.device)
+    kernel2d = torch.mm(kernel1d[:, None], kernel1d[None, :])  # (k, k), on x's device as in torchvision
+    kernel = kernel2d.expand(channels, 1, kernel_size, kernel_size)
     half = kernel_size // 2
     for _ in range(passes):
         x = F.conv2d(F.pad(x, [half, half, half, half], mode="reflect"), kernel, groups=channels)
