@@ -117,7 +117,9 @@ def make_dataset(seed: int = 0, num_images: int = 16):
         num_false = 24 if image_id == 5 else int(rng.integers(0, 3))
         for _ in range(num_false):  # false detections anywhere, of any size
             xy = _person(rng, rng.uniform([50, 50], [1230, 910]), float(rng.uniform(10, 150)))
-            results.append(_detection(rng, image_id, xy, round(rng.uniform(0, 0.7), 2)))
+            # Image 5's confident false detections push its true ones past the 20-detection cut.
+            score = rng.uniform(0.45, 0.75) if image_id == 5 else rng.uniform(0, 0.7)
+            results.append(_detection(rng, image_id, xy, round(score, 2)))
     gt = {"images": images, "annotations": annotations, "categories": [{"id": 1, "name": "person"}]}
     return gt, results
 
@@ -279,6 +281,21 @@ def test_other_seeds_equal_pycocotools():
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12, err_msg=f"seed {seed}")
 
 
+def test_area_range_bounds_are_inclusive_like_pycocotools():
+    gt, results = make_dataset(seed=4, num_images=6)
+    gt17, results17 = slice_dataset(gt, results, SUBSET_IDS["body"])
+    people = [a for a in gt17["annotations"] if not a["iscrowd"] and a["num_keypoints"] > 0]
+    for annotation, area in zip(people, (32.0**2, 96.0**2, 32.0**2, 96.0**2), strict=False):
+        annotation["area"] = area  # exactly on the medium/large bounds
+    corners = np.array([[600.0, 400.0], [632.0, 432.0], [700.0, 400.0], [796.0, 496.0]])  # 32² and 96² extents
+    for pair in (corners[:2], corners[2:]):
+        xy = np.concatenate([np.repeat(pair, [9, 8], axis=0), np.ones((17, 1))], axis=1)
+        results17.append({"image_id": 1, "category_id": 1, "keypoints": xy.ravel().tolist(), "score": 0.99})
+    expected = coco_eval(gt17, results17, COCO17_SIGMAS).stats
+    got = as_array(evaluate_keypoints(gt17, results17, COCO17_SIGMAS))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+
+
 @st.composite
 def perfect_scenes(draw):
     """Ground truth over a few images plus detections that copy it exactly; people never overlap."""
@@ -316,10 +333,13 @@ def perfect_scenes(draw):
 @given(perfect_scenes())
 def test_perfect_predictions_give_ap_and_ar_one(scene):
     gt, results, sigmas = scene
-    stats = evaluate_keypoints(gt, results, sigmas) if gt["annotations"] else None
+    if not gt["annotations"]:
+        with pytest.raises(ValueError, match="empty"):
+            evaluate_keypoints(gt, results, sigmas)
+        return
+    stats = evaluate_keypoints(gt, results, sigmas)
     if not results:  # nothing evaluable: every person is a crowd or fully occluded
-        if stats is not None:
-            assert stats["AP"] == -1.0 and stats["AR"] == -1.0
+        assert stats["AP"] == -1.0 and stats["AR"] == -1.0
         return
     for name in STAT_NAMES:
         assert stats[name] == -1.0 or stats[name] == pytest.approx(1.0, abs=1e-12), (name, stats)

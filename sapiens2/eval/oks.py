@@ -346,7 +346,7 @@ def _match(oks: np.ndarray, gt_ignore: np.ndarray, gt_crowd: np.ndarray) -> tupl
     hit_ignored = np.zeros((num_thresholds, num_dt), dtype=bool)
     if num_dt == 0 or num_gt == 0:
         return matched, hit_ignored
-    limits = np.minimum(OKS_THRESHOLDS, 1 - 1e-10)[:, None]  # COCO caps the bar just below 1
+    limits = OKS_THRESHOLDS[:, None]
     taken = np.zeros((num_thresholds, num_gt), dtype=bool)
     for d in range(num_dt):
         eligible = (~taken | gt_crowd) & (oks[d] >= limits)  # (T, G)
