@@ -389,4 +389,4 @@ def test_reference_field_name_is_supported(dataset):
         result["goliath_wholebody_kpts"] = result.pop("keypoints")
         renamed.append(result)
     got = evaluate_sapiens308(renamed_gt, renamed, subsets=("foot",), keypoints_field="goliath_wholebody_kpts")
-    assert got == evaluate_sapiens308(gt, results, subsets=("foot",))
+    assert got == evaluate_sapiens308(gt, results, subsets="foot")

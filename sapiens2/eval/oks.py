@@ -170,7 +170,7 @@ def evaluate_sapiens308(
     Args:
         gt: COCO ground truth whose annotations hold 308 triplets (see ``evaluate_keypoints``).
         results: COCO results with 308 triplets each (x, y, score).
-        subsets: names from ``SAPIENS308_SUBSETS``.
+        subsets: names from ``SAPIENS308_SUBSETS`` (a single name is accepted too).
         keypoints_field: key of the 308 triplets in annotations and results.
 
     Returns:
@@ -179,6 +179,8 @@ def evaluate_sapiens308(
     Raises:
         ValueError: an unknown subset name, or anything ``evaluate_keypoints`` rejects.
     """
+    if isinstance(subsets, str):  # one name, not its characters
+        subsets = (subsets,)
     unknown = [name for name in subsets if name not in SAPIENS308_SUBSETS]
     if unknown:
         raise ValueError(f"unknown keypoint subset(s) {unknown}; choose from {list(SAPIENS308_SUBSETS)}")
