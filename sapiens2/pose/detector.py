@@ -133,6 +133,8 @@ def _torch_load_weights_only(path: Path) -> object:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
+        if not hasattr(torch.serialization, "safe_globals"):  # torch < 2.5 has no scoped allow-list
+            raise
         # Retry once with numpy scalar types allow-listed; anything else stays refused.
         with torch.serialization.safe_globals(_NUMPY_SAFE_GLOBALS):
             checkpoint = torch.load(path, map_location="cpu", weights_only=True)
@@ -193,12 +195,20 @@ def build_detector_model(state: Mapping[str, torch.Tensor], *, fuse_bn: bool = T
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def rgb_to_bgr(image: np.ndarray) -> np.ndarray:
-    """Swap channels 0 and 2 of an (H, W, 3) array: the one RGB -> BGR boundary of this module (a contiguous copy)."""
+def rgb_to_bgr(image: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """Reverse the last (channel) axis of an (..., 3) array or tensor: this module's one RGB -> BGR boundary.
+
+    The official pipeline feeds the network ``cv2.imread``'s BGR order (DETECTOR.md §2); the public API takes RGB.
+    Returns a contiguous copy.
+    """
+    if isinstance(image, torch.Tensor):
+        return image.flip(-1)
     return np.ascontiguousarray(image[..., ::-1])
 
 
-def letterbox(image: np.ndarray, size: int = INPUT_SIZE, pad_value: int = PAD_VALUE) -> tuple[np.ndarray, tuple]:
+def letterbox(
+    image: np.ndarray, size: int = INPUT_SIZE, pad_value: int = PAD_VALUE, *, out: np.ndarray | None = None
+) -> tuple[np.ndarray, tuple[float, float]]:
     """Resize keeping the aspect ratio to fit ``size``×``size``, then pad bottom/right with ``pad_value``.
 
     The mmcv rules of DETECTOR.md §2 steps 1–2: scale ``s = size / max(H0, W0)`` (upscaling included), new sizes
@@ -209,18 +219,20 @@ def letterbox(image: np.ndarray, size: int = INPUT_SIZE, pad_value: int = PAD_VA
         image: (H0, W0, 3) uint8.
         size: side of the square output canvas.
         pad_value: value of the padded pixels, all channels.
+        out: optional (size, size, 3) uint8 array to write the canvas into (e.g. a slot of a pinned batch buffer).
 
     Returns:
-        (canvas, scale_factor): canvas (size, size, 3) uint8 with the image at the top-left corner;
-        scale_factor (w_scale, h_scale) = (new_w / W0, new_h / H0) as Python floats, the per-axis factors that map
-        original-image pixels to canvas pixels.
+        (canvas, scale_factor): canvas (size, size, 3) uint8 with the image at the top-left corner (``out`` if
+        given); scale_factor (w_scale, h_scale) = (new_w / W0, new_h / H0) as Python floats, the per-axis factors
+        that map original-image pixels to canvas pixels.
     """
     h0, w0 = image.shape[:2]
     scale = min(size / max(h0, w0), size / min(h0, w0))
     new_w, new_h = int(w0 * scale + 0.5), int(h0 * scale + 0.5)  # mmcv's round-half-up by truncation (§2 step 1)
-    resized = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
-    canvas = np.full((size, size, 3), pad_value, dtype=np.uint8)
-    canvas[:new_h, :new_w] = resized
+    canvas = np.empty((size, size, 3), dtype=np.uint8) if out is None else out
+    canvas[:new_h, :new_w] = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    canvas[new_h:] = pad_value
+    canvas[:new_h, new_w:] = pad_value
     return canvas, (new_w / w0, new_h / h0)
 
 
@@ -436,7 +448,7 @@ class PersonDetector:
         model: RTMDet,
         *,
         device: torch.device | str | None = None,
-        batch_size: int = 8,
+        batch_size: int = 16,
         allow_tf32: bool = False,
     ) -> None:
         """Wrap a loaded ``model``; moves it to ``device`` (default: CUDA if available, else CPU) in eval mode.
@@ -453,6 +465,7 @@ class PersonDetector:
         self.model = model.eval().to(self.device)
         self.batch_size = batch_size
         self.allow_tf32 = allow_tf32
+        self._pin_memory = self.device.type == "cuda"
 
     @classmethod
     def from_checkpoint(
@@ -461,7 +474,7 @@ class PersonDetector:
         device: torch.device | str | None = None,
         *,
         fuse_bn: bool = True,
-        batch_size: int = 8,
+        batch_size: int = 16,
         allow_tf32: bool = False,
     ) -> PersonDetector:
         """Load the official ``rtmdet_m.pth`` (mmengine format) from ``path``, or from the Hugging Face hub if None.
@@ -485,13 +498,13 @@ class PersonDetector:
 
     def preprocess(self, images: Sequence[np.ndarray]) -> tuple[torch.Tensor, list[tuple[float, float]]]:
         """RGB uint8 images -> ((B, 3, 640, 640) float32 normalised BGR batch on the device, scale factors)."""
-        canvases, scale_factors = [], []
-        for image in images:
-            canvas, scale_factor = letterbox(image)  # per-channel ops: same result as letterboxing the BGR image
-            canvases.append(rgb_to_bgr(canvas))
-            scale_factors.append(scale_factor)
-        batch = torch.from_numpy(np.stack(canvases)).to(self.device, non_blocking=True)  # (B, 640, 640, 3) uint8
-        return normalize_bgr(batch), scale_factors
+        # Letterbox straight into one (pinned, for an async copy to CUDA) uint8 batch; resize and pad are per channel,
+        # so the RGB -> BGR swap can wait until the batch is on the device.
+        batch = torch.empty((len(images), INPUT_SIZE, INPUT_SIZE, 3), dtype=torch.uint8, pin_memory=self._pin_memory)
+        canvases = batch.numpy()
+        scale_factors = [letterbox(image, out=canvases[i])[1] for i, image in enumerate(images)]
+        batch = batch.to(self.device, non_blocking=True)  # (B, 640, 640, 3) uint8 RGB
+        return normalize_bgr(rgb_to_bgr(batch)), scale_factors
 
     @torch.inference_mode()
     def detect_batch(self, images: Sequence[np.ndarray]) -> list[torch.Tensor]:
@@ -507,7 +520,9 @@ class PersonDetector:
         results: list[np.ndarray] = []
         for start in range(0, len(images), self.batch_size):
             detections = self.detect_batch(images[start : start + self.batch_size])
-            results.extend(d.cpu().numpy() for d in detections)
+            # One device -> host copy per batch, then split per image.
+            flat = torch.cat(detections).cpu().numpy()
+            results.extend(np.split(flat, np.cumsum([len(d) for d in detections])[:-1]))
         return results
 
 
