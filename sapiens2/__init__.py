@@ -7,12 +7,14 @@
 from .checkpoints import load_backbone
 from .models import ARCHS, Arch, Sapiens2, get_arch
 from .models.task_model import TaskModel, build_model, load_model
+from .predict.predictor import Predictor
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ARCHS",
     "Arch",
+    "Predictor",
     "Sapiens2",
     "TaskModel",
     "__version__",

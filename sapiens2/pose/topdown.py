@@ -18,12 +18,11 @@ import cv2
 import numpy as np
 import torch
 
+from sapiens2.data.transforms import normalize_to_tensor
 from sapiens2.pose.codec import decode_heatmaps
 from sapiens2.pose.keypoints import NUM_KEYPOINTS, convert_keypoints, keypoint_metadata
 
 __all__ = [
-    "MEAN_RGB",
-    "STD_RGB",
     "PoseResult",
     "box_to_center_scale",
     "crop_person",
@@ -37,11 +36,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-MEAN_RGB = (123.675, 116.28, 103.53)
-"""Normalisation mean, RGB order, 0-255 scale (MODEL.md §2.8)."""
-STD_RGB = (58.395, 57.12, 57.375)
-"""Normalisation std, RGB order (MODEL.md §2.8)."""
 
 
 def nms(boxes_xyxy: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarray:
@@ -216,10 +210,9 @@ def normalize(crops_rgb: np.ndarray) -> torch.Tensor:
         crops = crops[None]
     if crops.ndim != 4 or crops.shape[-1] != 3 or crops.dtype != np.uint8:
         raise ValueError(f"crops must be (N, H, W, 3) uint8 RGB, got shape {crops.shape} dtype {crops.dtype}")
-    x = torch.from_numpy(np.ascontiguousarray(crops)).permute(0, 3, 1, 2).float()  # (N, H, W, 3) -> (N, 3, H, W)
-    mean = torch.tensor(MEAN_RGB, dtype=torch.float32).view(1, 3, 1, 1)
-    std = torch.tensor(STD_RGB, dtype=torch.float32).view(1, 3, 1, 1)
-    return (x - mean) / std
+    # The shared normaliser returns a contiguous NCHW tensor: convolutions on a channels-last-strided input differ in
+    # the last bits, which the bf16 RoPE amplifies (MODEL.md §6).
+    return normalize_to_tensor(list(crops))
 
 
 def flip_average(

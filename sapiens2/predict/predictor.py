@@ -1,0 +1,252 @@
+"""One inference API for every task: images in, typed results at the original resolution out.
+
+``Predictor`` owns the model, device and dtype; the task modules (``sapiens2.dense.*``, ``sapiens2.pose.topdown``)
+own the official pre/post-processing. Each batch runs preprocess -> forward -> postprocess, timed apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data.io import to_rgb_array
+from ..dense import albedo, matting, normal, pointmap, seg
+from ..models.task_model import check_task, load_model
+
+logger = logging.getLogger(__name__)
+
+DENSE_TASKS = {"seg": seg, "normal": normal, "pointmap": pointmap, "albedo": albedo, "matting": matting}
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}  # fmt: skip
+
+
+@dataclass
+class Timings:
+    """Accumulated wall time per stage (seconds) and the number of images processed."""
+
+    preprocess: float = 0.0
+    inference: float = 0.0
+    postprocess: float = 0.0
+    detection: float = 0.0
+    images: int = 0
+    stages: tuple[str, ...] = field(default=("detection", "preprocess", "inference", "postprocess"), repr=False)
+
+    def per_image_ms(self) -> dict[str, float]:
+        count = max(self.images, 1)
+        return {stage: 1000.0 * getattr(self, stage) / count for stage in self.stages}
+
+
+def _resolve_device(device: torch.device | str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but CUDA is not available; use device='cpu'")
+    return device
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype must be one of fp32, bf16, fp16 (or the torch dtypes), got {dtype!r}")
+
+
+def _is_single_image(images: Any) -> bool:
+    return (
+        isinstance(images, (str, os.PathLike))
+        or (isinstance(images, np.ndarray) and images.ndim == 3)
+        or (
+            hasattr(images, "mode") and hasattr(images, "size")  # a PIL image
+        )
+    )
+
+
+class Predictor:
+    """Run a Sapiens2 task model on images.
+
+    Args:
+        task: ``seg, normal, pointmap, albedo, matting`` or ``pose``.
+        model: a size (``"1b"``: the released weights of that size, downloaded once), a Hugging Face repo id, a
+            local file or folder, or an ``nn.Module`` returning the raw head output.
+        device: ``"cuda"``/``"cpu"``/a torch device; default CUDA when available.
+        dtype: ``"fp32"`` (default, the official numerics), or ``"bf16"``/``"fp16"`` (on GPU) for speed.
+        input_size: network input (H, W); the released models use (1024, 768).
+        batch_size: images (pose: person crops) per forward pass.
+        detector: pose only: ``"rtmdet"`` (the official RTMDet-m person detector, downloaded once), a local
+            ``rtmdet_m.pth`` path, a callable ``images -> list of (N, 5) [x1, y1, x2, y2, score]``, or ``None``
+            (whole image, unless boxes are given per call).
+        flip_test: pose only: average with the horizontally flipped input (the official setting).
+
+    Images are file paths, PIL images or H×W×3 uint8 **RGB** arrays. ``predictor(image)`` returns one result,
+    ``predictor([...])`` a list, ``predictor.stream(iterable)`` yields results as batches finish.
+
+    Example:
+        >>> predictor = Predictor("seg", model="1b")
+        >>> result = predictor("photo.jpg")  # SegResult: result.labels (H, W) uint8
+    """
+
+    def __init__(
+        self,
+        task: str,
+        model: str | os.PathLike | nn.Module = "1b",
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | str | None = None,
+        input_size: tuple[int, int] = (1024, 768),
+        batch_size: int = 4,
+        detector: str | os.PathLike | Callable | None = "rtmdet",
+        flip_test: bool = True,
+    ) -> None:
+        self.task = check_task(task)
+        self.device = _resolve_device(device)
+        self.dtype = _resolve_dtype(dtype)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.input_size = (int(input_size[0]), int(input_size[1]))
+        self.batch_size = batch_size
+        self.flip_test = flip_test
+        if not isinstance(model, nn.Module):
+            model = load_model(task, model)
+        self.model = model.to(self.device, self.dtype).eval()
+        self.detector = self._make_detector(detector) if task == "pose" else None
+        self.timings = Timings()
+
+    def _make_detector(self, detector: Any) -> Callable | None:
+        if detector is None or callable(detector):
+            return detector
+        from ..pose.detector import PersonDetector
+
+        path = None if detector == "rtmdet" else detector
+        return PersonDetector.from_checkpoint(path, device=self.device)
+
+    # ---------------------------------------------------------------------------------------------- public API
+
+    def __call__(self, images: Any, boxes: Any = None) -> Any:
+        """Predict one image (returns a result) or a list of images (returns a list of results).
+
+        Args:
+            images: a path, PIL image or H×W×3 uint8 RGB array, or a list/iterable of them.
+            boxes: pose only: person boxes, (N, 4) xyxy or (N, 5) with scores, for one image; a list of those
+                for a list of images. Skips the detector.
+        """
+        if _is_single_image(images):
+            return self.predict_batch([images], None if boxes is None else [boxes])[0]
+        images = list(images)
+        if boxes is not None and len(boxes) != len(images):
+            raise ValueError(f"got {len(boxes)} box arrays for {len(images)} images")
+        results = []
+        for start in range(0, len(images), self.batch_size):
+            chunk_boxes = None if boxes is None else boxes[start : start + self.batch_size]
+            results.extend(self.predict_batch(images[start : start + self.batch_size], chunk_boxes))
+        return results
+
+    def stream(self, images: Iterable[Any]) -> Iterator[Any]:
+        """Yield results one by one for any iterable of images, batching internally (constant memory)."""
+        batch: list[Any] = []
+        for image in images:
+            batch.append(image)
+            if len(batch) == self.batch_size:
+                yield from self.predict_batch(batch)
+                batch = []
+        if batch:
+            yield from self.predict_batch(batch)
+
+    @torch.inference_mode()
+    def predict_batch(self, images: Sequence[Any], boxes: Sequence[Any] | None = None) -> list[Any]:
+        """One batch, in order; ``boxes`` (pose) holds one (N, 4|5) array per image or None."""
+        paths = [str(image) if isinstance(image, (str, os.PathLike)) else None for image in images]
+        arrays = [to_rgb_array(image) for image in images]
+        if self.task == "pose":
+            results = self._predict_pose(arrays, boxes, paths)
+        else:
+            results = self._predict_dense(arrays, paths)
+        self.timings.images += len(arrays)
+        return results
+
+    def forward(self, x: torch.Tensor) -> Any:
+        """The model on a normalised float32 batch (B, 3, H, W): cast to the predictor's device/dtype, raw outputs
+        returned as float32."""
+        output = self.model(x.to(self.device, self.dtype))
+        if isinstance(output, (tuple, list)):
+            return type(output)(o.float() for o in output)
+        return output.float()
+
+    # ---------------------------------------------------------------------------------------------- internals
+
+    def _timed(self, stage: str, function: Callable, *args, **kwargs):
+        start = time.perf_counter()
+        result = function(*args, **kwargs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        setattr(self.timings, stage, getattr(self.timings, stage) + time.perf_counter() - start)
+        return result
+
+    def _predict_dense(self, arrays: list[np.ndarray], paths: list[str | None]) -> list[Any]:
+        module = DENSE_TASKS[self.task]
+        x, meta = self._timed("preprocess", module.preprocess, arrays, self.input_size, device=self.device)
+        raw = self._timed("inference", self.forward, x)
+        return self._timed("postprocess", module.postprocess, raw, meta, paths=paths)
+
+    def _predict_pose(
+        self, arrays: list[np.ndarray], boxes: Sequence[Any] | None, paths: list[str | None]
+    ) -> list[Any]:
+        from ..pose.topdown import estimate_pose, filter_detections
+
+        boxes_per_image, scores_per_image = [], []
+        if boxes is not None:  # the user's boxes are used as given; an empty array means the whole image
+            for array, given in zip(arrays, boxes, strict=True):
+                given = _as_detections(given)
+                if not len(given):
+                    height, width = array.shape[:2]
+                    given = np.array([[0, 0, width - 1, height - 1, 1.0]], np.float32)
+                boxes_per_image.append(given[:, :4])
+                scores_per_image.append(given[:, 4])
+        else:
+            if self.detector is not None:
+                detections = self._timed("detection", self.detector, arrays)
+            else:
+                detections = [np.zeros((0, 5), np.float32) for _ in arrays]
+            for array, found in zip(arrays, detections, strict=True):
+                # The official demo's selection: score > 0.3, NMS at IoU 0.3, whole-image fallback.
+                kept_boxes, kept_scores = filter_detections(found[:, :4], found[:, 4], image_size=array.shape[:2])
+                boxes_per_image.append(kept_boxes)
+                scores_per_image.append(kept_scores)
+        start = time.perf_counter()
+        results = estimate_pose(
+            arrays,
+            boxes_per_image,
+            self.forward,
+            self.input_size,
+            self.batch_size,
+            flip_test=self.flip_test,
+            box_scores_per_image=scores_per_image,
+            paths=paths,
+        )
+        self.timings.inference += time.perf_counter() - start  # crops, network and decoding of all people
+        return results
+
+
+def _as_detections(boxes: Any) -> np.ndarray:
+    """User boxes (N, 4) xyxy or (N, 5) with scores -> (N, 5) float32; boxes without scores get score 1."""
+    boxes = np.asarray(boxes, dtype=np.float32)
+    if boxes.size == 0:
+        return np.zeros((0, 5), np.float32)
+    if boxes.ndim == 1:
+        boxes = boxes[None]
+    if boxes.ndim != 2 or boxes.shape[1] not in (4, 5):
+        raise ValueError(f"boxes must be (N, 4) xyxy or (N, 5) xyxy+score, got shape {boxes.shape}")
+    if boxes.shape[1] == 4:
+        boxes = np.concatenate([boxes, np.ones((len(boxes), 1), np.float32)], axis=1)
+    return boxes
