@@ -1,0 +1,439 @@
+"""Pictures of predictions: segmentation palette and overlays, normal and depth colouring, pose skeletons.
+
+Every function is pure: it takes arrays and returns a new (H, W, 3) uint8 **RGB** picture (never BGR), leaving its
+inputs untouched. The colour rules follow the reference demos (MODEL.md §2.9, DENSE.md §2.7/§3.5/§4.5, POSE.md §7.2);
+where this module departs from them on purpose (black backgrounds, sizes scaled to the image) the docstring says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from importlib import resources
+
+import cv2
+import numpy as np
+
+from sapiens2.pose.keypoints import FORMATS, NUM_KEYPOINTS, convert_keypoints, format_keypoint_names, keypoint_metadata
+from sapiens2.pose.topdown import PoseResult
+
+__all__ = [
+    "apply_mask",
+    "as_keypoint_format",
+    "colorize_depth",
+    "colorize_labels",
+    "colorize_normals",
+    "composite_checkerboard",
+    "depth_range",
+    "draw_pose",
+    "pose_sizes",
+    "seg_overlay",
+    "seg_palette",
+    "side_by_side",
+    "skeleton_links",
+]
+
+KEYPOINT_THRESHOLD = 0.3
+"""Keypoints (and links) with a score below this are not drawn (POSE.md §7.2; a score equal to it is drawn)."""
+
+# Depth colouring clamps, as the reference's pointmap demo (DENSE.md §4.5): nothing nearer than 0.1 m or farther
+# than 250 m stretches the colour range.
+_NEAREST_M = 0.1
+_FARTHEST_M = 250.0
+
+
+def _check_image(image: np.ndarray, name: str = "image") -> np.ndarray:
+    image = np.asarray(image)
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(
+            f"{name} must be an (H, W, 3) uint8 RGB array, got shape {image.shape} dtype {image.dtype}; "
+            "read files with sapiens2.data.io.read_image"
+        )
+    return image
+
+
+def _check_mask(mask: np.ndarray | None, size: tuple[int, int], name: str = "mask") -> np.ndarray | None:
+    """``None`` or an (H, W) bool copy of ``mask``; raises when its shape is not ``size``."""
+    if mask is None:
+        return None
+    mask = np.asarray(mask)
+    if mask.shape != tuple(size):
+        raise ValueError(f"{name} must have shape {tuple(size)} (the image's H, W), got {mask.shape}")
+    return mask.astype(bool)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Segmentation
+
+
+@functools.cache
+def seg_palette() -> np.ndarray:
+    """(29, 3) uint8 RGB colour of each segmentation class id, from ``assets/seg29.json`` (read-only, cached)."""
+    text = resources.files("sapiens2.assets").joinpath("seg29.json").read_text(encoding="utf-8")
+    palette = np.asarray(json.loads(text)["palette_rgb"], dtype=np.uint8)
+    palette.flags.writeable = False
+    return palette
+
+
+def colorize_labels(labels: np.ndarray, palette: np.ndarray | None = None) -> np.ndarray:
+    """Paint a label map with one colour per class id.
+
+    Args:
+        labels: (H, W) integer class ids (any integer dtype).
+        palette: (C, 3) uint8 RGB colours by id; default the official 29-class palette (:func:`seg_palette`).
+
+    Returns:
+        (H, W, 3) uint8 RGB. Ids without a palette entry (e.g. the 255 "ignore" id of training labels) are black.
+
+    Raises:
+        ValueError: non-integer or non-2-D labels, negative ids, or a palette that is not (C, 3).
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 2 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"labels must be an (H, W) integer array, got shape {labels.shape} dtype {labels.dtype}")
+    colours = seg_palette() if palette is None else np.asarray(palette)
+    if colours.ndim != 2 or colours.shape[1] != 3 or len(colours) == 0:
+        raise ValueError(f"palette must be (C, 3) RGB colours, got shape {colours.shape}")
+    if labels.size and labels.min() < 0:
+        raise ValueError(f"labels must be class ids >= 0, got a minimum of {labels.min()}")
+    colours = np.clip(colours, 0, 255).astype(np.uint8)
+    known = labels < len(colours)
+    picture = colours[np.where(known, labels, 0)]
+    picture[~known] = 0
+    return picture
+
+
+def seg_overlay(
+    image: np.ndarray, labels: np.ndarray, alpha: float = 0.5, *, palette: np.ndarray | None = None
+) -> np.ndarray:
+    """Blend the class colours over the photo: ``(1 - alpha) * image + alpha * colour``, every pixel.
+
+    With ``alpha=0.5`` this is the reference demo's ``cv2.addWeighted`` blend (DENSE.md §2.7), background class
+    included (its dark grey dims the surroundings a little). OpenCV rounds the sum to the nearest integer.
+
+    Args:
+        image: (H, W, 3) uint8 RGB photo.
+        labels: (H, W) integer class ids of the same size.
+        alpha: weight of the class colours, in [0, 1].
+        palette: as for :func:`colorize_labels`.
+
+    Returns:
+        (H, W, 3) uint8 RGB.
+    """
+    image = _check_image(image)
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    colours = colorize_labels(labels, palette)
+    if colours.shape != image.shape:
+        raise ValueError(f"labels of shape {np.shape(labels)} do not match the image of shape {image.shape[:2]}")
+    return cv2.addWeighted(image, 1.0 - alpha, colours, alpha, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Dense maps
+
+
+def colorize_normals(normals: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Colour surface normals as the reference: ``uint8(truncate((n + 1) / 2 * 255))``, x -> R, y -> G, z -> B.
+
+    Masked-out pixels and non-finite normals (the NaN background of a masked ``_normal.npy``) are set to -1 first,
+    which makes them black (DENSE.md §3.5). Components are clipped to [-1, 1] so slightly long vectors cannot wrap
+    around in the uint8 cast.
+
+    Args:
+        normals: (H, W, 3) float (x, y, z) in the camera frame (see ``NormalResult``).
+        mask: optional (H, W) bool, True = foreground.
+
+    Returns:
+        (H, W, 3) uint8 RGB.
+    """
+    normals = np.asarray(normals, dtype=np.float32)
+    if normals.ndim != 3 or normals.shape[2] != 3:
+        raise ValueError(f"normals must be (H, W, 3), got shape {normals.shape}")
+    mask = _check_mask(mask, normals.shape[:2])
+    background = ~np.isfinite(normals).all(axis=2)
+    if mask is not None:
+        background |= ~mask
+    values = np.clip(np.where(background[..., None], np.float32(-1), normals), -1.0, 1.0)
+    return ((values + np.float32(1)) / np.float32(2) * np.float32(255)).astype(np.uint8)
+
+
+def _valid_depth(depth: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    valid = np.isfinite(depth) & (depth > 0)
+    return valid if mask is None else valid & mask
+
+
+def depth_range(
+    depth: np.ndarray, mask: np.ndarray | None = None, percentiles: tuple[float, float] = (1.0, 99.0)
+) -> tuple[float, float] | None:
+    """Robust (near, far) depth range in metres: the given percentiles of the valid pixels' depth.
+
+    Valid pixels are finite, > 0 and inside ``mask``. Use the result as ``value_range`` of :func:`colorize_depth`
+    to colour several frames with one range (the reference pools per-frame 1st/99th percentiles, DENSE.md §4.5).
+
+    Returns:
+        (near, far) with near <= far, or None when no pixel is valid.
+    """
+    depth = np.asarray(depth, dtype=np.float32)
+    if depth.ndim != 2:
+        raise ValueError(f"depth must be (H, W), got shape {depth.shape}")
+    low, high = percentiles
+    if not 0.0 <= low <= high <= 100.0:
+        raise ValueError(f"percentiles must satisfy 0 <= low <= high <= 100, got {percentiles}")
+    values = depth[_valid_depth(depth, _check_mask(mask, depth.shape))]
+    if values.size == 0:
+        return None
+    near, far = np.percentile(values, [low, high])
+    return float(near), float(far)
+
+
+def colorize_depth(
+    depth: np.ndarray,
+    mask: np.ndarray | None = None,
+    *,
+    value_range: tuple[float, float] | None = None,
+    percentiles: tuple[float, float] = (1.0, 99.0),
+    colormap: int = cv2.COLORMAP_TURBO,
+) -> np.ndarray:
+    """Colour a metric depth map with a perceptual colormap, near = warm, far = cool, background black.
+
+    As the reference demo (DENSE.md §4.5) the colour follows **inverse** depth (equal steps of disparity, so the
+    nearby body gets most of the colour range), normalised between 1/far and 1/near with near >= 0.1 m and
+    far <= 250 m, and mapped through turbo. Unlike the demo (grey background) masked-out, non-finite and
+    non-positive pixels are black.
+
+    Args:
+        depth: (H, W) float Z in metres.
+        mask: optional (H, W) bool, True = foreground.
+        value_range: fixed (near, far) in metres; default :func:`depth_range` of this frame with ``percentiles``.
+        percentiles: low/high percentiles of the valid depths giving near/far when ``value_range`` is None.
+        colormap: an OpenCV ``cv2.COLORMAP_*`` id.
+
+    Returns:
+        (H, W, 3) uint8 RGB.
+    """
+    depth = np.asarray(depth, dtype=np.float32)
+    if depth.ndim != 2:
+        raise ValueError(f"depth must be (H, W), got shape {depth.shape}")
+    valid = _valid_depth(depth, _check_mask(mask, depth.shape))
+    picture = np.zeros((*depth.shape, 3), dtype=np.uint8)
+    if value_range is None:
+        value_range = depth_range(depth, mask, percentiles)
+        if value_range is None:
+            return picture
+    near, far = (float(v) for v in value_range)
+    if not (np.isfinite(near) and np.isfinite(far) and 0 < near <= far):
+        raise ValueError(f"value_range must be finite (near, far) metres with 0 < near <= far, got {value_range}")
+    inv_low = max(1.0 / _FARTHEST_M, 1.0 / far)
+    inv_high = min(1.0 / max(near, 1e-6), 1.0 / _NEAREST_M)
+    inverse = 1.0 / np.maximum(depth[valid].astype(np.float64), 1e-6)
+    if inv_high > inv_low:
+        level = np.clip((inverse - inv_low) / (inv_high - inv_low), 0.0, 1.0)
+    else:  # one depth everywhere: paint the middle of the colormap
+        level = np.full(inverse.shape, 0.5)
+    levels = np.zeros(depth.shape, dtype=np.uint8)
+    levels[valid] = np.rint(level * 255.0).astype(np.uint8)
+    coloured = cv2.cvtColor(cv2.applyColorMap(levels, colormap), cv2.COLOR_BGR2RGB)  # applyColorMap gives BGR
+    picture[valid] = coloured[valid]
+    return picture
+
+
+def apply_mask(
+    picture: np.ndarray, mask: np.ndarray | None, background: tuple[int, int, int] = (0, 0, 0)
+) -> np.ndarray:
+    """A copy of an (H, W, 3) uint8 picture with the pixels outside ``mask`` (False) set to ``background`` (RGB)."""
+    picture = _check_image(picture, "picture").copy()
+    mask = _check_mask(mask, picture.shape[:2])
+    if mask is not None:
+        picture[~mask] = np.asarray(background, dtype=np.uint8)
+    return picture
+
+
+def composite_checkerboard(rgba: np.ndarray, tile: int | None = None) -> np.ndarray:
+    """Show an RGBA cut-out over a grey checkerboard (how image editors show transparency).
+
+    Args:
+        rgba: (H, W, 4) uint8, straight (un-premultiplied) RGB plus alpha, e.g. ``MattingResult.rgba()``.
+        tile: checker square size in pixels; default about 1/32 of the longer side.
+
+    Returns:
+        (H, W, 3) uint8 RGB: ``alpha * colour + (1 - alpha) * checkerboard``, rounded.
+    """
+    rgba = np.asarray(rgba)
+    if rgba.dtype != np.uint8 or rgba.ndim != 3 or rgba.shape[2] != 4:
+        raise ValueError(f"rgba must be an (H, W, 4) uint8 array, got shape {rgba.shape} dtype {rgba.dtype}")
+    height, width = rgba.shape[:2]
+    tile = max(4, max(height, width) // 32) if tile is None else int(tile)
+    if tile < 1:
+        raise ValueError(f"tile must be >= 1 pixel, got {tile}")
+    rows, cols = np.indices((height, width))
+    board = np.where(((rows // tile + cols // tile) % 2 == 0)[..., None], np.float32(204), np.float32(153))
+    alpha = rgba[..., 3:].astype(np.float32) / np.float32(255)
+    blended = alpha * rgba[..., :3].astype(np.float32) + (1 - alpha) * board
+    return np.clip(np.rint(blended), 0, 255).astype(np.uint8)
+
+
+def side_by_side(image: np.ndarray, picture: np.ndarray) -> np.ndarray:
+    """``[image | picture]`` in one RGB picture, as the reference demos save their results.
+
+    Args:
+        image: (H, W, 3) uint8 RGB.
+        picture: (h, w, 3) uint8 RGB or (h, w) uint8 grey (e.g. an alpha matte); resized to height H keeping its
+            aspect ratio when h != H.
+
+    Returns:
+        (H, W + w', 3) uint8 RGB.
+    """
+    image = _check_image(image)
+    picture = np.asarray(picture)
+    if picture.dtype == np.uint8 and picture.ndim == 2:
+        picture = np.repeat(picture[..., None], 3, axis=2)
+    picture = _check_image(picture, "picture")
+    height = image.shape[0]
+    if picture.shape[0] != height:
+        width = max(1, round(picture.shape[1] * height / picture.shape[0]))
+        shrink = height < picture.shape[0]
+        picture = cv2.resize(picture, (width, height), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+    return np.concatenate([image, picture], axis=1)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Pose
+
+
+@dataclass(frozen=True)
+class _SkeletonLayout:
+    """How to draw one keypoint format with the 308-format metadata (arrays indexed by the format's joints)."""
+
+    drawable: np.ndarray  # (J,) bool: the joint has a source in the 308 format
+    colors: np.ndarray  # (J, 3) uint8 RGB
+    links: np.ndarray  # (L, 2) int64 joint index pairs of this format
+    link_colors: np.ndarray  # (L, 3) uint8 RGB
+
+
+@functools.cache
+def _skeleton_layout(fmt: str) -> _SkeletonLayout:
+    """Map the 308 skeleton and colours onto ``fmt`` by converting the 308 ids themselves as x coordinates.
+
+    A joint converted from one 308 keypoint gets that keypoint's colour; a midpoint joint (OpenPose ``neck`` /
+    ``mid_hip``) gets the colour of its first source and no links; a 308 link is kept when both ends map.
+    """
+    meta = keypoint_metadata()
+    ids = np.zeros((1, NUM_KEYPOINTS, 2))
+    ids[0, :, 0] = np.arange(NUM_KEYPOINTS)
+    converted, present, _ = convert_keypoints(ids, np.ones((1, NUM_KEYPOINTS)), fmt)
+    source = converted[0, :, 0]
+    drawable = present[0] > 0
+    exact = drawable & (source == np.floor(source))
+    colors = meta.keypoint_colors[np.where(drawable, np.floor(source), 0).astype(np.int64)]
+    first_target = {}
+    for joint in np.flatnonzero(exact):
+        first_target.setdefault(int(source[joint]), int(joint))
+    links, link_colors = [], []
+    for (a, b), color in zip(meta.skeleton_links.tolist(), meta.skeleton_link_colors, strict=True):
+        if a in first_target and b in first_target:
+            links.append((first_target[a], first_target[b]))
+            link_colors.append(color)
+    return _SkeletonLayout(
+        drawable=drawable,
+        colors=colors,
+        links=np.asarray(links, dtype=np.int64).reshape(-1, 2),
+        link_colors=np.asarray(link_colors, dtype=np.uint8).reshape(-1, 3),
+    )
+
+
+def skeleton_links(fmt: str = "sapiens308") -> np.ndarray:
+    """(L, 2) int64 0-based joint index pairs of the skeleton drawn for ``fmt`` (the 308 links that map onto it)."""
+    format_keypoint_names(fmt)  # checks fmt
+    return _skeleton_layout(fmt).links.copy()
+
+
+def as_keypoint_format(pose_result: PoseResult, fmt: str) -> PoseResult:
+    """``pose_result`` in keypoint format ``fmt``: itself if already in it, converted if it holds 308 keypoints.
+
+    Raises:
+        ValueError: unknown ``fmt`` (with a did-you-mean), or a result in another format that cannot be converted.
+    """
+    names = format_keypoint_names(fmt)  # checks fmt
+    if tuple(pose_result.keypoint_names) == names:
+        return pose_result
+    if len(pose_result.keypoint_names) == NUM_KEYPOINTS:
+        return pose_result.converted(fmt)
+    raise ValueError(
+        f"pose result has {len(pose_result.keypoint_names)} keypoints that are not the {fmt!r} format; only "
+        f"308-keypoint results can be converted (formats: {', '.join(FORMATS)})"
+    )
+
+
+def pose_sizes(image_size: tuple[int, int]) -> tuple[int, int]:
+    """Keypoint radius and link thickness in pixels for an image of (H, W).
+
+    The reference demo draws radius 8 / thickness 8 (POSE.md §7.1) on photos of about 2K pixels; here both
+    scale with the longer side (8 px at 2048, 2 px at 512, never below 1), so small and large images look alike.
+    """
+    longer = max(image_size)
+    radius = max(1, round(longer / 256))
+    return radius, radius
+
+
+def draw_pose(
+    image: np.ndarray,
+    pose_result: PoseResult,
+    threshold: float = KEYPOINT_THRESHOLD,
+    fmt: str = "sapiens308",
+    *,
+    radius: int | None = None,
+    thickness: int | None = None,
+    draw_boxes: bool = False,
+    box_color: tuple[int, int, int] = (255, 255, 255),
+) -> np.ndarray:
+    """Draw each person's skeleton links, then keypoints, with the official colours (POSE.md §7.2).
+
+    Per person in result order: every link whose two ends score >= ``threshold`` (anti-aliased line), then every
+    keypoint scoring >= ``threshold`` (filled anti-aliased circle). Points are rounded half-to-even to pixels and
+    skipped when outside the image or not finite. Only the 65 body/feet/hand links exist in the 308 format, so
+    face keypoints show as dots. For another ``fmt`` the 308 links and colours are carried over to the joints
+    that come from a 308 keypoint; unlabelled joints are never drawn.
+
+    Args:
+        image: (H, W, 3) uint8 RGB.
+        pose_result: the image's pose, in the 308 format or already in ``fmt``.
+        threshold: minimum keypoint score to draw.
+        fmt: keypoint format to draw (see ``sapiens2.pose.keypoints.FORMATS``).
+        radius: keypoint radius in pixels; default from :func:`pose_sizes`.
+        thickness: link width in pixels; default from :func:`pose_sizes`.
+        draw_boxes: also draw the person boxes (under the skeletons).
+        box_color: RGB colour of the boxes.
+
+    Returns:
+        (H, W, 3) uint8 RGB copy with the drawing.
+    """
+    canvas = _check_image(image).copy()
+    height, width = canvas.shape[:2]
+    pose = as_keypoint_format(pose_result, fmt)
+    layout = _skeleton_layout(fmt)
+    auto_radius, auto_thickness = pose_sizes((height, width))
+    radius = auto_radius if radius is None else int(radius)
+    thickness = max(1, auto_thickness if thickness is None else int(thickness))
+    if radius < 0:
+        raise ValueError(f"radius must be >= 0 pixels, got {radius}")
+    if draw_boxes:
+        for box in pose.boxes:
+            if np.isfinite(box).all():
+                x1, y1, x2, y2 = np.round(box).astype(np.int64).tolist()
+                # Axis-aligned: drawn crisp (no anti-aliasing), unlike the skeleton.
+                cv2.rectangle(canvas, (x1, y1), (x2, y2), tuple(int(c) for c in box_color), thickness)
+    for points, scores in zip(pose.keypoints, pose.scores, strict=True):
+        finite = np.isfinite(points).all(axis=1)
+        pixels = np.round(np.where(finite[:, None], points, -1.0)).astype(np.int64)  # (J, 2) x, y
+        inside = finite & (pixels[:, 0] >= 0) & (pixels[:, 0] < width) & (pixels[:, 1] >= 0) & (pixels[:, 1] < height)
+        shown = inside & layout.drawable & (scores >= threshold)
+        for (a, b), color in zip(layout.links.tolist(), layout.link_colors.tolist(), strict=True):
+            if shown[a] and shown[b]:
+                start, end = tuple(pixels[a].tolist()), tuple(pixels[b].tolist())
+                cv2.line(canvas, start, end, tuple(color), thickness, cv2.LINE_AA)
+        for joint in np.flatnonzero(shown):
+            color = tuple(int(c) for c in layout.colors[joint])
+            cv2.circle(canvas, tuple(pixels[joint].tolist()), radius, color, -1, cv2.LINE_AA)
+    return canvas

@@ -1,0 +1,516 @@
+"""Per-image output files of ``sapiens2 predict`` for every task, and a COCO results file for pose runs.
+
+Every file goes through the atomic writers of :mod:`sapiens2.data.io` (temporary sibling + rename), so an
+interrupted run never leaves a half-written output. File names are ``<stem><suffix>``; the stem comes from an
+``InputItem`` (``item.output_path``) or is given as a path without extension (``out/img`` -> ``out/img_seg.png``).
+
+Files per task (``.jpg`` pictures become ``.png`` with ``picture_format="png"``):
+
+========  ===========================================================================================================
+seg       ``_seg.png`` (uint8 class ids), ``_seg_overlay.jpg``; ``_seg.npy`` (uint8 ids) and ``_seg_probs.npy``
+          ((C, H, W) float32, if the result holds probabilities) with ``save_npy``
+normal    ``_normal.npy`` ((H, W, 3) float32), ``_normal.jpg``
+pointmap  ``_pointmap.npy`` ((H, W, 3) float32 metres), ``_depth.npy`` ((H, W) **float16** Z, as the reference demo;
+          the float32 Z is ``pointmap[..., 2]``), ``.ply`` (coloured points), ``_depth.jpg``, ``_focal.json``
+albedo    ``_albedo.png`` (RGB uint8)
+matting   ``_alpha.png`` (8-bit alpha), ``_cutout.png`` (RGBA: un-premultiplied colour + alpha)
+pose      ``_pose.json`` (boxes, box scores, named keypoints and scores), ``_pose.jpg`` (skeletons)
+========  ===========================================================================================================
+
+``WriteOptions.mask`` (True = person) blanks the background of normal, pointmap and albedo outputs: NaN in the
+``.npy`` arrays (so a background pixel can never pass for a prediction; ``np.isnan`` finds them), black in the
+pictures and the albedo PNG, and absent from the PLY. Without a mask every pixel is written as predicted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from sapiens2.data.io import atomic_write, save_json, save_npy, save_ply, save_png
+from sapiens2.data.sources import InputItem
+from sapiens2.dense.albedo import AlbedoResult
+from sapiens2.dense.matting import MattingResult
+from sapiens2.dense.normal import NormalResult
+from sapiens2.dense.pointmap import PointmapResult
+from sapiens2.dense.seg import SegResult
+from sapiens2.pose.keypoints import FORMATS, format_keypoint_names
+from sapiens2.pose.topdown import PoseResult
+from sapiens2.predict.visualize import (
+    KEYPOINT_THRESHOLD,
+    apply_mask,
+    as_keypoint_format,
+    colorize_depth,
+    colorize_normals,
+    draw_pose,
+    seg_overlay,
+    side_by_side,
+    skeleton_links,
+)
+
+__all__ = [
+    "TASKS",
+    "CocoResultsWriter",
+    "WriteOptions",
+    "instance_score",
+    "write_albedo",
+    "write_matting",
+    "write_normal",
+    "write_pointmap",
+    "write_pose",
+    "write_result",
+    "write_seg",
+]
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("pose", "seg", "normal", "pointmap", "albedo", "matting")
+
+Destination = InputItem | str | os.PathLike
+
+
+@dataclass(frozen=True, eq=False)
+class WriteOptions:
+    """What to write besides each task's main outputs, and how.
+
+    Attributes:
+        save_npy: segmentation only: also write ``_seg.npy`` (and ``_seg_probs.npy`` when the result has
+            probabilities). Normal and pointmap arrays are their main output and always written.
+        overlay: write the quick-look pictures (seg overlay, normal and depth colours, pose skeletons).
+        keypoint_format: pose keypoint format of the JSON and the picture (``sapiens2.pose.keypoints.FORMATS``).
+        mask: optional (H, W) bool foreground (True = person, e.g. ``SegResult.foreground()``) for normal,
+            pointmap and albedo; see the module docstring. Must match the image size.
+        picture_format: ``"jpg"`` or ``"png"`` for the quick-look pictures (data images are always PNG).
+        jpeg_quality: 0-100, for ``"jpg"`` pictures (95 as the reference's ``cv2.imwrite``).
+        side_by_side: save pictures as ``[image | picture]`` like the reference demos.
+        keypoint_threshold: minimum keypoint score drawn in pose pictures.
+        draw_boxes: draw the person boxes in pose pictures.
+        save_ply: write the pointmap's ``.ply`` point cloud.
+        depth_range: fixed (near, far) metres for the depth colours (e.g. one range for a whole video); default
+            each image's own 1st-99th percentile range.
+    """
+
+    save_npy: bool = False
+    overlay: bool = True
+    keypoint_format: str = "sapiens308"
+    mask: np.ndarray | None = None
+    picture_format: str = "jpg"
+    jpeg_quality: int = 95
+    side_by_side: bool = False
+    keypoint_threshold: float = KEYPOINT_THRESHOLD
+    draw_boxes: bool = False
+    save_ply: bool = True
+    depth_range: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.keypoint_format not in FORMATS:
+            raise ValueError(f"keypoint_format must be one of {', '.join(FORMATS)}, got {self.keypoint_format!r}")
+        if self.picture_format not in ("jpg", "png"):
+            raise ValueError(f"picture_format must be 'jpg' or 'png', got {self.picture_format!r}")
+        if not 0 <= self.jpeg_quality <= 100:
+            raise ValueError(f"jpeg_quality must be in 0..100, got {self.jpeg_quality}")
+        if self.mask is not None and np.asarray(self.mask).ndim != 2:
+            raise ValueError(f"mask must be an (H, W) bool array, got shape {np.shape(self.mask)}")
+
+
+_DEFAULT_OPTIONS = WriteOptions()
+
+
+def _output_path(destination: Destination, suffix: str) -> Path:
+    if isinstance(destination, InputItem):
+        return destination.output_path(suffix)
+    return Path(f"{os.fspath(destination)}{suffix}")
+
+
+def _check_size(array: np.ndarray | None, size: tuple[int, int], name: str) -> None:
+    if array is not None and tuple(np.shape(array)[:2]) != tuple(size):
+        raise ValueError(f"{name} has size {np.shape(array)[:2]} but the result is for an image of size {tuple(size)}")
+
+
+def _mask(options: WriteOptions, size: tuple[int, int]) -> np.ndarray | None:
+    _check_size(options.mask, size, "WriteOptions.mask")
+    return None if options.mask is None else np.asarray(options.mask).astype(bool)
+
+
+def _need_image(image: np.ndarray | None, task: str, why: str) -> np.ndarray:
+    if image is None:
+        raise ValueError(f"writing {task} {why} needs the RGB image; pass image_rgb (or set overlay=False)")
+    return image
+
+
+def _save_picture(
+    destination: Destination, suffix: str, picture: np.ndarray, image: np.ndarray | None, options: WriteOptions
+) -> Path:
+    """Write a quick-look RGB picture as ``<stem><suffix>.<jpg|png>``, optionally beside the photo."""
+    if options.side_by_side and image is not None:
+        picture = side_by_side(image, picture)
+    path = _output_path(destination, f"{suffix}.{options.picture_format}")
+    if options.picture_format == "png":
+        return save_png(path, picture)
+    quality = [cv2.IMWRITE_JPEG_QUALITY, int(options.jpeg_quality)]
+    ok, encoded = cv2.imencode(".jpg", cv2.cvtColor(picture, cv2.COLOR_RGB2BGR), quality)
+    if not ok:
+        raise RuntimeError(f"OpenCV could not encode a JPEG of shape {picture.shape} for {str(path)!r}")
+    return atomic_write(path, encoded.tobytes())
+
+
+def _blank(array: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """Float copy of an (H, W, ...) array with NaN outside ``mask``."""
+    array = np.array(array, copy=True)
+    if mask is not None:
+        array[~mask] = np.nan
+    return array
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One writer per task. Each returns the paths it wrote, in order; the task's main file (the one named first in the
+# module docstring, which a resumed run checks for) is written last, so if it exists the image's outputs are complete.
+
+
+def write_seg(
+    result: SegResult,
+    destination: Destination,
+    image_rgb: np.ndarray | None = None,
+    options: WriteOptions = _DEFAULT_OPTIONS,
+) -> list[Path]:
+    """Write ``_seg.png`` (uint8 ids; 0 = background), the overlay picture, and the arrays with ``save_npy``."""
+    labels = np.asarray(result.labels)
+    if labels.size and int(labels.max()) > 255:
+        raise ValueError(f"class ids up to {int(labels.max())} do not fit the uint8 label PNG (max 255)")
+    labels = labels.astype(np.uint8)
+    _check_size(image_rgb, labels.shape, "image_rgb")
+    written = []
+    if options.overlay:
+        image = _need_image(image_rgb, "seg", "an overlay")
+        written.append(_save_picture(destination, "_seg_overlay", seg_overlay(image, labels), image, options))
+    if options.save_npy:
+        written.append(save_npy(_output_path(destination, "_seg.npy"), labels))
+        if result.probabilities is not None:
+            probabilities = np.asarray(result.probabilities, dtype=np.float32)
+            written.append(save_npy(_output_path(destination, "_seg_probs.npy"), probabilities))
+    written.append(save_png(_output_path(destination, "_seg.png"), labels))
+    return written
+
+
+def write_normal(
+    result: NormalResult,
+    destination: Destination,
+    image_rgb: np.ndarray | None = None,
+    options: WriteOptions = _DEFAULT_OPTIONS,
+) -> list[Path]:
+    """Write ``_normal.npy`` ((H, W, 3) float32, NaN outside the mask) and the ``_normal`` colour picture."""
+    mask = _mask(options, result.size)
+    _check_size(image_rgb, result.size, "image_rgb")
+    normals = _blank(np.asarray(result.normals, dtype=np.float32), mask)
+    written = []
+    if options.overlay:
+        written.append(_save_picture(destination, "_normal", colorize_normals(normals), image_rgb, options))
+    written.append(save_npy(_output_path(destination, "_normal.npy"), normals))
+    return written
+
+
+def write_pointmap(
+    result: PointmapResult,
+    destination: Destination,
+    image_rgb: np.ndarray | None = None,
+    options: WriteOptions = _DEFAULT_OPTIONS,
+) -> list[Path]:
+    """Write ``_pointmap.npy``, ``_depth.npy`` (float16), ``.ply``, the ``_depth`` picture and ``_focal.json``.
+
+    The PLY holds the camera-frame points (metres; X right, Y down, Z forward) of the foreground pixels with
+    finite coordinates, row-major, coloured with the image's RGB when ``image_rgb`` is given. Unlike the reference
+    demo (DENSE.md §4.5) it adds no blue sphere at the camera centre, so every vertex is a predicted point.
+    """
+    mask = _mask(options, result.size)
+    _check_size(image_rgb, result.size, "image_rgb")
+    points = _blank(np.asarray(result.points, dtype=np.float32), mask)
+    depth = points[..., 2]
+    # float16 as the reference demo saves depth (DENSE.md §4.5): steps of ~2 mm at 3 m.
+    written = [save_npy(_output_path(destination, "_depth.npy"), depth.astype(np.float16))]
+    if options.save_ply:
+        keep = np.isfinite(points).all(axis=2)  # (H, W); masked pixels are NaN already
+        colors = None if image_rgb is None else np.ascontiguousarray(image_rgb[keep], dtype=np.uint8)
+        written.append(save_ply(_output_path(destination, ".ply"), points[keep], colors))
+    if options.overlay:
+        picture = colorize_depth(depth, value_range=options.depth_range)
+        written.append(_save_picture(destination, "_depth", picture, image_rgb, options))
+    focal = {
+        "focal_length_px": _finite_or_none(result.focal),
+        "scale": _finite_or_none(result.scale),
+        "image_size": [int(result.size[0]), int(result.size[1])],
+        "path": result.path,
+        "note": "focal length in pixels of this image (canonical 768 px / scale / letterbox resize); "
+        "principal point not predicted",
+    }
+    written.append(save_json(_output_path(destination, "_focal.json"), focal))
+    written.append(save_npy(_output_path(destination, "_pointmap.npy"), points))
+    return written
+
+
+def write_albedo(
+    result: AlbedoResult,
+    destination: Destination,
+    image_rgb: np.ndarray | None = None,
+    options: WriteOptions = _DEFAULT_OPTIONS,
+) -> list[Path]:
+    """Write ``_albedo.png`` (RGB uint8 as the reference truncates it; black outside the mask).
+
+    ``side_by_side`` also applies here (the albedo is its own picture): ``[image | albedo]`` in the PNG.
+    """
+    mask = _mask(options, result.size)
+    _check_size(image_rgb, result.size, "image_rgb")
+    albedo = apply_mask(np.asarray(result.albedo, dtype=np.uint8), mask)
+    if options.side_by_side and image_rgb is not None:
+        albedo = side_by_side(image_rgb, albedo)
+    return [save_png(_output_path(destination, "_albedo.png"), albedo)]
+
+
+def write_matting(
+    result: MattingResult,
+    destination: Destination,
+    image_rgb: np.ndarray | None = None,
+    options: WriteOptions = _DEFAULT_OPTIONS,
+) -> list[Path]:
+    """Write ``_alpha.png`` (8-bit, alpha·255 rounded) and ``_cutout.png`` (RGBA, straight colour + alpha)."""
+    _check_size(image_rgb, result.size, "image_rgb")
+    if options.mask is not None:
+        logger.debug("WriteOptions.mask is not used for matting (the alpha matte is the mask)")
+    alpha = np.clip(np.rint(np.asarray(result.alpha, dtype=np.float32) * 255.0), 0, 255).astype(np.uint8)
+    return [
+        save_png(_output_path(destination, "_cutout.png"), result.rgba()),
+        save_png(_output_path(destination, "_alpha.png"), alpha),
+    ]
+
+
+def write_pose(
+    result: PoseResult,
+    destination: Destination,
+    image_rgb: np.ndarray | None = None,
+    options: WriteOptions = _DEFAULT_OPTIONS,
+) -> list[Path]:
+    """Write ``_pose.json`` in ``options.keypoint_format`` and the ``_pose`` skeleton picture.
+
+    The JSON is ``PoseResult.to_json_dict()`` of the converted result plus ``"keypoint_format"``: ``path``,
+    ``image_size`` [H, W], ``num_keypoints``, ``keypoint_names`` and per person ``bbox`` (x1, y1, x2, y2 pixels),
+    ``bbox_score``, ``keypoints`` [[x, y], ...] (image pixels) and ``keypoint_scores`` (non-finite -> null).
+    """
+    _check_size(image_rgb, result.image_size, "image_rgb")
+    pose = as_keypoint_format(result, options.keypoint_format)
+    record = {"keypoint_format": options.keypoint_format, **pose.to_json_dict()}
+    written = []
+    if options.overlay:
+        image = _need_image(image_rgb, "pose", "a skeleton picture")
+        picture = draw_pose(
+            image, pose, options.keypoint_threshold, options.keypoint_format, draw_boxes=options.draw_boxes
+        )
+        written.append(_save_picture(destination, "_pose", picture, image, options))
+    written.append(save_json(_output_path(destination, "_pose.json"), record, indent=None))
+    return written
+
+
+_WRITERS: dict[str, tuple[type, Callable[..., list[Path]]]] = {
+    "pose": (PoseResult, write_pose),
+    "seg": (SegResult, write_seg),
+    "normal": (NormalResult, write_normal),
+    "pointmap": (PointmapResult, write_pointmap),
+    "albedo": (AlbedoResult, write_albedo),
+    "matting": (MattingResult, write_matting),
+}
+
+
+def write_result(
+    task: str,
+    result: Any,
+    item_or_stem_path: Destination,
+    image_rgb: np.ndarray | None = None,
+    options: WriteOptions | None = None,
+) -> list[Path]:
+    """Write every output of one image's ``result`` for ``task`` (see the module docstring for the files).
+
+    Example:
+        >>> paths = write_result("seg", seg_result, item, image, WriteOptions(save_npy=True))
+        >>> paths = write_result("normal", normal_result, "out/img", image, WriteOptions(mask=seg_result.foreground()))
+
+    Args:
+        task: one of :data:`TASKS`.
+        result: the task's result dataclass (``SegResult``, ``NormalResult``, ...).
+        item_or_stem_path: an ``InputItem`` (files go to ``item.output_path(suffix)``) or an output stem path
+            without extension (parent folders are created).
+        image_rgb: the (H, W, 3) uint8 RGB input image; needed for seg/pose pictures, PLY colours and
+            side-by-side pictures.
+        options: what to write; default ``WriteOptions()``.
+
+    Returns:
+        The paths written, in order.
+
+    Raises:
+        ValueError: unknown task, a result of the wrong type, sizes that do not match, or a missing image.
+    """
+    if task not in _WRITERS:
+        raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+    result_type, writer = _WRITERS[task]
+    if not isinstance(result, result_type):
+        raise ValueError(f"task {task!r} needs a {result_type.__name__}, got {type(result).__name__}")
+    if image_rgb is not None:
+        image_rgb = np.asarray(image_rgb)
+        if image_rgb.dtype != np.uint8 or image_rgb.ndim != 3 or image_rgb.shape[2] != 3:
+            raise ValueError(
+                f"image_rgb must be an (H, W, 3) uint8 RGB array, got shape {image_rgb.shape} dtype {image_rgb.dtype}"
+            )
+    return writer(result, item_or_stem_path, image_rgb, options or _DEFAULT_OPTIONS)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# COCO results for a whole run
+
+
+def instance_score(box_score: float, keypoint_scores: np.ndarray, min_keypoint_score: float = 0.2) -> float:
+    """The reference evaluator's person score: box score x mean of the keypoint scores > 0.2, else 0 (POSE.md §6.1).
+
+    Non-finite keypoint scores are ignored.
+    """
+    scores = np.asarray(keypoint_scores, dtype=np.float64)
+    confident = scores[np.isfinite(scores) & (scores > min_keypoint_score)]
+    if confident.size == 0 or not math.isfinite(float(box_score)):
+        return 0.0
+    return float(box_score) * float(confident.mean())
+
+
+class CocoResultsWriter:
+    """Collect the pose results of a run and write them as one COCO keypoint file at the end (atomically).
+
+    The file is a COCO dataset-style dict, so ``pycocotools.coco.COCO(path)`` loads it as it is, and its
+    ``"annotations"`` list is a standard COCO results list (``COCO.loadRes``, ``sapiens2.eval.oks``)::
+
+        {"info": {"keypoint_format": ..., "num_keypoints": K},
+         "images": [{"id", "file_name", "height", "width"}, ...],
+         "categories": [{"id": 1, "name": "person", "keypoints": [K names], "skeleton": [[a, b], ...] (1-based)}],
+         "annotations": [{"id", "image_id", "category_id": 1, "keypoints": [x, y, score] * K, "score",
+                          "bbox": [x, y, w, h] of the person box, "box_score"}, ...]}
+
+    ``score`` is :func:`instance_score` of the result as given (for 308-keypoint results, the reference's
+    ranking score). Unlabelled or non-finite keypoints are written as (0, 0, 0).
+
+    Example:
+        >>> coco = CocoResultsWriter("out/results.json", keypoint_format="coco17")
+        >>> for item, result in zip(items, results): coco.add(result, item.source.name)
+        >>> coco.write()
+
+    Args:
+        path: the JSON file to write.
+        keypoint_format: format of the written keypoints (``sapiens2.pose.keypoints.FORMATS``).
+        image_ids: optional file name -> image id map (e.g. from a ground-truth file's ``images``), so that
+            results line up with that ground truth; without it ids are 1, 2, ... in the order images are added.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike, *, keypoint_format: str = "sapiens308", image_ids: dict[str, int] | None = None
+    ) -> None:
+        if keypoint_format not in FORMATS:
+            raise ValueError(f"keypoint_format must be one of {', '.join(FORMATS)}, got {keypoint_format!r}")
+        self.path = Path(path)
+        self.keypoint_format = keypoint_format
+        self._image_ids = None if image_ids is None else {str(name): int(i) for name, i in image_ids.items()}
+        self._images: list[dict] = []
+        self._annotations: list[dict] = []
+        self._used_ids: set[int] = set()
+
+    def __len__(self) -> int:
+        """Number of images added."""
+        return len(self._images)
+
+    @property
+    def num_instances(self) -> int:
+        """Number of people added, over all images."""
+        return len(self._annotations)
+
+    def _pick_id(self, file_name: str, image_id: int | None) -> int:
+        if image_id is None and self._image_ids is not None:
+            if file_name not in self._image_ids:
+                raise ValueError(f"image {file_name!r} is not in the image_ids map; add it or pass image_id=")
+            image_id = self._image_ids[file_name]
+        if image_id is None:
+            image_id = max(self._used_ids, default=0) + 1
+        image_id = int(image_id)
+        if image_id in self._used_ids:
+            raise ValueError(f"image id {image_id} (file {file_name!r}) was already added; each image goes in once")
+        return image_id
+
+    def add(self, result: PoseResult, file_name: str | None = None, *, image_id: int | None = None) -> int:
+        """Add one image's people; returns the image id used.
+
+        Args:
+            result: the image's pose (308 keypoints, or already in ``keypoint_format``).
+            file_name: name recorded in ``images`` (and looked up in ``image_ids``); default the basename of
+                ``result.path``.
+            image_id: explicit id, overriding ``image_ids`` and the counter.
+
+        Raises:
+            ValueError: no file name, an id used twice, a name missing from ``image_ids``, or a result that
+                cannot be put in ``keypoint_format``.
+        """
+        if file_name is None:
+            if result.path is None:
+                raise ValueError("the pose result has no path; pass file_name= to name the image")
+            file_name = Path(result.path).name
+        pose = as_keypoint_format(result, self.keypoint_format)
+        image_id = self._pick_id(file_name, image_id)
+        self._used_ids.add(image_id)
+        height, width = (int(v) for v in result.image_size)
+        self._images.append({"id": image_id, "file_name": file_name, "height": height, "width": width})
+        for person in range(len(pose)):
+            self._annotations.append(self._record(pose, result, person, image_id))
+        return image_id
+
+    def _record(self, pose: PoseResult, original: PoseResult, person: int, image_id: int) -> dict:
+        points = np.asarray(pose.keypoints[person], dtype=np.float64)
+        scores = np.asarray(pose.scores[person], dtype=np.float64)
+        usable = np.isfinite(points).all(axis=1) & np.isfinite(scores)
+        triplets = np.where(usable[:, None], np.concatenate([points, scores[:, None]], axis=1), 0.0)
+        x1, y1, x2, y2 = (float(v) for v in pose.boxes[person])
+        box_score = float(pose.box_scores[person])
+        return {
+            "id": len(self._annotations) + 1,
+            "image_id": image_id,
+            "category_id": 1,
+            "keypoints": triplets.reshape(-1).tolist(),
+            "score": instance_score(box_score, original.scores[person]),
+            "bbox": [_finite_or_none(v) for v in (x1, y1, x2 - x1, y2 - y1)],
+            "box_score": _finite_or_none(box_score),
+        }
+
+    def close(self) -> Path:
+        """Same as :meth:`write`: the end of the run."""
+        return self.write()
+
+    def write(self) -> Path:
+        """Write (or rewrite) the file atomically with everything added so far; returns its path."""
+        names = format_keypoint_names(self.keypoint_format)
+        category = {
+            "id": 1,
+            "name": "person",
+            "supercategory": "person",
+            "keypoints": list(names),
+            "skeleton": (skeleton_links(self.keypoint_format) + 1).tolist(),
+        }
+        data = {
+            "info": {"keypoint_format": self.keypoint_format, "num_keypoints": len(names)},
+            "images": self._images,
+            "categories": [category],
+            "annotations": self._annotations,
+        }
+        path = save_json(self.path, data, indent=None)
+        logger.info("wrote %d people in %d images to %s", self.num_instances, len(self), path)
+        return path
