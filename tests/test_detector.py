@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import DATA, SHARED, load_case, require
+from conftest import DATA, SHARED, require
 
 from sapiens2.pose.detector import (
     DETECTOR_FILENAME,
@@ -25,7 +25,6 @@ from sapiens2.pose.detector import (
     load_detector_state_dict,
     normalize_bgr,
     rescale_boxes,
-    select_person_boxes,
 )
 
 FIXTURES = SHARED / "fixtures" / "detector"
@@ -249,18 +248,3 @@ def test_detector_rejects_images_that_are_not_rgb_uint8(detector, images, error)
 
 def test_detector_returns_empty_list_for_no_images(detector):
     assert detector([]) == []
-
-
-def test_select_person_boxes_matches_demo_filtering_nms_and_fallback():
-    case, folder = load_case("D_pose_e2e")
-    demo = json.loads(require(folder / "demo_predictions.json").read_text())
-    demo_boxes = {frame["image_name"]: [i["bbox"] for i in frame["instances"]] for frame in demo["frames"]}
-    for name, image in case["images"].items():
-        given = case["detections"]["per_image"][name]
-        persons = np.array(given["labels"], dtype=np.int64) == 0
-        detections = np.concatenate(
-            [np.array(given["bboxes"], np.float32).reshape(-1, 4), np.array(given["scores"], np.float32)[:, None]],
-            axis=1,
-        )[persons]
-        boxes = select_person_boxes(detections, tuple(image["shape_hwc"][:2]))
-        np.testing.assert_array_equal(boxes, np.array(demo_boxes[image["file"]], np.float32))

@@ -1,7 +1,8 @@
 """Built-in person detector: the Sapiens2 pose demo's RTMDet-m (1 class) with no mm* package.
 
-Implements DETECTOR.md: checkpoint loading (§1), preprocessing (§2), post-processing (§5), and the demo's box
-selection that follows it (POSE.md §2.2). Boxes are xyxy float32 in pixels of the original image, x right, y down,
+Implements DETECTOR.md: checkpoint loading (§1), preprocessing (§2) and post-processing (§5), ending where mmdet's
+``inference_detector`` returns; the demo's box selection after it (POSE.md §2.2) is
+``sapiens2.pose.topdown.filter_detections``. Boxes are xyxy float32 in pixels of the original image, x right, y down,
 with no ±0.5 shift anywhere (DETECTOR.md §0). The public API takes **RGB** uint8 images; the network sees BGR like the
 official ``cv2.imread`` pipeline, converted once in :func:`rgb_to_bgr`.
 
@@ -35,12 +36,10 @@ __all__ = [
     "finalize_detections",
     "letterbox",
     "load_detector_state_dict",
-    "nms",
     "normalize_bgr",
     "rescale_boxes",
     "resolve_detector_checkpoint",
     "rgb_to_bgr",
-    "select_person_boxes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -350,62 +349,6 @@ def finalize_detections(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Demo-side box selection (POSE.md §2.2)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def nms(detections: np.ndarray, iou_thr: float) -> np.ndarray:
-    """Greedy NMS of the pose demo: "+1" pixel areas, drop a box iff its IoU with a kept one is > ``iou_thr``.
-
-    Args:
-        detections: (N, 5) [x1, y1, x2, y2, score]; arithmetic in its dtype (float32 in the demo).
-        iou_thr: IoU above which the lower-scored box is dropped.
-
-    Returns:
-        (M,) int64 indices of the kept rows, in descending-score order.
-    """
-    x1, y1, x2, y2, scores = (detections[:, i] for i in range(5))
-    areas = (x2 - x1 + 1) * (y2 - y1 + 1)
-    order = scores.argsort()[::-1]  # the reference's order, ties included
-    keep = []
-    while order.size > 0:
-        best, rest = order[0], order[1:]
-        keep.append(best)
-        inter_w = np.maximum(0.0, np.minimum(x2[best], x2[rest]) - np.maximum(x1[best], x1[rest]) + 1)
-        inter_h = np.maximum(0.0, np.minimum(y2[best], y2[rest]) - np.maximum(y1[best], y1[rest]) + 1)
-        inter = inter_w * inter_h
-        iou = inter / (areas[best] + areas[rest] - inter)
-        order = rest[iou <= iou_thr]
-    return np.asarray(keep, dtype=np.int64)
-
-
-def select_person_boxes(
-    detections: np.ndarray, image_hw: tuple[int, int], *, score_thr: float = 0.3, iou_thr: float = 0.3
-) -> np.ndarray:
-    """The pose demo's use of the detector output: score > ``score_thr``, NMS at ``iou_thr``, full-image fallback.
-
-    Args:
-        detections: (N, 5) float32 [x1, y1, x2, y2, score] from :class:`PersonDetector` (all label 0, person).
-        image_hw: (H, W) of the original image, for the fallback box.
-        score_thr: strict score threshold (demo default 0.3).
-        iou_thr: NMS IoU threshold (demo default 0.3).
-
-    Returns:
-        (M, 4) float32 xyxy boxes in descending-score order, M ≥ 1: the single box (0, 0, W−1, H−1) when no
-        detection survives.
-    """
-    detections = np.asarray(detections)
-    if detections.ndim != 2 or detections.shape[1] != 5:
-        raise ValueError(f"detections must have shape (N, 5) [x1, y1, x2, y2, score], got {detections.shape}")
-    kept = detections[detections[:, 4] > score_thr]
-    kept = kept[nms(kept, iou_thr), :4]
-    if len(kept) == 0:
-        height, width = image_hw
-        return np.array([[0, 0, width - 1, height - 1]], dtype=np.float32)
-    return kept.astype(np.float32, copy=False)
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # User-facing detector
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -435,8 +378,8 @@ class PersonDetector:
 
     ``detector(images)`` takes RGB uint8 (H, W, 3) arrays and returns per image a (N, 5) float32 array
     [x1, y1, x2, y2, score] in original-image pixels, scores descending, N ≤ 100, score > 0.05 — the output of
-    mmdet's ``inference_detector`` with the Sapiens2 config (no NMS). Apply :func:`select_person_boxes` for the
-    pose demo's filtering.
+    mmdet's ``inference_detector`` with the Sapiens2 config (no NMS). The pose demo's filtering (score > 0.3, NMS 0.3,
+    whole-image fallback) is ``sapiens2.pose.topdown.filter_detections``.
 
     Example:
         >>> detector = PersonDetector.from_checkpoint("rtmdet_m.pth", device="cpu")
