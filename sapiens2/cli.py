@@ -57,10 +57,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     info = commands.add_parser("info", help="list the model zoo: sizes, parameters, FLOPs, repos, tasks")
     info.set_defaults(func=_cmd_info)
+    from .predict.run import add_predict_parser
+
+    add_predict_parser(commands)
+    try:
+        from .train.cli import add_train_parser
+    except ImportError:  # the training package is optional at import time
+        pass
+    else:
+        add_train_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
