@@ -236,7 +236,7 @@ def write_pointmap(
     mask = _mask(options, result.size)
     _check_size(image_rgb, result.size, "image_rgb")
     points = _blank(np.asarray(result.points, dtype=np.float32), mask)
-    depth = points[..., 2]
+    depth = _blank(np.asarray(result.depth, dtype=np.float32), mask)
     # float16 as the reference demo saves depth (DENSE.md §4.5): steps of ~2 mm at 3 m.
     written = [save_npy(_output_path(destination, "_depth.npy"), depth.astype(np.float16))]
     if options.save_ply:
