@@ -17,6 +17,9 @@ matting   ``_alpha.png`` (8-bit alpha), ``_cutout.png`` (RGBA: un-premultiplied 
 pose      ``_pose.json`` (boxes, box scores, named keypoints and scores), ``_pose.jpg`` (skeletons)
 ========  ===========================================================================================================
 
+Each task's main file (named first above; a resumed run looks for it) is written last, so when it exists the
+image's other outputs are complete too.
+
 ``WriteOptions.mask`` (True = person) blanks the background of normal, pointmap and albedo outputs: NaN in the
 ``.npy`` arrays (so a background pixel can never pass for a prediction; ``np.isnan`` finds them), black in the
 pictures and the albedo PNG, and absent from the PLY. Without a mask every pixel is written as predicted.
