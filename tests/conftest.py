@@ -57,3 +57,36 @@ def _deterministic_threads():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+# Tiny task models written as official-layout checkpoints, for CLI and Predictor tests (random weights).
+TINY_ARCH = {"embed_dims": 32, "num_layers": 2, "num_heads": 2, "feedforward_channels": 64, "num_tokenizer_layers": 0}
+TINY_UPSAMPLE = {"upsample_channels": (16, 8, 8, 8), "conv_out_channels": (8,), "conv_kernel_sizes": (3,)}
+TINY_HEADS = {
+    "pose": {"deconv_out_channels": (16, 16), "deconv_kernel_sizes": (4, 4), "conv_out_channels": (16,),
+             "conv_kernel_sizes": (1,)},
+    "seg": {"deconv_out_channels": (16, 8, 8, 8), "deconv_kernel_sizes": (4, 4, 4, 4), "conv_out_channels": (8,),
+            "conv_kernel_sizes": (1,)},
+    "normal": TINY_UPSAMPLE,
+    "albedo": TINY_UPSAMPLE,
+    "matting": TINY_UPSAMPLE,
+    "pointmap": TINY_UPSAMPLE | {"scale_conv_out_channels": (16, 8, 4), "scale_final_layer": (16, 8, 1)},
+}  # fmt: skip
+TINY_INPUT = {"pointmap": (256, 192)}  # the scale MLP needs a grid that survives three stride-2 convolutions
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """task -> path of a tiny random checkpoint (official key layout) for every task."""
+    from safetensors.torch import save_file
+
+    from sapiens2 import build_model
+
+    folder = tmp_path_factory.mktemp("tiny_models")
+    paths = {}
+    for task, head in TINY_HEADS.items():
+        torch.manual_seed(0)
+        model = build_model(task, TINY_ARCH, input_size=TINY_INPUT.get(task, (64, 48)), **head)
+        paths[task] = folder / f"tiny_{task}.safetensors"
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(paths[task]))
+    return paths

@@ -170,9 +170,7 @@ def _pending_tasks(item: InputItem, tasks: list[str], skip_existing: bool) -> li
     return [t for t in tasks if not item.output_path(PRIMARY_OUTPUT[t]).exists()]
 
 
-def _boxes_for(item: InputItem, boxes: dict[str, np.ndarray] | None) -> np.ndarray | None:
-    if boxes is None:
-        return None
+def _boxes_for(item: InputItem, boxes: dict[str, np.ndarray]) -> np.ndarray:
     for key in (item.stem + item.source.suffix, str(item.source), item.source.name):
         if key in boxes:
             return boxes[key]
@@ -250,7 +248,9 @@ def _process_batch(batch, tasks, predictors, boxes, args, stats, coco) -> None:
             continue
         images = [entry[1] for _, entry in members]
         try:
-            task_boxes = [_boxes_for(entry[0], boxes) for _, entry in members] if task == "pose" else None
+            task_boxes = None
+            if task == "pose" and boxes is not None:
+                task_boxes = [_boxes_for(entry[0], boxes) for _, entry in members]
             results = predictors[task].predict_batch(images, task_boxes)
         except Exception as error:  # a model failure on one batch is reported per image, the run goes on
             for _, (item, _, _) in members:

@@ -1,0 +1,197 @@
+"""``sapiens2 predict`` through its real entry point, on committed photos, with tiny random models."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import pytest
+from conftest import DATA, SHARED, TINY_INPUT
+
+from sapiens2.cli import main
+
+PHOTO = DATA / "astronaut.png"
+
+
+def model_flags(tiny_checkpoints, tasks):
+    return [f"--model={task}={tiny_checkpoints[task]}" for task in tasks]
+
+
+def run(tiny_checkpoints, tasks, inputs, out, *extra, input_size=(64, 48)):
+    argv = [
+        "predict",
+        "--task",
+        ",".join(tasks),
+        *[str(i) for i in inputs],
+        "-o",
+        str(out),
+        "--device",
+        "cpu",
+        "--input-size",
+        *map(str, input_size),
+        *model_flags(tiny_checkpoints, tasks),
+        *extra,
+    ]
+    return main(argv)
+
+
+def leftovers(folder):
+    return [p for p in folder.rglob("*") if ".tmp" in p.name or p.name.startswith(".")]
+
+
+def test_dense_tasks_write_their_files_for_a_real_photo(tiny_checkpoints, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = run(tiny_checkpoints, ["seg", "normal", "albedo", "matting"], [PHOTO], out, "--save-npy")
+    assert code == 0, capsys.readouterr().err
+    labels = cv2.imread(str(out / "astronaut_seg.png"), cv2.IMREAD_UNCHANGED)
+    assert labels.shape == (512, 512) and labels.dtype == np.uint8 and labels.max() < 29
+    assert np.load(out / "astronaut_seg.npy").shape == (512, 512)
+    assert np.load(out / "astronaut_normal.npy").shape == (512, 512, 3)
+    assert cv2.imread(str(out / "astronaut_albedo.png")).shape == (512, 512, 3)
+    rgba = cv2.imread(str(out / "astronaut_cutout.png"), cv2.IMREAD_UNCHANGED)
+    assert rgba.shape == (512, 512, 4)
+    assert cv2.imread(str(out / "astronaut_alpha.png"), cv2.IMREAD_UNCHANGED).shape[:2] == (512, 512)
+    written = {p.name for p in out.iterdir()}
+    assert any(name.startswith("astronaut_seg_overlay") for name in written)
+    assert not leftovers(out)
+    summary = capsys.readouterr().out
+    assert "1 images" in summary and "seg: ms/image" in summary
+
+
+def test_pointmap_writes_points_depth_ply_and_focal(tiny_checkpoints, tmp_path):
+    out = tmp_path / "out"
+    assert run(tiny_checkpoints, ["pointmap"], [PHOTO], out, input_size=TINY_INPUT["pointmap"]) == 0
+    points = np.load(out / "astronaut_pointmap.npy")
+    assert points.shape == (512, 512, 3) and points.dtype == np.float32
+    assert np.load(out / "astronaut_depth.npy").shape == (512, 512)
+    header = (out / "astronaut.ply").read_bytes()[:300].decode("ascii", "replace")
+    assert header.startswith("ply") and "element vertex" in header
+    focal = json.loads((out / "astronaut_focal.json").read_text())
+    assert focal["focal_length_px"] is None or focal["focal_length_px"] > 0
+
+
+def test_mask_from_seg_blanks_the_background(tiny_checkpoints, tmp_path):
+    out = tmp_path / "out"
+    assert (
+        run(tiny_checkpoints, ["normal"], [PHOTO], out, "--mask-from", "seg", f"--model=seg={tiny_checkpoints['seg']}")
+        == 0
+    )
+    labels = cv2.imread(str(out / "astronaut_seg.png"), cv2.IMREAD_UNCHANGED)
+    normals = np.load(out / "astronaut_normal.npy")
+    background = labels == 0
+    assert background.any()
+    blanked = ~np.isfinite(normals[background]).all(axis=-1) | (normals[background] == 0).all(axis=-1)
+    assert blanked.all()
+
+
+def make_bad_folder(root):
+    """A folder of good and bad inputs, nested, as users have them."""
+    (root / "day1" / "sub").mkdir(parents=True)
+    shutil.copy(PHOTO, root / "day1" / "good.png")
+    image = cv2.imread(str(PHOTO))
+    cv2.imwrite(str(root / "day1" / "sub" / "gray.jpg"), cv2.cvtColor(image, cv2.COLOR_BGR2GRAY))
+    cv2.imwrite(str(root / "rgba.png"), cv2.cvtColor(image, cv2.COLOR_BGR2BGRA))
+    cv2.imwrite(str(root / "deep16.png"), image.astype(np.uint16) * 257)
+    cv2.imwrite(str(root / "tiny.png"), image[:3, :2])
+    (root / "notes.txt").write_text("not an image, not picked up from a folder")
+    (root / "fake.jpg").write_text("a text file with an image name")
+    (root / "empty.png").write_bytes(b"")
+    data = (root / "day1" / "good.png").read_bytes()
+    (root / "truncated.png").write_bytes(data[: len(data) // 2])
+
+
+def test_bad_inputs_cost_one_line_each_and_the_run_goes_on(tiny_checkpoints, tmp_path, capsys):
+    make_bad_folder(tmp_path / "in")
+    out = tmp_path / "out"
+    code = run(tiny_checkpoints, ["seg"], [tmp_path / "in", tmp_path / "missing.jpg"], out)
+    captured = capsys.readouterr()
+    assert code == 1
+    errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 4, captured.err
+    for name in ("fake.jpg", "empty.png", "truncated.png", "missing.jpg"):
+        assert sum(name in line for line in errors) == 1
+    for stem in ("day1/good", "day1/sub/gray", "rgba", "deep16", "tiny"):  # mirrored layout
+        assert (out / f"{stem}_seg.png").exists(), stem
+    assert not (out / "fake_seg.png").exists() and not leftovers(out)
+    assert "4 inputs failed" in captured.out
+
+
+def test_skip_existing_resumes_only_what_is_missing(tiny_checkpoints, tmp_path, capsys):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for name in ("a.png", "b.png", "c.png"):
+        shutil.copy(PHOTO, inputs / name)
+    out = tmp_path / "out"
+    assert run(tiny_checkpoints, ["seg"], [inputs], out) == 0
+    (out / "b_seg.png").unlink()
+    before = (out / "a_seg.png").stat().st_mtime_ns
+    capsys.readouterr()
+    assert run(tiny_checkpoints, ["seg"], [inputs], out, "--skip-existing") == 0
+    assert (out / "b_seg.png").exists() and (out / "a_seg.png").stat().st_mtime_ns == before
+    assert "2 images skipped" in capsys.readouterr().out
+
+
+def group_photo(path):
+    """Three people side by side (flipped and scaled copies), as the detector fixture does."""
+    image = cv2.imread(str(PHOTO))
+    small = cv2.resize(image, (256, 256))
+    canvas = np.zeros((512, 1280, 3), np.uint8)
+    canvas[:, :512] = image
+    canvas[:, 512:1024] = image[:, ::-1]
+    canvas[128:384, 1024:1280] = small
+    cv2.imwrite(str(path), canvas)
+    return [[40, 20, 480, 510, 0.9], [552, 20, 990, 510, 0.8], [1030, 130, 1270, 380, 0.7]]
+
+
+def test_pose_with_boxes_file_writes_json_picture_and_coco_results(tiny_checkpoints, tmp_path, capsys):
+    boxes = group_photo(tmp_path / "group.png")
+    coco_boxes = {
+        "images": [{"id": 7, "file_name": "group.png"}],
+        "annotations": [{"image_id": 7, "bbox": [x1, y1, x2 - x1, y2 - y1], "score": s} for x1, y1, x2, y2, s in boxes],
+    }
+    (tmp_path / "boxes.json").write_text(json.dumps(coco_boxes))
+    out = tmp_path / "out"
+    code = run(
+        tiny_checkpoints, ["pose"], [tmp_path / "group.png"], out, "--boxes", str(tmp_path / "boxes.json"),
+        "--keypoint-format", "coco17", "--coco-results", str(out / "results.json"),
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    pose = json.loads((out / "group_pose.json").read_text())
+    text = json.dumps(pose)
+    assert "left_shoulder" in text
+    people = pose.get("people") or pose.get("instances") or pose.get("persons")
+    assert people is not None and len(people) == 3
+    assert any(p.name.startswith("group_pose.") and p.suffix in (".jpg", ".png") for p in out.iterdir())
+    results = json.loads((out / "results.json").read_text())
+    annotations = results["annotations"] if isinstance(results, dict) else results
+    assert len(annotations) == 3 and all(len(a["keypoints"]) == 17 * 3 for a in annotations)
+
+
+DETECTOR = SHARED / "fixtures" / "detector" / "rtmdet_m_random_mmengine.pth"
+
+
+@pytest.mark.skipif(not DETECTOR.exists(), reason=f"detector fixture missing: {DETECTOR}")
+def test_pose_runs_the_person_detector_from_a_local_checkpoint(tiny_checkpoints, tmp_path, capsys):
+    group_photo(tmp_path / "group.png")
+    out = tmp_path / "out"
+    code = run(tiny_checkpoints, ["pose"], [tmp_path / "group.png"], out, "--detector", str(DETECTOR))
+    assert code == 0, capsys.readouterr().err
+    assert (out / "group_pose.json").exists()
+
+
+def test_console_script_predict_end_to_end(tiny_checkpoints, tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "sapiens2", "predict", "--task", "seg", str(PHOTO), "-o", str(out),
+               "--device", "cpu", "--input-size", "64", "48", f"--model={tiny_checkpoints['seg']}"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert (out / "astronaut_seg.png").exists()
+
+
+def test_usage_errors_exit_2(tmp_path, capsys):
+    assert main(["predict", "--task", "segm", str(PHOTO), "-o", str(tmp_path)]) == 2
+    assert "did you mean 'seg'" in capsys.readouterr().err.lower()
