@@ -1,0 +1,879 @@
+"""Training datasets of the five Sapiens2 tasks over simple on-disk formats, with the official training pipelines
+(DENSE.md §2.3, §3.2, §4.2, §5.2; POSE.md §3, §4.3). docs/data_formats.md has the same layouts with examples.
+
+Every task reads ``root/images/<name>.{jpg,jpeg,png}``; ``<name>`` is the file stem and pairs an image with its
+targets. An optional ``root/<split>.txt`` (one name per line, extension optional) restricts the split; otherwise
+every image is used. Layouts (a missing or unreadable file raises an error naming it):
+
+- seg: ``labels/<name>.png`` single-channel uint8 class ids (0-28, 255 = ignore), same size as the image; option
+  ``label_map`` (a dict source id -> target id, or a ``seg29.json`` table name such as ``"dome34_to_29"``; unmapped
+  ids become 255).
+- normal: ``normals/<name>.npy`` (H, W, 3) float32 (x, y, z), or ``normals/<name>.png`` 16-bit RGB with
+  n = 2 v / 65535 - 1 (8-bit: 2 v / 255 - 1; an all-zero pixel is "no normal").
+- pointmap: ``pointmaps/<name>.npy`` (H, W, 3) float32 camera-frame points in metres (OpenCV frame: X right, Y down,
+  Z forward), or ``depth/<name>.npy`` (H, W) float32 Z-depth in metres with ``intrinsics/<name>.json``
+  ``{"fx", "fy", "cx", "cy"}`` in pixels (centres on integers). A pointmap without intrinsics gets them by a least
+  squares pinhole fit (it must be a pinhole projection).
+- albedo: ``albedo/<name>.png`` 8-bit RGB albedo (sRGB values, divided by 255).
+- Dense tasks take an optional ``masks/<name>.png`` (channel 0 > 0 = valid). Without one, valid = finite, non-zero
+  targets (normal: non-zero vector; pointmap: Z > 0; albedo: any channel > 0).
+- pose: ``annotations.json`` in COCO style: ``images`` [{``id``, ``file_name`` (relative to ``images/``)}] and
+  ``annotations`` [{``image_id``, ``keypoints`` (K x 3 numbers x, y, v; v > 0 = labelled), optional ``bbox``
+  (x, y, w, h), ``iscrowd``}]. K = 308, or another format (option ``keypoint_format``: ``coco17``,
+  ``coco_wholebody133``) mapped into the 308 ids with zero weight on the rest. One sample per person.
+
+``dataset[i]`` is a dict of tensors that the default collate stacks; it is a pure function of
+(seed, epoch, i): randomness comes from ``numpy.random.default_rng((seed, epoch, i))``. A sample failing the
+reference's drop rule is re-augmented, then replaced by another index drawn from the same generator.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+
+from sapiens2.data import augment as aug
+from sapiens2.data.io import read_image, save_json, save_npy, save_png
+from sapiens2.data.transforms import normalize_to_tensor
+from sapiens2.pose.codec import encode_heatmaps
+from sapiens2.pose.keypoints import NUM_KEYPOINTS, convert_keypoints, keypoint_metadata
+
+__all__ = [
+    "AlbedoDataset",
+    "NormalDataset",
+    "PointmapDataset",
+    "PoseDataset",
+    "SegDataset",
+    "TASK_DATASETS",
+    "build_dataset",
+    "label_map_table",
+    "make_demo_dataset",
+]
+
+logger = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+CANONICAL_FOCAL = 768.0
+"""Focal length (pixels at the network input) of the canonical pointmap (DENSE.md §4.2 step 6)."""
+MAX_TRIES = 10
+PathLike = str | os.PathLike
+
+
+def _check_input_size(size: Any) -> tuple[int, int]:
+    if len(size) != 2 or any(int(v) != v or v < 8 for v in size):
+        raise ValueError(f"input_size must be (H, W) with two integers >= 8, got {size!r}")
+    return int(size[0]), int(size[1])
+
+
+def _read_single_channel(path: Path, what: str) -> np.ndarray:
+    """A PNG as (H, W) uint8: single channel, or channel 0 of a colour file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} file {str(path)!r} does not exist; every image needs one ({what})")
+    array = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    if array is None:
+        raise ValueError(f"cannot read {what} file {str(path)!r}: not a decodable image")
+    if array.dtype != np.uint8:
+        raise ValueError(f"{what} file {str(path)!r} is {array.dtype}; save it as an 8-bit PNG")
+    return np.ascontiguousarray(array[..., 0] if array.ndim == 3 else array)
+
+
+def _read_npy(path: Path, shape_tail: tuple[int, ...], what: str) -> np.ndarray:
+    try:
+        array = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} file {str(path)!r} does not exist") from None
+    except (ValueError, OSError) as error:
+        raise ValueError(f"cannot read {what} file {str(path)!r}: {error}") from None
+    if array.ndim != 2 + len(shape_tail) or array.shape[2:] != shape_tail:
+        raise ValueError(f"{what} file {str(path)!r} has shape {array.shape}; expected (H, W{', 3' * len(shape_tail)})")
+    return array.astype(np.float32)
+
+
+def _check_same_size(array: np.ndarray, image: np.ndarray, path: Path, what: str) -> None:
+    if array.shape[:2] != image.shape[:2]:
+        raise ValueError(f"{what} file {str(path)!r} is {array.shape[:2]} but its image is {image.shape[:2]} (H, W)")
+
+
+def label_map_table(label_map: Mapping[int, int] | str | None) -> np.ndarray | None:
+    """A 256-entry uint8 lookup from source ids to the 29 classes (unmapped -> 255), or None for identity.
+
+    Args:
+        label_map: a dict {source id: target id}, or a ``source_mappings`` name from ``seg29.json``
+            (``dome34_to_29``, ``shutterstock52_to_29``, ``internal33_to_29``).
+    """
+    if label_map is None:
+        return None
+    if isinstance(label_map, str):
+        tables = {k: v for k, v in aug.seg29_table()["source_mappings"].items() if not k.startswith("_")}
+        if label_map not in tables:
+            raise ValueError(f"unknown label_map {label_map!r}; give a dict or one of {sorted(tables)}")
+        label_map = {row["source_id"]: row["target_id"] for row in tables[label_map]["rows"]}
+    table = np.full(256, 255, dtype=np.uint8)
+    for source, target in label_map.items():
+        if not (0 <= int(source) < 256 and 0 <= int(target) < 256):
+            raise ValueError(f"label_map entry {source} -> {target} is outside 0..255")
+        table[int(source)] = int(target)
+    return table
+
+
+class _TaskDataset(torch.utils.data.Dataset):
+    """Shared plumbing: names, split, per-(seed, epoch, index) generators, drop-and-retry, packing."""
+
+    target_folders: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        root: PathLike,
+        *,
+        split: str = "train",
+        input_size: tuple[int, int] = (1024, 768),
+        augment: bool = True,
+        seed: int = 0,
+    ) -> None:
+        self.root = Path(root)
+        self.split = split
+        self.input_size = _check_input_size(input_size)
+        self.augment = augment
+        self.seed = int(seed)
+        self.epoch = 0
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"dataset root {str(self.root)!r} is not a folder")
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose random augmentations ``__getitem__`` draws (call before iterating each epoch).
+
+        DataLoader workers hold copies of the dataset, so with ``persistent_workers=True`` the new epoch does not
+        reach them; recreate the iterator (the default) after calling this.
+        """
+        self.epoch = int(epoch)
+
+    def generator(self, index: int) -> np.random.Generator:
+        """The random source of sample ``index`` in the current epoch."""
+        return np.random.default_rng((self.seed, self.epoch, int(index)))
+
+    def _find_names(self, images_dir: Path) -> list[str]:
+        if not images_dir.is_dir():
+            raise FileNotFoundError(f"image folder {str(images_dir)!r} does not exist; put images in root/images/")
+        paths: dict[str, Path] = {}
+        for path in sorted(images_dir.iterdir()):
+            if path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith("."):
+                if path.stem in paths:
+                    raise ValueError(f"two images share the name {path.stem!r}: {paths[path.stem]} and {path}")
+                paths[path.stem] = path
+        self._image_paths = paths
+        names = sorted(paths)
+        split_file = self.root / f"{self.split}.txt"
+        if split_file.is_file():
+            listed = [line.strip() for line in split_file.read_text().splitlines() if line.strip()]
+            listed = [Path(n).stem if Path(n).suffix.lower() in IMAGE_SUFFIXES else n for n in listed]
+            missing = [n for n in listed if n not in paths]
+            if missing:
+                raise FileNotFoundError(f"{split_file} lists {missing[:3]} with no image in {images_dir}")
+            names = listed
+        if not names:
+            raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) found in {str(images_dir)!r}")
+        return names
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def load(self, index: int) -> aug.Sample:
+        """The un-augmented sample ``index`` at its native size (see ``sapiens2.data.augment`` for the keys)."""
+        raise NotImplementedError
+
+    def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
+        """Run the task's training pipeline (``augment=True``) or the plain resize (``augment=False``)."""
+        raise NotImplementedError
+
+    def keep(self, sample: aug.Sample) -> bool:
+        """The reference's drop rule on a transformed sample; dropped samples are redrawn (training only)."""
+        return True
+
+    def pack(self, sample: aug.Sample) -> dict[str, torch.Tensor]:
+        """Transformed sample -> the tensors of the training interface, besides ``image`` and ``index``."""
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for a dataset of {len(self)} samples")
+        rng = self.generator(index)
+        source = index
+        for attempt in range(MAX_TRIES):
+            sample = self.load(source)
+            if sample is not None:
+                out = self.transform(sample, rng)
+                if not self.augment or self.keep(out):
+                    break
+            # Half the retries re-augment the same sample, then other samples (the reference redraws an index).
+            if attempt >= MAX_TRIES // 2:
+                source = int(rng.integers(len(self)))
+        else:
+            raise RuntimeError(
+                f"{type(self).__name__}: {MAX_TRIES} draws around index {index} all failed the drop rule "
+                "(too few or too many valid pixels); check the masks / labels of this dataset"
+            )
+        packed = {"image": normalize_to_tensor([out["image"]])[0], **self.pack(out)}
+        packed["index"] = torch.tensor(index, dtype=torch.int64)
+        return packed
+
+
+class _DenseDataset(_TaskDataset):
+    """Image + per-pixel target folders + optional masks."""
+
+    def __init__(self, root: PathLike, **kwargs: Any) -> None:
+        super().__init__(root, **kwargs)
+        self.names = self._find_names(self.root / "images")
+
+    def _target_path(self, folder: str, name: str, suffixes: tuple[str, ...]) -> Path:
+        for suffix in suffixes:
+            path = self.root / folder / f"{name}{suffix}"
+            if path.is_file():
+                return path
+        wanted = " or ".join(f"{folder}/{name}{s}" for s in suffixes)
+        raise FileNotFoundError(f"image {name!r} has no target: expected {wanted} under {str(self.root)!r}")
+
+    def _load_mask(self, name: str, image: np.ndarray, default: np.ndarray) -> np.ndarray:
+        path = self.root / "masks" / f"{name}.png"
+        if not path.is_file():
+            return default
+        mask = _read_single_channel(path, "mask") > 0
+        _check_same_size(mask, image, path, "mask")
+        return mask & default
+
+    def _keep_valid(self, mask: np.ndarray) -> bool:
+        valid = int(mask.sum())
+        return valid >= 16 and valid / mask.size <= 0.96  # DENSE.md §3.2 step 9, §4.2 step 7, §5.2 step 6
+
+    def _geometric(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
+        """Random scale, continuous crop and flip, each p = 0.3 (DENSE.md §3.2 steps 3-5), then letterbox."""
+        if rng.random() < 0.3:
+            factor = rng.uniform(0.5, 2.0)
+            height, width = sample["image"].shape[:2]
+            size = (max(1, round(height * factor)), max(1, round(width * factor)))
+            sample = aug.resize_sample(sample, size, intrinsics_factor=factor)
+        if rng.random() < 0.3:
+            box = aug.random_continuous_crop(*sample["image"].shape[:2], rng)
+            if box is not None:
+                sample = aug.crop_sample(sample, box)
+        if rng.random() < 0.3:
+            sample = aug.hflip(sample)
+        return aug.letterbox_sample(sample, self.input_size)
+
+    def _mask_tensor(self, sample: aug.Sample) -> torch.Tensor:
+        return torch.from_numpy(sample["mask"].astype(np.float32))[None]
+
+
+class SegDataset(_DenseDataset):
+    """Body-part segmentation: ``images/`` + ``labels/<name>.png`` (DENSE.md §2.3 pipeline).
+
+    Args:
+        root: dataset folder.
+        label_map: remap of the stored ids (see :func:`label_map_table`).
+        num_classes: classes of the head (ids must be below it or 255).
+        background_dir: optional folder of ``.jpg`` backgrounds for ``SegRandomBackground`` (p = 0.8).
+        split, input_size, augment, seed: see :func:`build_dataset`.
+    """
+
+    def __init__(
+        self,
+        root: PathLike,
+        *,
+        label_map: Mapping[int, int] | str | None = None,
+        num_classes: int = 29,
+        background_dir: PathLike | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(root, **kwargs)
+        self.label_table = label_map_table(label_map)
+        self.num_classes = num_classes
+        self.backgrounds = sorted(Path(background_dir).glob("*.jpg")) if background_dir else []
+        if background_dir and not self.backgrounds:
+            raise FileNotFoundError(f"background_dir {str(background_dir)!r} holds no .jpg files")
+
+    def load(self, index: int) -> aug.Sample:
+        name = self.names[index]
+        image = read_image(self._image_paths[name])
+        path = self._target_path("labels", name, (".png",))
+        labels = _read_single_channel(path, "labels")
+        _check_same_size(labels, image, path, "labels")
+        if self.label_table is not None:
+            labels = self.label_table[labels]
+        bad = (labels >= self.num_classes) & (labels != 255)
+        if bad.any():
+            ids = sorted(set(labels[bad].tolist()))[:5]
+            raise ValueError(
+                f"labels file {str(path)!r} holds ids {ids} outside 0..{self.num_classes - 1} and 255; "
+                "pass label_map= to remap them"
+            )
+        return {"image": image, "labels": labels}
+
+    def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
+        out_h, out_w = self.input_size
+        if not self.augment:
+            return self._stretch(sample, self.input_size)
+        if self.backgrounds and rng.random() < 0.8:
+            background = read_image(self.backgrounds[int(rng.integers(len(self.backgrounds)))])
+            sample = aug.replace_background(sample, background)
+        # SegRandomResize: fit into the box (H r, W r), r ~ U(0.4, 2.0), keeping the aspect (DENSE.md §2.3 step 2).
+        ratio = rng.uniform(0.4, 2.0)
+        height, width = sample["image"].shape[:2]
+        fit = min(int(out_w * ratio) / width, int(out_h * ratio) / height)
+        sample = self._stretch(sample, (max(1, round(height * fit)), max(1, round(width * fit))))
+        if rng.random() < 0.3:
+            sample = aug.seg_random_crop(sample, self.input_size, rng)
+        if rng.random() < 0.3:
+            sample["image"] = aug.random_gaussian_blur(sample["image"], rng)
+        if rng.random() < 0.3:
+            sample["image"] = aug.random_gaussian_noise(sample["image"], rng)
+        if rng.random() < 0.5:
+            sample = aug.rotate_sample(sample, rng.uniform(-60.0, 60.0))
+        if rng.random() < 0.5:
+            sample = aug.hflip(sample)
+        sample["image"] = aug.photometric_distortion(sample["image"], rng)
+        return self._stretch(sample, self.input_size)
+
+    @staticmethod
+    def _stretch(sample: aug.Sample, size_hw: tuple[int, int]) -> aug.Sample:
+        """Resize ignoring aspect; image AREA when the width shrinks, else CUBIC; labels nearest (§2.3 step 9)."""
+        width = sample["image"].shape[1]
+        interpolation = cv2.INTER_AREA if size_hw[1] < width else cv2.INTER_CUBIC
+        return aug.resize_sample(sample, size_hw, image_interpolation=interpolation)
+
+    def keep(self, sample: aug.Sample) -> bool:
+        labels = sample["labels"]
+        return float(((labels > 0) & (labels != 255)).mean()) >= 0.01  # SegPackInputs (DENSE.md §2.3 step 10)
+
+    def pack(self, sample: aug.Sample) -> dict[str, torch.Tensor]:
+        return {"labels": torch.from_numpy(sample["labels"].astype(np.int64))}
+
+
+def _read_normals(path: Path) -> np.ndarray:
+    if path.suffix == ".npy":
+        return _read_npy(path, (3,), "normals")
+    raw = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    if raw is None or raw.ndim != 3 or raw.shape[2] != 3 or raw.dtype not in (np.uint8, np.uint16):
+        raise ValueError(f"normals file {str(path)!r} must be a 3-channel 8- or 16-bit PNG (n = 2 v / max - 1)")
+    top = 65535.0 if raw.dtype == np.uint16 else 255.0
+    rgb = raw[..., ::-1].astype(np.float32)
+    normals = rgb * np.float32(2.0 / top) - 1.0
+    normals[(raw == 0).all(axis=2)] = np.nan  # an all-zero pixel stores "no normal"
+    return normals
+
+
+class NormalDataset(_DenseDataset):
+    """Surface normals: ``images/`` + ``normals/<name>.{npy,png}`` (+ ``masks/``) (DENSE.md §3.2 pipeline)."""
+
+    def load(self, index: int) -> aug.Sample:
+        name = self.names[index]
+        image = read_image(self._image_paths[name])
+        path = self._target_path("normals", name, (".npy", ".png"))
+        normals = _read_normals(path)
+        _check_same_size(normals, image, path, "normals")
+        finite = np.isfinite(normals).all(axis=2)
+        normals = np.where(finite[..., None], normals, 0.0).astype(np.float32)  # NaN normals -> invalid (§3.1)
+        valid = finite & (np.abs(normals).sum(axis=2) > 0)
+        return {"image": image, "normal": normals, "mask": self._load_mask(name, image, valid)}
+
+    def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
+        if not self.augment:
+            return aug.normal_targets(aug.letterbox_sample(sample, self.input_size))
+        sample = dict(sample, image=aug.photometric_distortion(sample["image"], rng))
+        if rng.random() < 0.2:
+            sample["image"] = aug.random_down_up_sample(sample["image"], rng, (0.1, 0.7))
+        sample = self._geometric(sample, rng)
+        if rng.random() < 0.3:
+            sample["image"] = aug.random_gaussian_blur(sample["image"], rng)
+        if rng.random() < 0.3:
+            sample["image"] = aug.random_gaussian_noise(sample["image"], rng)
+        if rng.random() < 0.3:
+            sample["image"] = aug.solarize(sample["image"])
+        return aug.normal_targets(sample)
+
+    def keep(self, sample: aug.Sample) -> bool:
+        return self._keep_valid(sample["mask"])
+
+    def pack(self, sample: aug.Sample) -> dict[str, torch.Tensor]:
+        gt = torch.from_numpy(np.ascontiguousarray(sample["normal"].transpose(2, 0, 1), dtype=np.float32))
+        return {"gt_normal": gt, "mask": self._mask_tensor(sample)}
+
+
+def fit_intrinsics(points: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Least-squares pinhole K of a camera-frame pointmap: u = fx X/Z + cx, v = fy Y/Z + cy over valid pixels.
+
+    Args:
+        points: (H, W, 3) metres, OpenCV camera frame.
+        mask: (H, W) bool, pixels to fit (Z > 0 required).
+
+    Returns:
+        (3, 3) float64 K, and raises ValueError if fewer than 3 pixels are valid or the fit is off by > 0.5 px RMS.
+    """
+    rows, cols = np.nonzero(mask & (points[..., 2] > 0))
+    if rows.size < 3:
+        raise ValueError("need at least 3 valid pixels to fit intrinsics to a pointmap")
+    p = points[rows, cols].astype(np.float64)
+    intrinsics = np.eye(3)
+    errors = []
+    for axis, pixels in ((0, cols), (1, rows)):
+        design = np.stack([p[:, axis] / p[:, 2], np.ones(rows.size)], axis=1)
+        (focal, centre), *_ = np.linalg.lstsq(design, pixels.astype(np.float64), rcond=None)
+        intrinsics[axis, axis], intrinsics[axis, 2] = focal, centre
+        errors.append(design @ np.array([focal, centre]) - pixels)
+    rms = float(np.sqrt(np.mean(np.concatenate(errors) ** 2)))
+    if not rms <= 0.5:
+        raise ValueError(f"the pointmap is not a pinhole projection (fit error {rms:.2f} px RMS)")
+    return intrinsics
+
+
+def _read_intrinsics(path: Path) -> np.ndarray:
+    try:
+        data = json.loads(path.read_text())
+        if "K" in data:
+            intrinsics = np.asarray(data["K"], dtype=np.float64).reshape(3, 3)
+        else:
+            intrinsics = np.array(
+                [[data["fx"], 0, data["cx"]], [0, data["fy"], data["cy"]], [0, 0, 1]], dtype=np.float64
+            )
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"intrinsics file {str(path)!r} must be JSON with fx, fy, cx, cy (pixels): {error}") from None
+    if not (intrinsics[0, 0] > 0 and intrinsics[1, 1] > 0):
+        raise ValueError(f"intrinsics file {str(path)!r} has non-positive focal lengths")
+    return intrinsics
+
+
+class PointmapDataset(_DenseDataset):
+    """Pointmap: ``images/`` + ``pointmaps/<name>.npy`` or ``depth/<name>.npy`` + ``intrinsics/<name>.json``.
+
+    The canonical target is generated from depth + K after augmentation (DENSE.md §4.2), so it is consistent with the
+    image by construction. Option ``canonical_focal`` (default 768 pixels at the network input).
+    """
+
+    def __init__(self, root: PathLike, *, canonical_focal: float = CANONICAL_FOCAL, **kwargs: Any) -> None:
+        super().__init__(root, **kwargs)
+        self.canonical_focal = float(canonical_focal)
+
+    def load(self, index: int) -> aug.Sample:
+        name = self.names[index]
+        image = read_image(self._image_paths[name])
+        intrinsics_path = self.root / "intrinsics" / f"{name}.json"
+        pointmap_path = self.root / "pointmaps" / f"{name}.npy"
+        if pointmap_path.is_file():
+            points = _read_npy(pointmap_path, (3,), "pointmap")
+            _check_same_size(points, image, pointmap_path, "pointmap")
+            depth = points[..., 2]
+        else:
+            depth_path = self._target_path("depth", name, (".npy",))
+            depth = _read_npy(depth_path, (), "depth")
+            _check_same_size(depth, image, depth_path, "depth")
+        valid = np.isfinite(depth) & (depth > 0)  # NaN depth -> invalid (DENSE.md §4.1)
+        mask = self._load_mask(name, image, valid)
+        if intrinsics_path.is_file():
+            intrinsics = _read_intrinsics(intrinsics_path)
+        elif pointmap_path.is_file():
+            try:
+                intrinsics = fit_intrinsics(np.nan_to_num(points), mask)
+            except ValueError as error:
+                raise ValueError(f"{pointmap_path}: {error}; add intrinsics/{name}.json") from None
+        else:
+            raise FileNotFoundError(f"depth for {name!r} needs intrinsics: {intrinsics_path} does not exist")
+        depth = np.where(mask, depth, 0.0).astype(np.float32)
+        return {"image": image, "depth": depth, "mask": mask, "K": intrinsics}
+
+    def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
+        if not self.augment:
+            return aug.pointmap_targets(aug.letterbox_sample(sample, self.input_size), self.canonical_focal)
+        sample = dict(sample, image=aug.photometric_distortion(sample["image"], rng))
+        return aug.pointmap_targets(self._geometric(sample, rng), self.canonical_focal)
+
+    def keep(self, sample: aug.Sample) -> bool:
+        mask = sample["mask"]
+        return self._keep_valid(mask) and float(sample["pointmap"][..., 2][mask].min()) >= 0.04  # §4.2 step 7
+
+    def pack(self, sample: aug.Sample) -> dict[str, torch.Tensor]:
+        return {
+            "gt_pointmap": torch.from_numpy(np.ascontiguousarray(sample["pointmap"].transpose(2, 0, 1))),
+            "mask": self._mask_tensor(sample),
+            "gt_mean_depth": torch.tensor([sample["mean_depth"]], dtype=torch.float32),
+            "scale": torch.tensor([sample["scale"]], dtype=torch.float32),
+            "original_K": torch.from_numpy(sample["K"].astype(np.float32)),
+        }
+
+
+class AlbedoDataset(_DenseDataset):
+    """Albedo: ``images/`` + ``albedo/<name>.png`` (+ ``masks/``) (DENSE.md §5.2 pipeline; no colour jitter)."""
+
+    def load(self, index: int) -> aug.Sample:
+        name = self.names[index]
+        image = read_image(self._image_paths[name])
+        path = self._target_path("albedo", name, (".png",))
+        albedo = read_image(path).astype(np.float32) / np.float32(255.0)
+        _check_same_size(albedo, image, path, "albedo")
+        mask = self._load_mask(name, image, albedo.max(axis=2) > 0)
+        # Loader rejection: near-uniform albedo inside the mask (DENSE.md §5.1) -> redraw in training.
+        if self.augment and (mask.sum() < 16 or albedo[mask].std(axis=0).max() < 0.02):
+            logger.debug("albedo sample %s rejected: too few valid pixels or near-uniform albedo", name)
+            return None
+        return {"image": image, "albedo": albedo, "mask": mask}
+
+    def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
+        if not self.augment:
+            return aug.letterbox_sample(sample, self.input_size)
+        sample = self._geometric(sample, rng)
+        if rng.random() < 0.2:
+            sample["image"] = aug.random_gaussian_noise(sample["image"], rng)
+        return sample
+
+    def keep(self, sample: aug.Sample) -> bool:
+        return self._keep_valid(sample["mask"])
+
+    def pack(self, sample: aug.Sample) -> dict[str, torch.Tensor]:
+        gt = torch.from_numpy(np.ascontiguousarray(sample["albedo"].transpose(2, 0, 1), dtype=np.float32))
+        return {"gt_albedo": gt, "mask": self._mask_tensor(sample)}
+
+
+def _format_ids(keypoint_format: str) -> np.ndarray:
+    """For each joint of ``keypoint_format``, its 308 id (-1 = none), read off :func:`convert_keypoints`."""
+    if keypoint_format not in ("sapiens308", "coco17", "coco_wholebody133"):
+        raise ValueError(
+            f"keypoint_format {keypoint_format!r} cannot be mapped into the 308 keypoints; "
+            "use sapiens308, coco17 or coco_wholebody133"
+        )
+    probe = np.zeros((1, NUM_KEYPOINTS, 2))
+    probe[0, :, 0] = np.arange(NUM_KEYPOINTS)  # x carries the id through the conversion
+    points, scores, _ = convert_keypoints(probe, np.ones((1, NUM_KEYPOINTS)), keypoint_format)
+    return np.where(scores[0] > 0, np.rint(points[0, :, 0]), -1).astype(np.int64)
+
+
+class PoseDataset(_TaskDataset):
+    """Top-down 308-keypoint pose: ``annotations.json`` (COCO style) + ``images/``; one sample per person.
+
+    Targets (POSE.md §3): UDP Gaussian heatmaps (K, H/4, W/4), sigma 6, and per-keypoint weights (visible after the
+    crop and inside the input). Pipeline (POSE.md §4.3): box -> centre/scale (padding 1.25), flip (p 0.5), half-body,
+    box jitter and rotation, UDP warp, photometric distortion (p 0.8), blur / median blur (p 0.1 each), one
+    coarse dropout hole.
+
+    Args:
+        root: dataset folder.
+        annotations: annotation file name under ``root``.
+        keypoint_format: joint layout of the annotations' ``keypoints`` (mapped into 308 ids).
+        box: ``"auto"`` (the annotation ``bbox`` when present, else the tight box of the labelled keypoints, which is
+            what the official training uses, POSE.md §4.2), ``"bbox"`` or ``"keypoints"``.
+        split, input_size, augment, seed: see :func:`build_dataset`.
+    """
+
+    def __init__(
+        self,
+        root: PathLike,
+        *,
+        annotations: str = "annotations.json",
+        keypoint_format: str = "sapiens308",
+        box: str = "auto",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(root, **kwargs)
+        if self.input_size[0] % 4 or self.input_size[1] % 4:
+            raise ValueError(f"pose input_size {self.input_size} must be divisible by 4 (heatmaps are 1/4 size)")
+        if box not in ("auto", "bbox", "keypoints"):
+            raise ValueError(f"box must be 'auto', 'bbox' or 'keypoints', got {box!r}")
+        self.box = box
+        self.ids = _format_ids(keypoint_format)
+        path = self.root / annotations
+        try:
+            data = json.loads(path.read_text())
+            images = {image["id"]: image["file_name"] for image in data["images"]}
+            records = list(data["annotations"])
+        except FileNotFoundError:
+            raise FileNotFoundError(f"pose annotations {str(path)!r} do not exist") from None
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{path} is not COCO-style JSON with 'images' and 'annotations': {error}") from None
+        split_file = self.root / f"{self.split}.txt"
+        listed = None
+        if split_file.is_file():
+            listed = {line.strip() for line in split_file.read_text().splitlines() if line.strip()}
+        self.instances = []
+        for number, record in enumerate(records):
+            file_name = images.get(record.get("image_id"))
+            if file_name is None:
+                raise ValueError(f"{path}: annotation {number} refers to unknown image_id {record.get('image_id')!r}")
+            if listed is not None and file_name not in listed and Path(file_name).stem not in listed:
+                continue
+            raw = np.asarray(record.get("keypoints", []), dtype=np.float64)
+            if raw.size != 3 * len(self.ids):
+                raise ValueError(
+                    f"{path}: annotation {number} has {raw.size} keypoint numbers, expected {3 * len(self.ids)} "
+                    f"({len(self.ids)} x (x, y, v) for keypoint_format={keypoint_format!r})"
+                )
+            if record.get("iscrowd", 0) or not (raw.reshape(-1, 3)[:, 2] > 0).any():
+                continue  # crowd or unlabelled instances are skipped, as the reference (POSE.md §4.2)
+            self.instances.append((self.root / "images" / file_name, raw.reshape(-1, 3), record.get("bbox")))
+        self.names = [f"{path.stem}#{i}" for i, (path, _, _) in enumerate(self.instances)]
+        if not self.instances:
+            raise ValueError(f"{path} holds no usable (labelled, non-crowd) person in split {self.split!r}")
+
+    def load(self, index: int) -> aug.Sample:
+        image_path, raw, bbox = self.instances[index]
+        image = read_image(image_path)
+        height, width = image.shape[:2]
+        keypoints = np.zeros((NUM_KEYPOINTS, 2))
+        visible = np.zeros(NUM_KEYPOINTS, dtype=np.float32)
+        mapped = self.ids >= 0
+        keypoints[self.ids[mapped]] = raw[mapped, :2]
+        visible[self.ids[mapped]] = raw[mapped, 2] > 0
+        x, y = keypoints[:, 0], keypoints[:, 1]
+        visible *= (x > 0) & (x < width) & (y > 0) & (y < height)  # outside the image -> unlabelled (§4.2)
+        keypoints[visible == 0] = 0.0
+        if bbox is not None and self.box != "keypoints":
+            bx, by, bw, bh = (float(v) for v in bbox)
+            box = np.clip([bx, by, bx + bw, by + bh], 0, [width - 1, height - 1] * 2)
+        elif self.box == "bbox":
+            raise ValueError(f"box='bbox' but a person in {image_path} has no 'bbox'")
+        elif visible.any():
+            seen = keypoints[visible > 0]
+            box = np.clip(np.concatenate([seen.min(axis=0), seen.max(axis=0)]), 0, [width, height] * 2)
+        else:
+            box = np.array([0, 0, width, height], dtype=np.float64)
+        center = np.array([(box[0] + box[2]) / 2, (box[1] + box[3]) / 2], dtype=np.float32)
+        scale = np.array([box[2] - box[0], box[3] - box[1]], dtype=np.float32) * np.float32(1.25)
+        return {"image": image, "keypoints": keypoints, "visible": visible, "center": center, "scale": scale}
+
+    def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
+        angle = 0.0
+        if self.augment:
+            if rng.random() < 0.5:
+                sample = aug.hflip(sample)
+            half = aug.pose_half_body(sample["keypoints"], sample["visible"], rng)
+            if half is not None:
+                sample = dict(sample, center=half[0], scale=half[1])
+            center, scale, angle = aug.pose_random_box(sample["center"], sample["scale"], rng)
+            sample = dict(sample, center=center, scale=scale)
+        sample = aug.pose_warp(sample, angle, self.input_size)
+        if self.augment:
+            image = sample["image"]
+            if rng.random() < 0.8:
+                image = aug.photometric_distortion(image, rng)
+            if rng.random() < 0.1:
+                image = aug.random_blur(image, rng)
+            if rng.random() < 0.1:
+                image = aug.random_median_blur(image, rng)
+            sample["image"] = aug.coarse_dropout(image, rng)
+        height, width = self.input_size
+        heatmaps, weights = encode_heatmaps(
+            sample["keypoints"], sample["visible"], input_size=self.input_size, heatmap_size=(height // 4, width // 4)
+        )
+        return dict(sample, heatmaps=heatmaps, keypoint_weights=weights * sample["visible"])
+
+    def pack(self, sample: aug.Sample) -> dict[str, torch.Tensor]:
+        return {
+            "heatmaps": torch.from_numpy(sample["heatmaps"]),
+            "keypoint_weights": torch.from_numpy(sample["keypoint_weights"].astype(np.float32)),
+        }
+
+
+TASK_DATASETS: dict[str, type[_TaskDataset]] = {
+    "seg": SegDataset,
+    "normal": NormalDataset,
+    "pointmap": PointmapDataset,
+    "albedo": AlbedoDataset,
+    "pose": PoseDataset,
+}
+
+
+def build_dataset(
+    task: str,
+    root: PathLike,
+    *,
+    split: str = "train",
+    input_size: tuple[int, int] = (1024, 768),
+    augment: bool = True,
+    seed: int = 0,
+    **options: Any,
+) -> torch.utils.data.Dataset:
+    """The training (or, with ``augment=False``, evaluation) dataset of ``task`` over the layout in this module.
+
+    Example:
+        >>> dataset = build_dataset("seg", "data/my_seg", input_size=(1024, 768), label_map="dome34_to_29")
+        >>> sample = dataset[0]  # {"image": (3, 1024, 768) float32, "labels": (1024, 768) int64, "index": ()}
+
+    Args:
+        task: ``seg``, ``normal``, ``pointmap``, ``albedo`` or ``pose``.
+        root: the dataset folder.
+        split: name of an optional ``root/<split>.txt`` list of image names.
+        input_size: network input (H, W).
+        augment: run the official training pipeline; False gives the deterministic resize only.
+        seed: base seed; sample i of epoch e draws from ``default_rng((seed, e, i))`` (see ``set_epoch``).
+        **options: task options (seg: ``label_map``, ``num_classes``, ``background_dir``; pointmap:
+            ``canonical_focal``; pose: ``annotations``, ``keypoint_format``, ``box``).
+
+    Returns:
+        A map-style dataset whose items are dicts of tensors that the default collate stacks: ``image`` (3, H, W)
+        float32 normalised RGB, ``index`` int64 and the task's targets (``labels``; ``gt_normal``, ``mask``;
+        ``gt_pointmap``, ``mask``, ``gt_mean_depth``, ``scale``, ``original_K``; ``gt_albedo``, ``mask``;
+        ``heatmaps``, ``keypoint_weights``), named as the arguments of ``sapiens2.train.losses``.
+    """
+    if task not in TASK_DATASETS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASK_DATASETS)}")
+    return TASK_DATASETS[task](root, split=split, input_size=input_size, augment=augment, seed=seed, **options)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Demo datasets: tiny, valid, learnable examples of each layout
+# ---------------------------------------------------------------------------------------------------------------------
+
+# COCO-17 joints of a person facing the camera, as fractions of the person box (the person's left is image right).
+_DEMO_SKELETON = np.array(
+    [(0.50, 0.08), (0.54, 0.06), (0.46, 0.06), (0.58, 0.07), (0.42, 0.07), (0.68, 0.22), (0.32, 0.22), (0.75, 0.38),
+     (0.25, 0.38), (0.78, 0.52), (0.22, 0.52), (0.60, 0.55), (0.40, 0.55), (0.60, 0.75), (0.40, 0.75), (0.60, 0.95),
+     (0.40, 0.95)]
+)  # fmt: skip
+
+
+def _demo_photos() -> list[np.ndarray]:
+    """The repository's test photos (tests/data), or a procedural picture when the package is installed alone."""
+    folder = Path(__file__).resolve().parents[2] / "tests" / "data"
+    paths = [folder / "astronaut.png", folder / "camera.png"]
+    if all(path.is_file() for path in paths):
+        return [read_image(path) for path in paths]
+    rows, cols = np.mgrid[0:512, 0:512] / 512.0
+    field = np.stack([np.sin(6 * rows + 2 * cols), np.cos(5 * cols - 3 * rows), np.sin(9 * rows * cols)], axis=2)
+    picture = ((field + 1) * 127.5).astype(np.uint8)
+    return [picture, np.ascontiguousarray(picture[:, ::-1, ::-1])]
+
+
+def _demo_sphere(height: int, width: int, shift: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Ray-trace a sphere (radius 0.45 m, 2 m ahead) through a pinhole K: depth, normals, mask, K."""
+    focal = 1.2 * max(height, width)
+    intrinsics = np.array([[focal, 0, (width - 1) / 2], [0, focal, (height - 1) / 2], [0, 0, 1]])
+    rows, cols = np.indices((height, width), dtype=np.float64)
+    rays = np.stack([(cols - intrinsics[0, 2]) / focal, (rows - intrinsics[1, 2]) / focal, np.ones_like(rows)], 2)
+    centre, radius = np.array([shift, 0.0, 2.0]), 0.45
+    a, b = (rays**2).sum(axis=2), -2 * rays @ centre
+    disc = b**2 - 4 * a * (centre @ centre - radius**2)
+    mask = disc > 0
+    depth = np.where(mask, (-b - np.sqrt(np.maximum(disc, 0))) / (2 * a), 0.0)
+    normals = np.where(mask[..., None], (rays * depth[..., None] - centre) / radius, 0.0)
+    return depth.astype(np.float32), normals.astype(np.float32), mask, intrinsics
+
+
+def _shade(photo: np.ndarray, normals: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Paint a Lambertian-shaded surface over the photo so the targets can be learned from the image."""
+    light = np.array([-0.35, -0.45, -0.82]) / np.linalg.norm([-0.35, -0.45, -0.82])
+    shade = np.clip(normals @ light, 0, 1)[..., None]
+    painted = 0.3 * photo + 0.7 * 255 * (0.15 + 0.85 * shade)
+    return np.where(mask[..., None], painted, photo).clip(0, 255).astype(np.uint8)
+
+
+def _write_demo_sample(task: str, root: Path, name: str, photo: np.ndarray, rng: np.random.Generator) -> dict | None:
+    """Write the image and targets of one demo sample; returns the pose annotation (pose only)."""
+    height, width = photo.shape[:2]
+    image = photo
+    rows, cols = np.indices((height, width))
+    ellipse = ((cols - width / 2) / (0.35 * width)) ** 2 + ((rows - 0.55 * height) / (0.42 * height)) ** 2
+    if task == "seg":
+        grey = photo.mean(axis=2)
+        labels = np.where(cols < width / 2, 20, 11).astype(np.uint8)  # Right_/Left_Upper_Arm by image half
+        labels[grey < 70] = 4  # Hair
+        labels[grey > 170] = 23  # Upper_Clothing
+        labels[ellipse > 1] = 0
+        labels[(ellipse > 0.95) & (ellipse <= 1)] = 255  # an ignored rim
+        save_png(root / "labels" / f"{name}.png", labels)
+    elif task in ("normal", "pointmap"):
+        depth, normals, mask, intrinsics = _demo_sphere(height, width, rng.uniform(-0.3, 0.3))
+        image = _shade(photo, normals, mask)
+        save_png(root / "masks" / f"{name}.png", mask.astype(np.uint8) * 255)
+        odd = int(name[-1]) % 2
+        if task == "normal" and odd:  # both normal encodings: 16-bit PNG and .npy
+            save_png(root / "normals" / f"{name}.png", np.round((normals + 1) * 32767.5).astype(np.uint16))
+        elif task == "normal":
+            save_npy(root / "normals" / f"{name}.npy", normals)
+        elif odd:  # both pointmap encodings: XYZ points and depth + intrinsics
+            rays = np.stack(
+                [(cols - intrinsics[0, 2]) / intrinsics[0, 0], (rows - intrinsics[1, 2]) / intrinsics[1, 1]]
+            )
+            points = np.stack([rays[0] * depth, rays[1] * depth, depth], axis=2).astype(np.float32)
+            save_npy(root / "pointmaps" / f"{name}.npy", points)
+        else:
+            save_npy(root / "depth" / f"{name}.npy", depth)
+            fx, fy, cx, cy = intrinsics[0, 0], intrinsics[1, 1], intrinsics[0, 2], intrinsics[1, 2]
+            save_json(root / "intrinsics" / f"{name}.json", {"fx": fx, "fy": fy, "cx": cx, "cy": cy})
+    elif task == "albedo":
+        mask = ellipse <= 1
+        albedo = (cv2.medianBlur(photo, 5) // 32) * 32 + 16  # piecewise-flat colours
+        shading = 0.45 + 0.55 * np.clip(1 - ellipse, 0, 1) ** 0.5
+        image = np.where(mask[..., None], albedo * shading[..., None], photo).astype(np.uint8)
+        save_png(root / "albedo" / f"{name}.png", np.where(mask[..., None], albedo, 0).astype(np.uint8))
+        save_png(root / "masks" / f"{name}.png", mask.astype(np.uint8) * 255)
+    if task != "pose":
+        save_png(root / "images" / f"{name}.png", image)
+        return None
+    box = np.array([0.25 * width, 0.08 * height, 0.5 * width, 0.87 * height])  # x, y, w, h
+    joints = box[:2] + (_DEMO_SKELETON + rng.uniform(-0.02, 0.02, _DEMO_SKELETON.shape)) * box[2:]
+    image = photo.copy()
+    body = keypoint_metadata().groups["body"]  # the 308 ids of the COCO-17 joints, in COCO order
+    for link in ((5, 7), (7, 9), (6, 8), (8, 10), (5, 6), (11, 12), (11, 13), (13, 15), (12, 14), (14, 16)):
+        cv2.line(image, *(tuple(int(v) for v in joints[j]) for j in link), (255, 255, 255), 2)
+    for j, (x, y) in enumerate(joints):  # left joints red, right blue, so a flip is visible to the network
+        colour = (40, 200, 40) if j == 0 else (220, 40, 40) if j % 2 else (40, 80, 220)
+        cv2.circle(image, (int(x), int(y)), max(3, width // 80), colour, -1)
+    keypoints = np.zeros((NUM_KEYPOINTS, 3))
+    keypoints[list(body), :2], keypoints[list(body), 2] = joints, 2
+    save_png(root / "images" / f"{name}.png", image)
+    return {"file_name": f"{name}.png", "keypoints": keypoints.reshape(-1).round(2).tolist(), "bbox": box.tolist()}
+
+
+def make_demo_dataset(task: str, root: PathLike, num_images: int = 4) -> Path:
+    """Write a tiny valid dataset of ``task`` in the layout of this module, from the repository's test photos.
+
+    Targets are synthetic but tied to the image, so a small model's loss falls on them: seg labels from brightness
+    and image side inside an ellipse; normals and pointmaps of a ray-traced sphere painted onto the photo with
+    Lambertian shading (both file encodings of each task, alternating); albedo = flattened photo colours times a
+    smooth shading; pose = a COCO-17 stick figure drawn on the photo (the 17 body ids of the 308 labelled).
+
+    Example:
+        >>> root = make_demo_dataset("seg", "/tmp/demo_seg")
+        >>> dataset = build_dataset("seg", root, input_size=(64, 48))
+
+    Args:
+        task: one of ``seg``, ``normal``, ``pointmap``, ``albedo``, ``pose``.
+        root: folder to create (existing files of the same names are overwritten).
+        num_images: images to write (alternating photos, mirrored and portrait-cropped variants).
+
+    Returns:
+        ``root`` as a Path.
+    """
+    if task not in TASK_DATASETS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASK_DATASETS)}")
+    if num_images < 1:
+        raise ValueError(f"num_images must be >= 1, got {num_images}")
+    root = Path(root)
+    photos = _demo_photos()
+    records = []
+    for i in range(num_images):
+        photo = photos[i % len(photos)]
+        if (i // 2) % 2:
+            photo = photo[:, ::-1]
+        if i % 2:
+            photo = photo[:, photo.shape[1] // 8 : photo.shape[1] * 7 // 8]  # a portrait variant
+        name = f"demo_{i:03d}"
+        record = _write_demo_sample(task, root, name, np.ascontiguousarray(photo), np.random.default_rng(i))
+        if record is not None:
+            height, width = photo.shape[:2]
+            records.append((name, width, height, record))
+    if task == "pose":
+        images = [
+            {"id": i, "file_name": r["file_name"], "width": w, "height": h} for i, (_, w, h, r) in enumerate(records)
+        ]
+        annotations = [
+            {"id": i, "image_id": i, "category_id": 1, "iscrowd": 0, "num_keypoints": 17, "bbox": r["bbox"],
+             "keypoints": r["keypoints"]}
+            for i, (_, _, _, r) in enumerate(records)
+        ]  # fmt: skip
+        save_json(root / "annotations.json", {"images": images, "annotations": annotations, "categories": []})
+    logger.info("wrote a %d-image %s demo dataset to %s", num_images, task, root)
+    return root
