@@ -818,9 +818,11 @@ def _write_demo_sample(task: str, root: Path, name: str, photo: np.ndarray, rng:
     body = keypoint_metadata().groups["body"]  # the 308 ids of the COCO-17 joints, in COCO order
     for link in ((5, 7), (7, 9), (6, 8), (8, 10), (5, 6), (11, 12), (11, 13), (13, 15), (12, 14), (14, 16)):
         cv2.line(image, *(tuple(int(v) for v in joints[j]) for j in link), (255, 255, 255), 2)
-    for j, (x, y) in enumerate(joints):  # left joints red, right blue, so a flip is visible to the network
-        colour = (40, 200, 40) if j == 0 else (220, 40, 40) if j % 2 else (40, 80, 220)
-        cv2.circle(image, (int(x), int(y)), max(3, width // 80), colour, -1)
+    for j, (x, y) in enumerate(joints):
+        # One colour per joint type, the same on both sides: a mirrored person's left is the original's right
+        # (POSE.md §4.3 flip), so side-specific colours would contradict the flip augmentation.
+        colour = cv2.cvtColor(np.uint8([[[(j + 1) // 2 * 20, 220, 230]]]), cv2.COLOR_HSV2RGB)[0, 0]
+        cv2.circle(image, (int(x), int(y)), max(3, width // 80), tuple(int(c) for c in colour), -1)
     keypoints = np.zeros((NUM_KEYPOINTS, 3))
     keypoints[list(body), :2], keypoints[list(body), 2] = joints, 2
     save_png(root / "images" / f"{name}.png", image)
