@@ -179,6 +179,20 @@ def test_seg_random_crop_pads_with_ignore_and_rotation_fills_background():
     assert rotated["labels"][0, 0] == 0 and rotated["labels"][5, 6] == 3
 
 
+def test_background_replacement_keeps_the_person_and_recolours_it_towards_the_scene():
+    rng = np.random.default_rng(0)
+    image = rng.integers(100, 156, (20, 30, 3), dtype=np.uint8)
+    labels = np.zeros((20, 30), np.uint8)
+    labels[5:15, 10:20] = 22
+    background = np.zeros((10, 45, 3), np.uint8)  # wider than the image's aspect: resized to height, centre-cropped
+    background[..., 0] = 200
+    out = aug.replace_background({"image": image, "labels": labels}, background)
+    person = labels > 0
+    np.testing.assert_array_equal(out["image"][~person], np.broadcast_to([200, 0, 0], (int((~person).sum()), 3)))
+    assert np.abs(out["image"][person].astype(int) - image[person]).mean() > 10  # colour transfer applied
+    assert out["image"][person][:, 0].mean() > out["image"][person][:, 1].mean()  # pulled towards the red scene
+
+
 def test_photometric_steps_are_reproducible_and_keep_uint8_images():
     image = np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8)
     steps = [

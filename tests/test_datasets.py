@@ -8,6 +8,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import DATA
 from torch.utils.data import DataLoader, default_collate
 
 from sapiens2.data.augment import hflip
@@ -16,7 +17,6 @@ from sapiens2.data.io import read_image, save_json, save_npy, save_png
 from sapiens2.pose.codec import decode_heatmaps
 from sapiens2.pose.keypoints import keypoint_metadata
 from sapiens2.train.losses import build_loss
-from tests.conftest import DATA
 
 TASKS = ("seg", "normal", "pointmap", "albedo", "pose")
 SIZE = (64, 48)
@@ -139,6 +139,17 @@ def test_seg_label_map_remaps_named_and_dict_tables(tmp_path):
     torch.testing.assert_close(remapped[plain != 255], (plain[plain != 255] + 1) % 29)
     with pytest.raises(ValueError, match="unknown label_map"):
         label_map_table("dome99")
+
+
+def test_seg_background_replacement_option_reads_a_folder_of_jpgs(tmp_path):
+    root = make_demo_dataset("seg", tmp_path / "seg", num_images=2)
+    backgrounds = tmp_path / "bg"
+    backgrounds.mkdir()
+    assert cv2.imwrite(str(backgrounds / "green.jpg"), np.full((40, 90, 3), (0, 200, 0), np.uint8))
+    dataset = build_dataset("seg", root, input_size=SIZE, background_dir=backgrounds)
+    assert dataset[0]["labels"].shape == SIZE and dataset[1]["image"].shape == (3, *SIZE)
+    with pytest.raises(FileNotFoundError, match="no .jpg"):
+        build_dataset("seg", root, background_dir=tmp_path / "seg" / "labels")
 
 
 def test_seg_rejects_out_of_range_ids_naming_the_file(tmp_path):

@@ -127,8 +127,6 @@ def label_map_table(label_map: Mapping[int, int] | str | None) -> np.ndarray | N
 class _TaskDataset(torch.utils.data.Dataset):
     """Shared plumbing: names, split, per-(seed, epoch, index) generators, drop-and-retry, packing."""
 
-    target_folders: tuple[str, ...] = ()
-
     def __init__(
         self,
         root: PathLike,
@@ -185,8 +183,11 @@ class _TaskDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.names)
 
-    def load(self, index: int) -> aug.Sample:
-        """The un-augmented sample ``index`` at its native size (see ``sapiens2.data.augment`` for the keys)."""
+    def load(self, index: int) -> aug.Sample | None:
+        """The un-augmented sample ``index`` at its native size (keys as in ``sapiens2.data.augment``).
+
+        None means the loader rejects the sample's content (the reference then redraws, DENSE.md §1.1).
+        """
         raise NotImplementedError
 
     def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
@@ -213,7 +214,7 @@ class _TaskDataset(torch.utils.data.Dataset):
                 if not self.augment or self.keep(out):
                     break
             # Half the retries re-augment the same sample, then other samples (the reference redraws an index).
-            if attempt >= MAX_TRIES // 2:
+            if sample is None or attempt >= MAX_TRIES // 2:
                 source = int(rng.integers(len(self)))
         else:
             raise RuntimeError(
@@ -509,7 +510,7 @@ class PointmapDataset(_DenseDataset):
 class AlbedoDataset(_DenseDataset):
     """Albedo: ``images/`` + ``albedo/<name>.png`` (+ ``masks/``) (DENSE.md §5.2 pipeline; no colour jitter)."""
 
-    def load(self, index: int) -> aug.Sample:
+    def load(self, index: int) -> aug.Sample | None:
         name = self.names[index]
         image = read_image(self._image_paths[name])
         path = self._target_path("albedo", name, (".png",))
