@@ -246,7 +246,7 @@ def resize_sample(
             interpolation = cv2.INTER_NEAREST if key in _NEAREST_KEYS else cv2.INTER_LINEAR
             out[key] = _resize_dense(sample[key], (out_w, out_h), interpolation)
     if "K" in sample:
-        factors = (intrinsics_factor, intrinsics_factor) if intrinsics_factor else (out_w / width, out_h / height)
+        factors = (out_w / width, out_h / height) if intrinsics_factor is None else (intrinsics_factor,) * 2
         intrinsics = sample["K"].copy()
         intrinsics[0, :] *= factors[0]
         intrinsics[1, :] *= factors[1]

@@ -29,6 +29,7 @@ reference's drop rule is re-augmented, then replaced by another index drawn from
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import os
@@ -124,7 +125,7 @@ def label_map_table(label_map: Mapping[int, int] | str | None) -> np.ndarray | N
     return table
 
 
-class _TaskDataset(torch.utils.data.Dataset):
+class _TaskDataset(torch.utils.data.Dataset, abc.ABC):
     """Shared plumbing: names, split, per-(seed, epoch, index) generators, drop-and-retry, packing."""
 
     def __init__(
@@ -142,6 +143,8 @@ class _TaskDataset(torch.utils.data.Dataset):
         self.augment = augment
         self.seed = int(seed)
         self.epoch = 0
+        if self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed}")
         if not self.root.is_dir():
             raise FileNotFoundError(f"dataset root {str(self.root)!r} is not a folder")
 
@@ -151,6 +154,8 @@ class _TaskDataset(torch.utils.data.Dataset):
         DataLoader workers hold copies of the dataset, so with ``persistent_workers=True`` the new epoch does not
         reach them; recreate the iterator (the default) after calling this.
         """
+        if int(epoch) < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch}")
         self.epoch = int(epoch)
 
     def generator(self, index: int) -> np.random.Generator:
@@ -183,24 +188,24 @@ class _TaskDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.names)
 
+    @abc.abstractmethod
     def load(self, index: int) -> aug.Sample | None:
         """The un-augmented sample ``index`` at its native size (keys as in ``sapiens2.data.augment``).
 
         None means the loader rejects the sample's content (the reference then redraws, DENSE.md §1.1).
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
         """Run the task's training pipeline (``augment=True``) or the plain resize (``augment=False``)."""
-        raise NotImplementedError
 
     def keep(self, sample: aug.Sample) -> bool:
         """The reference's drop rule on a transformed sample; dropped samples are redrawn (training only)."""
         return True
 
+    @abc.abstractmethod
     def pack(self, sample: aug.Sample) -> dict[str, torch.Tensor]:
         """Transformed sample -> the tensors of the training interface, besides ``image`` and ``index``."""
-        raise NotImplementedError
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not 0 <= index < len(self):
