@@ -536,7 +536,8 @@ HEAD_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
 }
 HEAD_CONFIGS["matting"] = {}
 
-_OUTPUT_CONV = {
+# Name of each head's final convolution: it also tells which task a checkpoint was trained for.
+OUTPUT_LAYERS = {
     "pose": "conv_pose",
     "seg": "conv_seg",
     "normal": "conv_normal",
@@ -597,7 +598,7 @@ def infer_head_config(task: str, state_dict: Mapping[str, Any]) -> dict[str, Any
             "infer_head_config got keys starting with 'decode_head.'; pass only the head's tensors with that prefix "
             "stripped, e.g. {k[len('decode_head.'):]: v for k, v in sd.items() if k.startswith('decode_head.')}"
         )
-    output = _shape(state_dict, f"{_OUTPUT_CONV[task]}.weight", task)
+    output = _shape(state_dict, f"{OUTPUT_LAYERS[task]}.weight", task)
     convs = _unit_shapes(state_dict, "conv_layers", 3)
     config: dict[str, Any] = {}
     if task in ("pose", "seg"):

@@ -12,21 +12,12 @@ import torch
 from torch import nn
 
 from .backbone import Sapiens2
-from .heads import HEAD_CONFIGS, HEADS, infer_head_config
+from .heads import HEAD_CONFIGS, HEADS, OUTPUT_LAYERS, infer_head_config
 from .zoo import Arch, get_arch
 
 logger = logging.getLogger(__name__)
 
 TASKS = tuple(HEADS)
-# Name of each head's final convolution: it tells which task a checkpoint was trained for.
-OUTPUT_LAYERS = {
-    "pose": "conv_pose",
-    "seg": "conv_seg",
-    "normal": "conv_normal",
-    "pointmap": "conv_pointmap",
-    "albedo": "conv_albedo",
-    "matting": "conv_matting",
-}
 
 
 class TaskModel(nn.Module):
