@@ -49,11 +49,12 @@ def _online_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def download(repo_id: str, filename: str) -> Path:
+def download(repo_id: str, filename: str, *, local_hint: str | None = None) -> Path:
     """Return the local path of ``filename`` from Hugging Face repo ``repo_id``, downloading it into the HF cache.
 
     A cached file is used without touching the network. Offline (``HF_HUB_OFFLINE=1`` or no connection), fails at
-    once with one message naming the repo, the file and how to pass a local path instead.
+    once with one message naming the repo, the file and how to pass a local path instead (``local_hint``: the call
+    to show, e.g. ``"load_backbone('/path/to/file.safetensors')"``).
 
     Raises:
         CheckpointNotFoundError: not cached and not downloadable, or the repo/file does not exist.
@@ -65,12 +66,13 @@ def download(repo_id: str, filename: str) -> Path:
         return Path(hf_hub_download(repo_id, filename, local_files_only=True))
     except (LocalEntryNotFoundError, EntryNotFoundError, FileNotFoundError):
         pass
+    local_hint = local_hint or f"load_backbone('/path/to/{filename}')"
     how = (
-        f"Download it on a machine with internet access (huggingface-cli download {repo_id} {filename}) "
-        f"and pass the local path instead, e.g. load_backbone('/path/to/{filename}')."
+        f"Download it on a machine with internet access (hf download {repo_id} {filename}) "
+        f"and pass the local path instead, e.g. {local_hint}."
     )
     if constants.HF_HUB_OFFLINE or not _online_reachable():
-        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} is not reachable"
+        why = "HF_HUB_OFFLINE=1 is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} is not reachable"
         raise CheckpointNotFoundError(
             f"Cannot download '{filename}' from Hugging Face repo '{repo_id}': {why} and the file is not in the "
             f"local cache ({constants.HF_HUB_CACHE}). {how}"

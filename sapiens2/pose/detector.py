@@ -88,19 +88,13 @@ def resolve_detector_checkpoint(path: str | Path | None) -> Path:
                 f"(from Hugging Face repo '{DETECTOR_REPO_ID}'), or None to download it."
             )
         return path
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import LocalEntryNotFoundError
+    from ..checkpoints import download
 
-    try:
-        return Path(hf_hub_download(repo_id=DETECTOR_REPO_ID, filename=DETECTOR_FILENAME))
-    except LocalEntryNotFoundError as error:
-        raise FileNotFoundError(
-            f"cannot get the person-detector checkpoint '{DETECTOR_FILENAME}' from Hugging Face repo "
-            f"'{DETECTOR_REPO_ID}': the hub is unreachable or offline mode is on (HF_HUB_OFFLINE=1), and the file is "
-            "not in the local Hugging Face cache. Fix: download it once with network access "
-            f"(`hf download {DETECTOR_REPO_ID} {DETECTOR_FILENAME}`), or pass a local copy: "
-            "PersonDetector.from_checkpoint('/path/to/rtmdet_m.pth')."
-        ) from error
+    return download(
+        DETECTOR_REPO_ID,
+        DETECTOR_FILENAME,
+        local_hint=f"PersonDetector.from_checkpoint('/path/to/{DETECTOR_FILENAME}')",
+    )
 
 
 def load_detector_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
