@@ -11,7 +11,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import cv2
 import numpy as np
@@ -198,13 +198,15 @@ def normalize_to_tensor(images: Sequence[np.ndarray], *, device: torch.device | 
     return ((x - mean) / std).contiguous()
 
 
-def _check_batch(images: Sequence[np.ndarray] | np.ndarray) -> list[np.ndarray]:
-    if isinstance(images, np.ndarray) and images.ndim == 3:
-        return [images]
-    images = list(images)
+def _check_batch(images: Sequence[Any] | Any) -> list[np.ndarray]:
+    """One image or a list of them (paths, PIL images or HxWx3 uint8 RGB arrays) -> list of RGB arrays."""
+    from .io import to_rgb_array
+
+    single = isinstance(images, (str, os.PathLike)) or (isinstance(images, np.ndarray) and images.ndim == 3)
+    images = [images] if single or hasattr(images, "getbands") else list(images)
     if not images:
         raise ValueError("no images given; pass a list of HxWx3 uint8 RGB arrays")
-    return images
+    return [to_rgb_array(image) for image in images]
 
 
 def stretch_batch(
@@ -213,7 +215,16 @@ def stretch_batch(
     *,
     device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, list[ResizeInfo]]:
-    """``stretch_resize`` every image and normalise: the segmentation network input (B, 3, H, W) float32."""
+    """``stretch_resize`` every image and normalise: the segmentation network input (B, 3, H, W) float32.
+
+    Args:
+        images: HxWx3 uint8 RGB arrays (or paths / PIL images), or a single one.
+        size_hw: network input (H, W).
+        device: where the returned tensor lives.
+
+    Returns:
+        The (B, 3, H, W) float32 network input and one ``ResizeInfo`` per image (the ``meta`` for postprocess).
+    """
     resized, infos = zip(*(stretch_resize(image, size_hw) for image in _check_batch(images)), strict=True)
     return normalize_to_tensor(resized, device=device), list(infos)
 
@@ -224,7 +235,16 @@ def letterbox_batch(
     *,
     device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, list[ResizeInfo]]:
-    """``letterbox`` every image and normalise: the normal/pointmap/albedo network input (B, 3, H, W) float32."""
+    """``letterbox`` every image and normalise: the normal/pointmap/albedo/matting network input.
+
+    Args:
+        images: HxWx3 uint8 RGB arrays (or paths / PIL images), or a single one.
+        size_hw: network input (H, W); the released pointmap models only run at 1024x768.
+        device: where the returned tensor lives.
+
+    Returns:
+        The (B, 3, H, W) float32 network input and one ``ResizeInfo`` per image (the ``meta`` for postprocess).
+    """
     resized, infos = zip(*(letterbox(image, size_hw) for image in _check_batch(images)), strict=True)
     return normalize_to_tensor(resized, device=device), list(infos)
 

@@ -10,14 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from sapiens2.data.io import to_rgb_array
 from sapiens2.data.transforms import (
-    DEFAULT_INPUT_SIZE,
     ResizeInfo,
     as_output_batch,
     check_paths,
@@ -81,19 +78,8 @@ class MattingResult:
         return _to_u8(self.foreground + (1.0 - self.alpha[..., None]) * back)
 
 
-def preprocess(
-    images_rgb: Sequence[Any] | np.ndarray,
-    input_size: Sequence[int] = DEFAULT_INPUT_SIZE,
-    *,
-    device: torch.device | str | None = None,
-) -> tuple[torch.Tensor, list[ResizeInfo]]:
-    """Letterbox (int truncation, LINEAR, centred zero padding) and normalise images for the matting network.
-
-    Returns:
-        float32 (B, 3, H_in, W_in) network input and one ``ResizeInfo`` per image (the ``meta`` for postprocess).
-    """
-    images = [images_rgb] if isinstance(images_rgb, np.ndarray) and images_rgb.ndim == 3 else list(images_rgb)
-    return letterbox_batch([to_rgb_array(image) for image in images], input_size, device=device)
+# Images (paths, PIL or HxWx3 uint8 RGB arrays) -> (float32 (B, 3, H, W) network input, ResizeInfo per image).
+preprocess = letterbox_batch
 
 
 def postprocess(

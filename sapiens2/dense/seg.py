@@ -12,14 +12,11 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
 
 import numpy as np
 import torch
 
-from sapiens2.data.io import to_rgb_array
 from sapiens2.data.transforms import (
-    DEFAULT_INPUT_SIZE,
     ResizeInfo,
     as_output_batch,
     check_paths,
@@ -68,24 +65,8 @@ class SegResult:
         return self.labels == int(name_or_id)
 
 
-def preprocess(
-    images_rgb: Sequence[Any] | np.ndarray,
-    input_size: Sequence[int] = DEFAULT_INPUT_SIZE,
-    *,
-    device: torch.device | str | None = None,
-) -> tuple[torch.Tensor, list[ResizeInfo]]:
-    """Stretch-resize (AREA if the width shrinks, else CUBIC) and normalise images for the segmentation network.
-
-    Args:
-        images_rgb: HxWx3 uint8 RGB arrays (or anything ``to_rgb_array`` accepts: paths, PIL images).
-        input_size: network input (H, W).
-        device: where the returned tensor lives.
-
-    Returns:
-        float32 (B, 3, H_in, W_in) network input and one ``ResizeInfo`` per image (the ``meta`` for postprocess).
-    """
-    images = [images_rgb] if isinstance(images_rgb, np.ndarray) and images_rgb.ndim == 3 else list(images_rgb)
-    return stretch_batch([to_rgb_array(image) for image in images], input_size, device=device)
+# Images (paths, PIL or HxWx3 uint8 RGB arrays) -> (float32 (B, 3, H, W) network input, ResizeInfo per image).
+preprocess = stretch_batch
 
 
 def postprocess(
