@@ -1,0 +1,469 @@
+"""Training configuration: nested frozen dataclasses with documented defaults, read from YAML (data, never code).
+
+``load_config("seg.yaml", ["optimizer.lr=1e-4"])`` parses the file with ``yaml.safe_load``, applies dotted
+overrides, rejects unknown keys with a did-you-mean, type-checks every value and validates the whole. The defaults
+are the official dense recipe (DENSE.md §6, POSE.md §4.5); every field is documented in ``docs/training.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ..models.zoo import TASKS, get_arch
+
+__all__ = [
+    "DataConfig",
+    "DistributedConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "ScheduleConfig",
+    "TrainConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "load_config",
+    "save_config",
+]
+
+TRAIN_TASKS = tuple(task for task in TASKS if task != "matting")  # no released matting loss (MATTING.md)
+
+# Layer-wise LR decay of the released recipes per arch (DENSE.md §6, POSE.md §4.5).
+LAYER_DECAY = {"sapiens2_0.4b": 0.80, "sapiens2_0.8b": 0.85, "sapiens2_1b": 0.90, "sapiens2_5b": 0.94}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What to train and where its weights start.
+
+    Attributes:
+        arch: backbone arch name (``"sapiens2_1b"``, ``"1b"``) or a custom dict of ``embed_dims, num_layers,
+            num_heads, feedforward_channels, num_tokenizer_layers``. None: read off ``init_from``'s shapes.
+        head: head hyper-parameters overriding the released head of that size (``num_classes``, ``out_channels``,
+            ``deconv_out_channels`` ...), as ``build_model(task, arch, **head)``.
+        init_from: None (random init), a pretrain source (file, folder, repo id or arch size such as ``"1b"``,
+            loaded into the backbone), or a task checkpoint (all of it when the task matches, else its backbone).
+        rope_dtype: ``"bf16"`` (official numerics) or ``"fp32"``.
+        frozen_stages: freeze patch embed, tokens and this many first blocks (-1: train everything).
+        activation_checkpointing: recompute each backbone block in the backward pass (less memory, same numbers).
+        compile: ``torch.compile`` each backbone block and the head (the official configs compile; off for CPU).
+    """
+
+    arch: str | dict[str, int] | None = None
+    head: dict[str, Any] = field(default_factory=dict)
+    init_from: str | None = None
+    rope_dtype: Literal["bf16", "fp32"] = "bf16"
+    frozen_stages: int = -1
+    activation_checkpointing: bool = False
+    compile: bool = False
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Datasets and loaders (``sapiens2.data.datasets.build_dataset``).
+
+    Attributes:
+        root: dataset folder (required).
+        split: training split name.
+        val_split: validation split name; None: no evaluation.
+        input_size: network input (H, W) in pixels, multiples of 16.
+        augment: training augmentation on/off (validation never augments).
+        options: extra keyword options for ``build_dataset`` (task specific).
+        batch_size: GLOBAL batch per optimiser step, summed over all processes; it must divide by the number of
+            processes. The official recipes give a per-GPU batch (DENSE.md §6): global = per-GPU x GPUs.
+        val_batch_size: validation batch per process.
+        num_workers: DataLoader worker processes per training process.
+    """
+
+    root: str = ""
+    split: str = "train"
+    val_split: str | None = "val"
+    input_size: tuple[int, int] = (1024, 768)
+    augment: bool = True
+    options: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 8
+    val_batch_size: int = 4
+    num_workers: int = 4
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with layer-wise LR decay (DENSE.md §6).
+
+    Attributes:
+        lr: base learning rate (the head's; block i gets ``lr * layer_decay**(L - i)``).
+        weight_decay: decoupled weight decay; 0 for 1-D parameters, biases and ``pos_embed``.
+        betas, eps: AdamW moments.
+        layer_decay: per-layer LR rate; None: the released value of the arch (0.4b 0.8, 0.8b 0.85, 1b 0.9,
+            5b 0.94), 1.0 (no decay) for other archs.
+        decay_tokens: weight-decay the 3-D ``cls_token``/``storage_tokens`` as the official recipe does (POSE.md
+            §4.5); False exempts them too.
+        fused: fused AdamW kernel; None: on CUDA only (the official configs use it).
+    """
+
+    lr: float = 5e-4
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    layer_decay: float | None = None
+    decay_tokens: bool = True
+    fused: bool | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """Linear warm-up then linear decay to 0 at the last step, stepped once per optimiser step (DENSE.md §6).
+
+    Attributes:
+        warmup_steps: warm-up length in optimiser steps.
+        warmup_start_factor: LR factor at step 0 (it rises linearly to 1 at ``warmup_steps``).
+    """
+
+    warmup_steps: int = 500
+    warmup_start_factor: float = 1e-3
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """Multi-process training under ``torchrun`` (ignored in a single process).
+
+    Attributes:
+        strategy: ``"ddp"`` (replicated weights, averaged gradients) or ``"fsdp"`` (FSDP2 ``fully_shard`` per
+            backbone block plus the root).
+        fsdp_bf16_params: with ``precision: bf16`` and FSDP, compute with bf16 parameters and reduce gradients in
+            bf16 (the official 1b/5b setting); the fp32 master weights stay sharded.
+    """
+
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    fsdp_bf16_params: bool = True
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A whole fine-tuning run.
+
+    Attributes:
+        task: ``pose, seg, normal, pointmap`` or ``albedo``.
+        output_dir: the run folder (config, checkpoints, metrics, TensorBoard, exported model); None: ``runs/<task>``.
+        steps: number of optimiser steps; exactly one of ``steps`` and ``epochs`` must be set.
+        epochs: number of passes over the training set (an epoch is ``len(dataset) // batch_size`` steps).
+        seed: base seed: model init, shuffling and augmentation; process r seeds its own RNGs with seed + r.
+        precision: ``"fp32"``, or ``"bf16"`` autocast (forward and loss; master weights stay fp32).
+        grad_clip: maximum global L2 gradient norm; None: no clipping.
+        log_every: steps between progress/CSV/TensorBoard flushes (every step's values are written).
+        eval_every: steps between evaluations on ``data.val_split`` (0: never).
+        checkpoint_every: steps between checkpoints (0: only the final one).
+        keep_checkpoints: newest step checkpoints to keep (0: keep all).
+        device: ``"cuda"``, ``"cpu"`` ...; None: CUDA when available.
+        progress_bar: show a tqdm bar on the main process.
+        loss: keyword overrides of the task loss's weights (``build_loss(task, **loss)``).
+        model, data, optimizer, schedule, distributed: the sections above.
+    """
+
+    task: str = ""
+    output_dir: str | None = None
+    steps: int | None = None
+    epochs: int | None = None
+    seed: int = 0
+    precision: Literal["fp32", "bf16"] = "bf16"
+    grad_clip: float | None = 4.0
+    log_every: int = 10
+    eval_every: int = 1000
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 2
+    device: str | None = None
+    progress_bar: bool = True
+    loss: dict[str, Any] = field(default_factory=dict)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir or f"runs/{self.task}")
+
+    def resolved_layer_decay(self, arch_name: str) -> float:
+        """The layer-decay rate in use for ``arch_name`` (the configured one, else the released default)."""
+        if self.optimizer.layer_decay is not None:
+            return self.optimizer.layer_decay
+        return LAYER_DECAY.get(arch_name, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# dict <-> dataclass with type checks
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _did_you_mean(name: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def _type_name(hint: Any) -> str:
+    if hint is type(None):
+        return "null"
+    if isinstance(hint, type):
+        return hint.__name__
+    return str(hint).replace("typing.", "")
+
+
+def _convert(value: Any, hint: Any, where: str) -> Any:
+    """Check ``value`` against the annotation ``hint`` and normalise it (lists -> tuples, "1e-4" -> float)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None:
+            if type(None) in options:
+                return None
+            raise ValueError(f"{where}: null is not allowed, expected {_type_name(hint)}")
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(value, option, where)
+            except ValueError:
+                continue
+        raise ValueError(f"{where}: {value!r} is not a valid {_type_name(hint)}")
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            hint_text = _did_you_mean(str(value), [str(c) for c in choices])
+            raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(repr, choices))}.{hint_text}")
+        return value
+    if hint is Any:
+        return value
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}: expected a list like [{', '.join(_type_name(a) for a in args)}], got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ValueError(f"{where}: expected {len(args)} values, got {len(value)} ({value!r})")
+        return tuple(_convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+    if origin is dict:
+        key_type, value_type = typing.get_args(hint)
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where}: expected a mapping, got {value!r}")
+        return {
+            _convert(k, key_type, f"{where} key"): _convert(v, value_type, f"{where}.{k}") for k, v in value.items()
+        }
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where}: expected a section (mapping), got {value!r}")
+        return _build(hint, value, where)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(f"{where}: expected an integer, got {value!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"{where}: expected an integer, got {value!r}") from None
+        if not number.is_integer():
+            raise ValueError(f"{where}: expected an integer, got {value!r}")
+        return int(number)
+    if hint is float:
+        # YAML 1.1 reads "1e-4" (no dot) as a string: accept numeric strings.
+        if isinstance(value, bool):
+            raise ValueError(f"{where}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: expected a number, got {value!r}") from None
+    if hint is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"{where}: unsupported annotation {hint!r}")  # a bug in this file, not user input
+
+
+def _build(cls: type, values: Mapping[str, Any], where: str = "") -> Any:
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            section = f"section {where!r}" if where else "the top level"
+            raise ValueError(
+                f"unknown config key {path!r} in {section}.{_did_you_mean(str(key), names)} "
+                f"Known keys: {', '.join(names)}"
+            )
+        kwargs[key] = _convert(value, hints[key], path)
+    return cls(**kwargs)
+
+
+def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
+    """Build and validate a ``TrainConfig`` from plain data (as read from YAML).
+
+    Raises:
+        ValueError: an unknown key (with a did-you-mean), a value of the wrong type, or an invalid combination.
+    """
+    if not isinstance(values, Mapping):
+        raise ValueError(f"a training config must be a mapping of sections, got {type(values).__name__}")
+    config = _build(TrainConfig, values)
+    _validate(config)
+    return config
+
+
+def config_to_dict(config: TrainConfig) -> dict[str, Any]:
+    """Plain YAML-ready data (tuples as lists) that ``config_from_dict`` turns back into ``config``."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, Mapping):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    return plain(dataclasses.asdict(config))
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    if not all(parts):
+        raise ValueError(f"override key {key!r} is malformed; write e.g. optimizer.lr=1e-4")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ValueError(f"override {key!r}: {part!r} holds a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``"a.b=value"`` overrides to a nested dict (values parsed as YAML scalars/lists); returns a copy."""
+    import copy
+
+    result = copy.deepcopy(dict(data))
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} has no '='; write e.g. optimizer.lr=1e-4")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as error:
+            raise ValueError(f"override {item!r}: the value is not valid YAML ({error})") from None
+        _set_dotted(result, key.strip(), value)
+    return result
+
+
+def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a YAML training config, apply ``"a.b=value"`` overrides, type-check and validate it.
+
+    Args:
+        path: YAML file (None: start from the defaults, everything from ``overrides``).
+        overrides: e.g. ``["optimizer.lr=1e-4", "data.input_size=[512, 384]", "model.head.num_classes=5"]``.
+
+    Raises:
+        FileNotFoundError: the YAML file does not exist.
+        ValueError: YAML syntax, unknown keys (with a did-you-mean), wrong types or invalid values.
+
+    Example:
+        >>> config = load_config("seg.yaml", ["steps=200", "data.root=/data/seg"])
+    """
+    data: Any = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"training config not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as error:
+            raise ValueError(f"{path}: not valid YAML: {error}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a training config must be a mapping of sections, got {type(data).__name__}")
+    try:
+        return config_from_dict(apply_overrides(data, overrides))
+    except ValueError as error:
+        raise ValueError(f"{path or 'config'}: {error}") from None
+
+
+def save_config(config: TrainConfig, path: str | os.PathLike) -> Path:
+    """Write the resolved config as YAML (atomically); ``load_config`` reads it back to an equal config."""
+    from ..data.io import atomic_write
+
+    text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
+    return atomic_write(path, text.encode())
+
+
+def _validate(config: TrainConfig) -> None:
+    """Cross-field checks; each error names the key and the fix."""
+    problems = []
+    if config.task not in TRAIN_TASKS:
+        problems.append(
+            f"task {config.task!r} is not trainable; choose one of {', '.join(TRAIN_TASKS)}."
+            + _did_you_mean(config.task, TRAIN_TASKS)
+        )
+    if (config.steps is None) == (config.epochs is None):
+        problems.append("set exactly one of steps and epochs")
+    for name in ("steps", "epochs"):
+        value = getattr(config, name)
+        if value is not None and value <= 0:
+            problems.append(f"{name} must be positive, got {value}")
+    for name in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
+        if getattr(config, name) < 0:
+            problems.append(f"{name} must be >= 0, got {getattr(config, name)}")
+    if config.log_every == 0:
+        problems.append("log_every must be >= 1")
+    if config.grad_clip is not None and config.grad_clip <= 0:
+        problems.append(f"grad_clip must be positive or null (no clipping), got {config.grad_clip}")
+    model, data, optimizer, schedule = config.model, config.data, config.optimizer, config.schedule
+    if model.arch is None and model.init_from is None:
+        problems.append("model.arch is needed when model.init_from is not set (e.g. model.arch=sapiens2_0.4b)")
+    if isinstance(model.arch, str):
+        try:
+            get_arch(model.arch)
+        except ValueError as error:
+            problems.append(f"model.arch: {error}")
+    if model.frozen_stages < -1:
+        problems.append(f"model.frozen_stages must be >= -1, got {model.frozen_stages}")
+    if not data.root:
+        problems.append("data.root is required (the dataset folder)")
+    if any(side <= 0 or side % 16 for side in data.input_size):
+        problems.append(f"data.input_size must be positive multiples of 16 (H, W), got {list(data.input_size)}")
+    for name in ("batch_size", "val_batch_size"):
+        if getattr(data, name) <= 0:
+            problems.append(f"data.{name} must be positive, got {getattr(data, name)}")
+    if data.num_workers < 0:
+        problems.append(f"data.num_workers must be >= 0, got {data.num_workers}")
+    if optimizer.lr <= 0:
+        problems.append(f"optimizer.lr must be positive, got {optimizer.lr}")
+    if optimizer.weight_decay < 0:
+        problems.append(f"optimizer.weight_decay must be >= 0, got {optimizer.weight_decay}")
+    if not all(0 <= beta < 1 for beta in optimizer.betas):
+        problems.append(f"optimizer.betas must lie in [0, 1), got {list(optimizer.betas)}")
+    if optimizer.layer_decay is not None and not 0 < optimizer.layer_decay <= 1:
+        problems.append(f"optimizer.layer_decay must be in (0, 1], got {optimizer.layer_decay}")
+    if schedule.warmup_steps < 0:
+        problems.append(f"schedule.warmup_steps must be >= 0, got {schedule.warmup_steps}")
+    if not 0 < schedule.warmup_start_factor <= 1:
+        problems.append(f"schedule.warmup_start_factor must be in (0, 1], got {schedule.warmup_start_factor}")
+    if config.steps is not None and schedule.warmup_steps >= config.steps:
+        problems.append(
+            f"schedule.warmup_steps ({schedule.warmup_steps}) must be smaller than steps ({config.steps}); "
+            "lower schedule.warmup_steps"
+        )
+    if problems:
+        raise ValueError("invalid training config:\n  " + "\n  ".join(problems))

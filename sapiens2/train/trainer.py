@@ -1,0 +1,682 @@
+"""The fine-tuning loop (DENSE.md §6–7, POSE.md §4): one step = forward + loss under optional bf16 autocast,
+backward, global-norm clipping, AdamW step, schedule step. Checkpoints are atomic single files holding everything a
+bit-exact resume needs; ``export_model`` turns one into an official-layout ``.safetensors``.
+
+Run folder (``config.output_dir``): ``config.yaml`` (resolved), ``train.log``, ``metrics.csv`` (every step),
+``eval.csv``, ``tensorboard/``, ``checkpoints/step_<N>.pt`` and, at the end, ``model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from . import distributed as dist_utils
+from .config import TrainConfig, config_from_dict, save_config
+from .losses import build_loss
+from .optim import WarmupLinearSchedule, build_optimizer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CHECKPOINT_FORMAT", "Trainer", "export_model", "find_checkpoints", "fit", "latest_checkpoint"]
+
+CHECKPOINT_FORMAT = "sapiens2-train-1"
+# Ground-truth key each evaluator compares the first model output with (DENSE.md §2.6, §3.4, §4.4, §5.4).
+_EVAL_TARGETS = {"seg": "labels", "normal": "gt_normal", "pointmap": "gt_pointmap", "albedo": "gt_albedo"}
+
+
+def find_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """The step checkpoints of a run folder, oldest first."""
+    folder = Path(run_dir) / "checkpoints"
+    return sorted(folder.glob("step_*.pt")) if folder.is_dir() else []
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    found = find_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a training checkpoint (weights-only unpickling, tensors memory-mapped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"training checkpoint not found: {path}")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} is not a sapiens2 training checkpoint (format {CHECKPOINT_FORMAT})")
+    return checkpoint
+
+
+def enable_activation_checkpointing(blocks: nn.ModuleList) -> None:
+    """Recompute each block's forward during backward (non-reentrant ``torch.utils.checkpoint``).
+
+    The forward is replaced per instance, so module names and state-dict keys stay the official ones.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    for block in blocks:
+        forward = block.forward
+
+        def checkpointed(*args: Any, _forward=forward, **kwargs: Any) -> Any:
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        block.forward = checkpointed
+
+
+class _Recorder:
+    """Main-process writer of ``metrics.csv`` / ``eval.csv`` and TensorBoard scalars; a no-op elsewhere."""
+
+    def __init__(self, run_dir: Path, enabled: bool, resume_step: int | None) -> None:
+        self.run_dir = run_dir
+        self.enabled = enabled
+        self.tensorboard = None
+        if not enabled:
+            return
+        if resume_step is not None:
+            for name in ("metrics.csv", "eval.csv"):
+                self._truncate(run_dir / name, resume_step)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            logger.info("tensorboard is not installed: no TensorBoard logs (pip install tensorboard)")
+            return
+        purge = None if resume_step is None else resume_step + 1
+        self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
+
+    @staticmethod
+    def _truncate(path: Path, step: int) -> None:
+        """Drop rows written after ``step`` by a run that was killed after its last checkpoint."""
+        if not path.is_file():
+            return
+        with open(path, newline="") as handle:
+            rows = list(csv.reader(handle))
+        kept = rows[:1] + [row for row in rows[1:] if row and int(row[0]) <= step]
+        with open(path, "w", newline="") as handle:
+            csv.writer(handle).writerows(kept)
+
+    def write(self, name: str, rows: list[dict[str, Any]]) -> None:
+        if not self.enabled or not rows:
+            return
+        path = self.run_dir / name
+        fields = list(rows[0])
+        if path.is_file() and path.stat().st_size:
+            with open(path, newline="") as handle:
+                fields = next(csv.reader(handle))
+        with open(path, "a", newline="") as handle:
+            writer = csv.DictWriter(handle, fields, extrasaction="ignore")
+            if handle.tell() == 0:
+                writer.writeheader()
+            # repr() keeps every bit of the values, so runs can be compared exactly.
+            writer.writerows({k: repr(v) if isinstance(v, float) else v for k, v in row.items()} for row in rows)
+        if self.tensorboard is not None:
+            prefix = "train/" if name == "metrics.csv" else ""
+            for row in rows:
+                for key, value in row.items():
+                    if key not in ("step", "epoch") and isinstance(value, float):
+                        self.tensorboard.add_scalar(prefix + key, value, row["step"])
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+class Trainer:
+    """Everything of one training run, built from a ``TrainConfig``.
+
+    Args:
+        config: the run.
+        resume: False: start fresh (refused if the run folder already holds checkpoints); True: continue from the
+            newest checkpoint of the run folder; a path: continue from that checkpoint.
+        train_dataset, val_dataset: datasets to use instead of ``build_dataset(config.task, config.data.root, ...)``
+            (same item contract: dicts of tensors with ``image`` and the loss's keyword arguments).
+
+    Example:
+        >>> trainer = Trainer(load_config("seg.yaml"))
+        >>> summary = trainer.fit()
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        resume: bool | str | os.PathLike = False,
+        train_dataset: torch.utils.data.Dataset | None = None,
+        val_dataset: torch.utils.data.Dataset | None = None,
+    ) -> None:
+        self.config = config
+        self.run_dir = config.run_dir
+        self.context = dist_utils.setup(config.device)
+        self.device = self.context.device
+        checkpoint_path = self._checkpoint_to_resume(resume)
+        self._log_handler = None
+        if self.context.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(config, self.run_dir / "config.yaml")
+            self._log_handler = logging.FileHandler(self.run_dir / "train.log")
+            self._log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            logging.getLogger("sapiens2").addHandler(self._log_handler)
+
+        self.train_dataset, self.val_dataset = self._datasets(train_dataset, val_dataset)
+        self.sampler = dist_utils.ResumableBatchSampler(
+            len(self.train_dataset),
+            config.data.batch_size,
+            rank=self.context.rank,
+            world_size=self.context.world_size,
+            seed=config.seed,
+        )
+        self.total_steps = config.steps or config.epochs * self.sampler.batches_per_epoch
+
+        # The same seed on every process, so every process builds identical initial weights.
+        dist_utils.seed_everything(config.seed)
+        self.model = self._build_model().to(self.device)
+        if config.model.activation_checkpointing:
+            enable_activation_checkpointing(self.model.backbone.blocks)
+        if config.model.compile:
+            for block in self.model.backbone.blocks:
+                block.compile()
+            self.model.decode_head.compile()
+        self.module = dist_utils.wrap_model(
+            self.model,
+            self.context,
+            config.distributed.strategy,
+            blocks=list(self.model.backbone.blocks),
+            bf16_params=config.precision == "bf16" and config.distributed.fsdp_bf16_params,
+        )
+        optimizer = config.optimizer
+        self.layer_decay = config.resolved_layer_decay(self.model.backbone.arch.name)
+        self.optimizer = build_optimizer(
+            self.model,
+            lr=optimizer.lr,
+            weight_decay=optimizer.weight_decay,
+            betas=optimizer.betas,
+            eps=optimizer.eps,
+            layer_decay=self.layer_decay,
+            decay_tokens=optimizer.decay_tokens,
+            fused=optimizer.fused if optimizer.fused is not None else (True if self.device.type == "cuda" else None),
+        )
+        self.schedule = WarmupLinearSchedule(
+            self.optimizer, self.total_steps, config.schedule.warmup_steps, config.schedule.warmup_start_factor
+        )
+        self.criterion = self._build_loss().to(self.device)
+        # The loss's keyword arguments after the model outputs are the dataset keys it needs.
+        outputs = 2 if config.task == "pointmap" else 1
+        self._target_names = list(inspect.signature(self.criterion.forward).parameters)[outputs:]
+        self.step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.last_eval: dict[str, float] = {}
+        # Each process its own stream for anything random in the step (dropout-like layers), as seed + rank.
+        dist_utils.seed_everything(config.seed + self.context.rank)
+        if checkpoint_path is not None:
+            self.load_checkpoint(checkpoint_path)
+        self.recorder = _Recorder(
+            self.run_dir, self.context.is_main, self.step if checkpoint_path is not None else None
+        )
+
+    # ------------------------------------------------------------------------------------------------- building
+
+    def _info(self, message: str, *args: Any) -> None:
+        if self.context.is_main:
+            logger.info(message, *args)
+
+    def _checkpoint_to_resume(self, resume: bool | str | os.PathLike) -> Path | None:
+        if resume is False or resume is None:
+            existing = latest_checkpoint(self.run_dir)
+            if existing is not None:
+                raise FileExistsError(
+                    f"{self.run_dir} already holds checkpoints ({existing.name}); resume with --resume, or set "
+                    "another output_dir"
+                )
+            return None
+        if resume is True:
+            path = latest_checkpoint(self.run_dir)
+            if path is None:
+                raise FileNotFoundError(f"nothing to resume: no checkpoint in {self.run_dir / 'checkpoints'}")
+            return path
+        return Path(resume)
+
+    def _datasets(self, train: Any, val: Any) -> tuple[Any, Any]:
+        config, data = self.config, self.config.data
+        if train is None or (val is None and data.val_split and config.eval_every):
+            from ..data.datasets import build_dataset
+
+            common = {"input_size": data.input_size, "seed": config.seed, **data.options}
+            if train is None:
+                train = build_dataset(config.task, data.root, split=data.split, augment=data.augment, **common)
+            if val is None and data.val_split and config.eval_every:
+                try:
+                    val = build_dataset(config.task, data.root, split=data.val_split, augment=False, **common)
+                except FileNotFoundError as error:
+                    self._info("no validation data (%s): evaluation is off", error)
+        if val is not None and not config.eval_every:
+            val = None
+        return train, val
+
+    def _init_state(self) -> tuple[Path, dict[str, Tensor]] | None:
+        if self.config.model.init_from is None:
+            return None
+        from ..checkpoints import read_state_dict, resolve_checkpoint
+
+        path = resolve_checkpoint(self.config.model.init_from, "pretrain")
+        return path, read_state_dict(path)
+
+    def _build_model(self) -> nn.Module:
+        from ..checkpoints import check_keys, convert_dtypes, describe_arch, infer_arch
+        from ..models.heads import infer_head_config
+        from ..models.task_model import build_model, detect_task
+
+        config, model_config = self.config, self.config.model
+        head, arch = dict(model_config.head), model_config.arch
+        init = self._init_state()
+        backbone_state: dict[str, Tensor] = {}
+        head_state: dict[str, Tensor] = {}
+        if init is not None:
+            path, state = init
+            state = convert_dtypes(state, torch.float32)
+            # A task checkpoint (backbone.* + decode_head.*) or a bare pretrain backbone.
+            if any(k.startswith("backbone.") for k in state):
+                backbone_state = {k.removeprefix("backbone."): v for k, v in state.items() if k.startswith("backbone.")}
+            else:
+                backbone_state = state
+            if detect_task(state) == config.task:
+                head_state = {
+                    k.removeprefix("decode_head."): v for k, v in state.items() if k.startswith("decode_head.")
+                }
+                head = infer_head_config(config.task, head_state) | head
+            if arch is None:
+                arch = infer_arch(backbone_state)
+        model = build_model(
+            config.task,
+            arch,
+            input_size=config.data.input_size,
+            rope_dtype=model_config.rope_dtype,
+            frozen_stages=model_config.frozen_stages,
+            **head,
+        )
+        if init is None:
+            return model
+        suggested = describe_arch(infer_arch(backbone_state))
+        try:
+            if head_state:
+                full = {f"backbone.{k}": v for k, v in backbone_state.items()}
+                full |= {f"decode_head.{k}": v for k, v in head_state.items()}
+                check_keys(model, full, suggested)
+                model.load_state_dict(full, strict=True)
+                self._info("initialised the whole %s model from %s", config.task, path)
+            else:
+                check_keys(model.backbone, backbone_state, suggested)
+                model.backbone.load_state_dict(backbone_state, strict=True)
+                self._info("initialised the backbone from %s; the head starts from random weights", path)
+        except ValueError as error:
+            raise ValueError(f"model.init_from {path}: {error}") from None
+        return model
+
+    def _build_loss(self) -> nn.Module:
+        overrides = dict(self.config.loss)
+        if self.config.task == "seg" and "class_weight" not in overrides:
+            classes = self.model.decode_head.conv_seg.out_channels
+            if classes != 29:
+                # The released weights are for the 29 classes; another class set starts from uniform weights.
+                self._info("seg with %d classes: uniform cross-entropy class weights (set loss.class_weight)", classes)
+                overrides["class_weight"] = [1.0] * classes
+        return build_loss(self.config.task, **overrides)
+
+    # ----------------------------------------------------------------------------------------------- the loop
+
+    def _autocast(self) -> Any:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16")
+
+    def _to_device(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        images = batch["image"].to(self.device, non_blocking=True)
+        missing = [k for k in self._target_names if k not in batch]
+        if missing:
+            raise KeyError(f"the {self.config.task} dataset items lack {missing} (arguments of the task loss)")
+        targets = {k: batch[k].to(self.device, non_blocking=True) for k in self._target_names}
+        return images, targets
+
+    def _loss(
+        self, images: Tensor, targets: dict[str, Tensor], rows: int | None = None
+    ) -> tuple[dict[str, Tensor], tuple[Tensor, ...]]:
+        """Loss terms and model outputs, keeping only the first ``rows`` samples when given (padded batches)."""
+        with self._autocast():
+            outputs = self.module(images)
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            if rows is not None:
+                outputs = tuple(o[:rows] for o in outputs)
+                targets = {k: v[:rows] for k, v in targets.items()}
+            return self.criterion(*outputs, **targets), outputs
+
+    def train_step(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """One optimiser step on this process's part of the global batch; returns detached loss terms plus
+        ``grad_norm`` (the global L2 norm before clipping)."""
+        images, targets = self._to_device(batch)
+        terms, _ = self._loss(images, targets)
+        terms["loss"].backward()
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        if self.config.grad_clip is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.grad_clip)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2 returns a replicated DTensor
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        self.schedule.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        values = {k: v.detach() for k, v in terms.items()}
+        values["grad_norm"] = grad_norm.detach()
+        return values
+
+    def _loader(self, dataset: Any, batch_sampler: Any) -> torch.utils.data.DataLoader:
+        # A private generator: creating loader iterators must not consume the global torch RNG (exact resume).
+        return torch.utils.data.DataLoader(
+            dataset,
+            batch_sampler=batch_sampler,
+            num_workers=self.config.data.num_workers,
+            pin_memory=self.device.type == "cuda",
+            generator=torch.Generator().manual_seed(self.config.seed),
+        )
+
+    def _flush(self, records: list[tuple[int, int, float, dict[str, Tensor]]], seconds: float, bar: Any) -> None:
+        """Average the buffered steps over processes and write them (one host sync per flush)."""
+        if not records:
+            return
+        names = list(records[0][3])
+        table = torch.stack([torch.stack([r[3][n].double() for n in names]) for r in records])  # (S, T)
+        table = dist_utils.mean_across_processes(table, self.context).tolist()
+        rows = [
+            {"step": step, "epoch": epoch, "lr": lr, **dict(zip(names, values, strict=True))}
+            for (step, epoch, lr, _), values in zip(records, table, strict=True)
+        ]
+        self.recorder.write("metrics.csv", rows)
+        last = rows[-1]
+        throughput = len(records) * self.config.data.batch_size / max(seconds, 1e-9)
+        if bar is not None:
+            bar.set_postfix(loss=f"{last['loss']:.4f}", lr=f"{last['lr']:.2e}", img_s=f"{throughput:.1f}")
+        self._info(
+            "step %d/%d  loss %.4f  lr %.3e  grad_norm %.3f  %.1f img/s",
+            last["step"],
+            self.total_steps,
+            last["loss"],
+            last["lr"],
+            last["grad_norm"],
+            throughput,
+        )
+        self.last_loss = last["loss"]
+
+    def fit(self) -> dict[str, Any]:
+        """Train to ``total_steps``, evaluating and checkpointing on schedule; export ``model.safetensors``.
+
+        Returns:
+            ``run_dir``, ``steps``, ``loss`` (the last step's), ``eval`` (the last evaluation), ``checkpoint`` and
+            ``model`` (paths).
+        """
+        from tqdm.auto import tqdm
+
+        config = self.config
+        self.model.train()
+        self.last_loss = float("nan")
+        show = self.context.is_main and config.progress_bar
+        bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True, disable=not show)
+        self._info(
+            "training %s for %d steps (%d per epoch), global batch %d on %d process(es), %s",
+            config.task,
+            self.total_steps,
+            self.sampler.batches_per_epoch,
+            config.data.batch_size,
+            self.context.world_size,
+            self.device,
+        )
+        records: list[tuple[int, int, float, dict[str, Tensor]]] = []
+        started = time.perf_counter()
+        checkpoint = None
+        evaluated_at = -1
+        try:
+            while self.step < self.total_steps:
+                if hasattr(self.train_dataset, "set_epoch"):
+                    self.train_dataset.set_epoch(self.epoch)
+                self.sampler.set_epoch(self.epoch, self.batch_in_epoch)
+                for batch in self._loader(self.train_dataset, self.sampler):
+                    lr = self.schedule.get_last_lr()[-1]
+                    values = self.train_step(batch)
+                    self.step += 1
+                    self.batch_in_epoch += 1
+                    records.append((self.step, self.epoch, lr, values))
+                    bar.update(1)
+                    save_now = config.checkpoint_every and self.step % config.checkpoint_every == 0
+                    if self.step % config.log_every == 0 or save_now or self.step == self.total_steps:
+                        self._flush(records, time.perf_counter() - started, bar)
+                        records, started = [], time.perf_counter()
+                    if save_now:
+                        checkpoint = self.save_checkpoint()
+                    if self.val_dataset is not None and self.step % config.eval_every == 0:
+                        self.evaluate()
+                        evaluated_at = self.step
+                    if self.step >= self.total_steps:
+                        break
+                if self.batch_in_epoch >= self.sampler.batches_per_epoch:
+                    self.epoch += 1
+                    self.batch_in_epoch = 0
+            if self.val_dataset is not None and evaluated_at != self.step:
+                self.evaluate()
+            if checkpoint is None or not checkpoint.name.endswith(f"{self.step:08d}.pt"):
+                checkpoint = self.save_checkpoint()
+            model_path = self.run_dir / "model.safetensors"
+            if self.context.is_main:
+                export_model(checkpoint, model_path)
+                self._info("exported %s", model_path)
+        finally:
+            bar.close()
+            self.close()
+        return {
+            "run_dir": self.run_dir,
+            "steps": self.step,
+            "loss": self.last_loss,
+            "eval": dict(self.last_eval),
+            "checkpoint": checkpoint,
+            "model": model_path,
+        }
+
+    def close(self) -> None:
+        """Close the log files and leave the process group (if this trainer joined it)."""
+        self.recorder.close()
+        if self._log_handler is not None:
+            logging.getLogger("sapiens2").removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
+        dist_utils.teardown(self.context)
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+
+    def _new_metric(self) -> Any:
+        from ..eval import metrics
+
+        task = self.config.task
+        if task == "seg":
+            return metrics.SegMetrics(num_classes=self.model.decode_head.conv_seg.out_channels)
+        if task == "normal":
+            return metrics.NormalMetrics()
+        if task == "pointmap":
+            return metrics.PointmapMetrics()
+        if task == "albedo":
+            return metrics.AlbedoMetrics()
+        return None  # pose: the val loss and PCK (acc_pose); OKS AP needs image-space boxes (sapiens2 eval)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Validation loss terms (sample-weighted means) and the task's pooled metrics, prefixed ``val/``.
+
+        Every process runs the same number of batches (FSDP2 collectives); statistics are combined over all.
+        """
+        task = self.config.task
+        metric = self._new_metric()
+        batches = dist_utils.shard_evenly(len(self.val_dataset), self.config.data.val_batch_size, self.context)
+        loader = self._loader(self.val_dataset, [indices for indices, _ in batches])
+        sums: dict[str, Tensor] = {}
+        count = 0
+        self.module.eval()
+        for (_, rows), batch in zip(batches, loader, strict=True):
+            images, targets = self._to_device(batch)
+            terms, outputs = self._loss(images, targets, rows)
+            if rows == 0:
+                continue
+            count += rows
+            for name, value in terms.items():
+                sums[name] = sums.get(name, 0) + value.detach().double() * rows
+            if metric is not None:
+                pred = outputs[0].float()
+                if task == "seg":
+                    metric.update(pred, targets["labels"][:rows])
+                else:
+                    metric.update(pred, targets[_EVAL_TARGETS[task]][:rows], targets["mask"][:rows])
+        self.module.train()
+        names = sorted(sums) if sums else []
+        totals = torch.tensor([count], dtype=torch.float64, device=self.device)
+        if names:
+            totals = torch.cat([totals, torch.stack([sums[n] for n in names]).to(self.device)])
+        totals = dist_utils.mean_across_processes(totals, self.context) * self.context.world_size
+        results = {f"val/{n}": float(totals[i + 1] / totals[0]) for i, n in enumerate(names)}
+        if metric is not None:
+            states = dist_utils.all_gather_objects(_metric_state(metric), self.context)
+            if self.context.is_main:
+                _merge_metric_states(metric, states)
+                results |= {f"val/{k}": float(v) for k, v in metric.compute().items()}
+            results = dist_utils.all_gather_objects(results, self.context)[0]
+        self.last_eval = results
+        self.recorder.write("eval.csv", [{"step": self.step, **results}])
+        self._info("eval at step %d: %s", self.step, ", ".join(f"{k} {v:.4f}" for k, v in results.items()))
+        return results
+
+    # ----------------------------------------------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoints/step_<N>.pt`` atomically (every process must call it; rank 0 writes)."""
+        from ..data.io import atomic_write
+
+        model_state, optimizer_state = dist_utils.full_state_dicts(self.module, self.optimizer, self.context)
+        rng = dist_utils.all_gather_objects(dist_utils.get_rng_states(), self.context)
+        epoch, batch = self.epoch, self.batch_in_epoch
+        if batch >= self.sampler.batches_per_epoch:
+            epoch, batch = epoch + 1, 0
+        path = self.run_dir / "checkpoints" / f"step_{self.step:08d}.pt"
+        if self.context.is_main:
+            import yaml
+
+            from .config import config_to_dict
+
+            state = {
+                "format": CHECKPOINT_FORMAT,
+                "task": self.config.task,
+                "step": self.step,
+                "epoch": epoch,
+                "batch_in_epoch": batch,
+                "world_size": self.context.world_size,
+                "model": model_state,
+                "optimizer": optimizer_state,
+                "schedule": self.schedule.state_dict(),
+                "rng": rng,
+                "config": yaml.safe_dump(config_to_dict(self.config), sort_keys=False),
+            }
+            atomic_write(path, lambda temporary: torch.save(state, temporary))
+            if self.config.keep_checkpoints:
+                for old in find_checkpoints(self.run_dir)[: -self.config.keep_checkpoints]:
+                    old.unlink()
+            self._info("saved %s", path)
+        dist_utils.barrier(self.context)
+        return path
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        """Restore model, optimiser, schedule, RNG states, step and data position from a checkpoint."""
+        checkpoint = read_checkpoint(path)
+        if checkpoint["task"] != self.config.task:
+            raise ValueError(f"{path} is a {checkpoint['task']} checkpoint, the config trains {self.config.task}")
+        import yaml
+
+        saved = config_from_dict(yaml.safe_load(checkpoint["config"]))
+        if saved != self.config:
+            self._info("resuming with a config that differs from the checkpoint's; the run may not reproduce")
+        dist_utils.load_full_state_dicts(self.module, self.optimizer, checkpoint["model"], checkpoint["optimizer"])
+        self.schedule.load_state_dict(checkpoint["schedule"])
+        self.step = int(checkpoint["step"])
+        self.epoch = int(checkpoint["epoch"])
+        self.batch_in_epoch = int(checkpoint["batch_in_epoch"])
+        rng = checkpoint["rng"]
+        if checkpoint["world_size"] == self.context.world_size:
+            dist_utils.set_rng_states(rng[self.context.rank])
+        else:
+            self._info("checkpoint from %d processes, now %d: reseeding RNGs", checkpoint["world_size"], len(rng))
+            dist_utils.seed_everything(self.config.seed + self.context.rank + self.step)
+        self._info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_in_epoch)
+
+
+def _metric_state(metric: Any) -> dict[str, Any]:
+    """A metric's accumulators, on the CPU, for gathering on the main process."""
+    return {k: v.cpu() if isinstance(v, Tensor) else v for k, v in vars(metric).items()}
+
+
+def _merge_metric_states(metric: Any, states: list[dict[str, Any]]) -> None:
+    """Pool gathered accumulators: tensors (counts and sums) add up; other values come from the first process
+    that has one (``eval.metrics`` keeps only additive tensor statistics)."""
+    for name in states[0]:
+        values = [state[name] for state in states if state[name] is not None]
+        if not values:
+            continue
+        if isinstance(values[0], Tensor):
+            total = values[0].clone()
+            for value in values[1:]:
+                total += value
+            setattr(metric, name, total)
+        else:
+            setattr(metric, name, values[0])
+
+
+def fit(
+    config: TrainConfig,
+    *,
+    resume: bool | str | os.PathLike = False,
+    train_dataset: torch.utils.data.Dataset | None = None,
+    val_dataset: torch.utils.data.Dataset | None = None,
+) -> dict[str, Any]:
+    """Run a whole training (see ``Trainer``); returns its summary dict.
+
+    Example:
+        >>> summary = fit(load_config("seg.yaml", ["data.root=/data/seg"]))
+        >>> model = sapiens2.load_model("seg", summary["model"])
+    """
+    trainer = Trainer(config, resume=resume, train_dataset=train_dataset, val_dataset=val_dataset)
+    return trainer.fit()
+
+
+def export_model(source: str | os.PathLike, out_path: str | os.PathLike) -> Path:
+    """Write a training checkpoint's model as an official-layout ``.safetensors`` (``backbone.*``/``decode_head.*``,
+    float32), which ``sapiens2.load_model(task, out_path)`` loads.
+
+    Args:
+        source: a run folder (its newest checkpoint) or a checkpoint file.
+        out_path: the ``.safetensors`` file to write (atomically).
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``source``.
+    """
+    from safetensors.torch import save_file
+
+    from ..data.io import atomic_write
+
+    source = Path(source)
+    path = latest_checkpoint(source) if source.is_dir() else source
+    if path is None:
+        raise FileNotFoundError(f"no training checkpoint in {source / 'checkpoints'}")
+    checkpoint = read_checkpoint(path)
+    tensors = {
+        name: (value.float() if value.is_floating_point() else value).contiguous()
+        for name, value in checkpoint["model"].items()
+    }
+    metadata = {"format": "pt", "task": checkpoint["task"], "step": str(checkpoint["step"])}
+    return atomic_write(out_path, lambda temporary: save_file(tensors, str(temporary), metadata=metadata))
