@@ -280,7 +280,7 @@ def test_sigkilled_cli_run_resumes_to_the_uninterrupted_losses(demo_root, tmp_pa
 
 def test_metric_states_from_two_processes_pool_like_one():
     from sapiens2.eval.metrics import NormalMetrics, SegMetrics
-    from sapiens2.train.trainer import _merge_metric_states, _metric_state
+    from sapiens2.train.distributed import merge_metric_states, metric_state
 
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 29, 8, 6, generator=generator)
@@ -293,7 +293,7 @@ def test_metric_states_from_two_processes_pool_like_one():
         first.update(*(a[:1] for a in arguments))
         second.update(*(a[1:] for a in arguments))
         merged = make()
-        _merge_metric_states(merged, [_metric_state(first), _metric_state(second)])
+        merge_metric_states(merged, [metric_state(first), metric_state(second)])
         assert merged.compute() == pytest.approx(whole.compute(), rel=1e-12)
 
 

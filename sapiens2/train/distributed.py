@@ -1,5 +1,5 @@
-"""One process or many under ``torchrun``: process-group setup, seeding, DDP / FSDP2 wrapping, a resumable
-distributed batch sampler and full (unsharded) state dicts for checkpoints.
+"""One process or many under ``torchrun``: process-group setup, seeding, DDP / FSDP2 wrapping, full (unsharded)
+state dicts for checkpoints, metric pooling, main-process-only writing and a resumable distributed batch sampler.
 
 Run ``torchrun --nproc-per-node N -m sapiens2 train cfg.yaml``: ``setup`` reads ``RANK``, ``LOCAL_RANK`` and
 ``WORLD_SIZE``, and joins a ``gloo`` (CPU) or ``nccl`` (CUDA) group. Without those variables everything runs in
@@ -8,29 +8,35 @@ this one process and the collective helpers are no-ops.
 
 from __future__ import annotations
 
+import csv
 import logging
 import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "Context",
     "ResumableBatchSampler",
+    "RunRecorder",
     "all_gather_objects",
     "barrier",
     "full_state_dicts",
     "get_rng_states",
     "load_full_state_dicts",
     "mean_across_processes",
+    "merge_metric_states",
+    "metric_state",
+    "pool_metric",
     "seed_everything",
     "set_rng_states",
     "setup",
@@ -254,6 +260,110 @@ def all_gather_objects(value: Any, context: Context) -> list[Any]:
     gathered: list[Any] = [None] * context.world_size
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+def metric_state(metric: Any) -> dict[str, Any]:
+    """A metric's accumulators, on the CPU, for gathering on the main process."""
+    return {k: v.cpu() if isinstance(v, Tensor) else v for k, v in vars(metric).items()}
+
+
+def merge_metric_states(metric: Any, states: list[dict[str, Any]]) -> None:
+    """Pool gathered accumulators: tensors (counts and sums) add up; other values come from the first process
+    that has one (``eval.metrics`` keeps only additive tensor statistics)."""
+    for name in states[0]:
+        values = [state[name] for state in states if state[name] is not None]
+        if not values:
+            continue
+        if isinstance(values[0], Tensor):
+            total = values[0].clone()
+            for value in values[1:]:
+                total += value
+            setattr(metric, name, total)
+        else:
+            setattr(metric, name, values[0])
+
+
+def pool_metric(metric: Any, context: Context) -> bool:
+    """Pool an ``eval.metrics`` accumulator over all processes into the main process's copy.
+
+    Returns:
+        True on the main process (whose ``metric`` now holds every process's statistics), False elsewhere.
+    """
+    if not context.is_distributed:
+        return True
+    states = all_gather_objects(metric_state(metric), context)
+    if context.is_main:
+        merge_metric_states(metric, states)
+    return context.is_main
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Main-process writing
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RunRecorder:
+    """Main-process writer of the run's ``metrics.csv`` / ``eval.csv`` and TensorBoard scalars; a no-op elsewhere.
+
+    Args:
+        run_dir: the run folder.
+        enabled: True on the main process only.
+        resume_step: when resuming, rows after this step (written by the killed run) are dropped first, and
+            TensorBoard purges its later events.
+    """
+
+    def __init__(self, run_dir: Path, enabled: bool, resume_step: int | None) -> None:
+        self.run_dir = run_dir
+        self.enabled = enabled
+        self.tensorboard = None
+        if not enabled:
+            return
+        if resume_step is not None:
+            for name in ("metrics.csv", "eval.csv"):
+                self._truncate(run_dir / name, resume_step)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            logger.info("tensorboard is not installed: no TensorBoard logs (pip install tensorboard)")
+            return
+        purge = None if resume_step is None else resume_step + 1
+        self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
+
+    @staticmethod
+    def _truncate(path: Path, step: int) -> None:
+        """Drop rows written after ``step`` by a run that was killed after its last checkpoint."""
+        if not path.is_file():
+            return
+        with open(path, newline="") as handle:
+            rows = list(csv.reader(handle))
+        kept = rows[:1] + [row for row in rows[1:] if row and int(row[0]) <= step]
+        with open(path, "w", newline="") as handle:
+            csv.writer(handle).writerows(kept)
+
+    def write(self, name: str, rows: list[dict[str, Any]]) -> None:
+        if not self.enabled or not rows:
+            return
+        path = self.run_dir / name
+        fields = list(rows[0])
+        if path.is_file() and path.stat().st_size:
+            with open(path, newline="") as handle:
+                fields = next(csv.reader(handle))
+        with open(path, "a", newline="") as handle:
+            writer = csv.DictWriter(handle, fields, extrasaction="ignore")
+            if handle.tell() == 0:
+                writer.writeheader()
+            # repr() keeps every bit of the values, so runs can be compared exactly.
+            writer.writerows({k: repr(v) if isinstance(v, float) else v for k, v in row.items()} for row in rows)
+        if self.tensorboard is not None:
+            prefix = "train/" if name == "metrics.csv" else ""
+            for row in rows:
+                for key, value in row.items():
+                    if key not in ("step", "epoch") and isinstance(value, float):
+                        self.tensorboard.add_scalar(prefix + key, value, row["step"])
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

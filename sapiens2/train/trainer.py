@@ -8,7 +8,6 @@ Run folder (``config.output_dir``): ``config.yaml`` (resolved), ``train.log``, `
 
 from __future__ import annotations
 
-import csv
 import inspect
 import logging
 import os
@@ -71,63 +70,6 @@ def enable_activation_checkpointing(blocks: nn.ModuleList) -> None:
         block.forward = checkpointed
 
 
-class _Recorder:
-    """Main-process writer of ``metrics.csv`` / ``eval.csv`` and TensorBoard scalars; a no-op elsewhere."""
-
-    def __init__(self, run_dir: Path, enabled: bool, resume_step: int | None) -> None:
-        self.run_dir = run_dir
-        self.enabled = enabled
-        self.tensorboard = None
-        if not enabled:
-            return
-        if resume_step is not None:
-            for name in ("metrics.csv", "eval.csv"):
-                self._truncate(run_dir / name, resume_step)
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            logger.info("tensorboard is not installed: no TensorBoard logs (pip install tensorboard)")
-            return
-        purge = None if resume_step is None else resume_step + 1
-        self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
-
-    @staticmethod
-    def _truncate(path: Path, step: int) -> None:
-        """Drop rows written after ``step`` by a run that was killed after its last checkpoint."""
-        if not path.is_file():
-            return
-        with open(path, newline="") as handle:
-            rows = list(csv.reader(handle))
-        kept = rows[:1] + [row for row in rows[1:] if row and int(row[0]) <= step]
-        with open(path, "w", newline="") as handle:
-            csv.writer(handle).writerows(kept)
-
-    def write(self, name: str, rows: list[dict[str, Any]]) -> None:
-        if not self.enabled or not rows:
-            return
-        path = self.run_dir / name
-        fields = list(rows[0])
-        if path.is_file() and path.stat().st_size:
-            with open(path, newline="") as handle:
-                fields = next(csv.reader(handle))
-        with open(path, "a", newline="") as handle:
-            writer = csv.DictWriter(handle, fields, extrasaction="ignore")
-            if handle.tell() == 0:
-                writer.writeheader()
-            # repr() keeps every bit of the values, so runs can be compared exactly.
-            writer.writerows({k: repr(v) if isinstance(v, float) else v for k, v in row.items()} for row in rows)
-        if self.tensorboard is not None:
-            prefix = "train/" if name == "metrics.csv" else ""
-            for row in rows:
-                for key, value in row.items():
-                    if key not in ("step", "epoch") and isinstance(value, float):
-                        self.tensorboard.add_scalar(prefix + key, value, row["step"])
-
-    def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-
-
 class Trainer:
     """Everything of one training run, built from a ``TrainConfig``.
 
@@ -155,8 +97,19 @@ class Trainer:
         self.run_dir = config.run_dir
         self.context = dist_utils.setup(config.device)
         self.device = self.context.device
+        self._log_handler: logging.Handler | None = None
+        self.recorder: dist_utils.RunRecorder | None = None
+        try:
+            self._build(resume, train_dataset, val_dataset)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, resume: bool | str | os.PathLike, train_dataset: Any, val_dataset: Any) -> None:
+        config = self.config
         checkpoint_path = self._checkpoint_to_resume(resume)
-        self._log_handler = None
+        # On resume the weights come from the checkpoint (its shapes also give arch and head); init_from is not read.
+        checkpoint = read_checkpoint(checkpoint_path) if checkpoint_path is not None else None
         if self.context.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(config, self.run_dir / "config.yaml")
@@ -176,7 +129,7 @@ class Trainer:
 
         # The same seed on every process, so every process builds identical initial weights.
         dist_utils.seed_everything(config.seed)
-        self.model = self._build_model().to(self.device)
+        self.model = self._build_model(checkpoint["model"] if checkpoint else None).to(self.device)
         if config.model.activation_checkpointing:
             enable_activation_checkpointing(self.model.backbone.blocks)
         if config.model.compile:
@@ -215,11 +168,9 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         # Each process its own stream for anything random in the step (dropout-like layers), as seed + rank.
         dist_utils.seed_everything(config.seed + self.context.rank)
-        if checkpoint_path is not None:
-            self.load_checkpoint(checkpoint_path)
-        self.recorder = _Recorder(
-            self.run_dir, self.context.is_main, self.step if checkpoint_path is not None else None
-        )
+        if checkpoint is not None:
+            self.load_checkpoint(checkpoint_path, checkpoint)
+        self.recorder = dist_utils.RunRecorder(self.run_dir, self.context.is_main, self.step if checkpoint else None)
 
     # ------------------------------------------------------------------------------------------------- building
 
@@ -260,22 +211,27 @@ class Trainer:
             val = None
         return train, val
 
-    def _init_state(self) -> tuple[Path, dict[str, Tensor]] | None:
-        if self.config.model.init_from is None:
-            return None
-        from ..checkpoints import read_state_dict, resolve_checkpoint
-
-        path = resolve_checkpoint(self.config.model.init_from, "pretrain")
-        return path, read_state_dict(path)
-
-    def _build_model(self) -> nn.Module:
-        from ..checkpoints import check_keys, convert_dtypes, describe_arch, infer_arch
+    def _build_model(self, resume_state: dict[str, Tensor] | None) -> nn.Module:
+        """The task model: random, or initialised from ``model.init_from``; shaped like ``resume_state`` if given."""
+        from ..checkpoints import (
+            check_keys,
+            convert_dtypes,
+            describe_arch,
+            infer_arch,
+            read_state_dict,
+            resolve_checkpoint,
+        )
         from ..models.heads import infer_head_config
         from ..models.task_model import build_model, detect_task
 
         config, model_config = self.config, self.config.model
         head, arch = dict(model_config.head), model_config.arch
-        init = self._init_state()
+        init = None
+        if resume_state is not None:
+            init = ("the checkpoint", resume_state)
+        elif model_config.init_from is not None:
+            path = resolve_checkpoint(model_config.init_from, "pretrain")
+            init = (path, read_state_dict(path))
         backbone_state: dict[str, Tensor] = {}
         head_state: dict[str, Tensor] = {}
         if init is not None:
@@ -301,7 +257,7 @@ class Trainer:
             frozen_stages=model_config.frozen_stages,
             **head,
         )
-        if init is None:
+        if init is None or resume_state is not None:
             return model
         suggested = describe_arch(infer_arch(backbone_state))
         try:
@@ -486,7 +442,8 @@ class Trainer:
 
     def close(self) -> None:
         """Close the log files and leave the process group (if this trainer joined it)."""
-        self.recorder.close()
+        if self.recorder is not None:
+            self.recorder.close()
         if self._log_handler is not None:
             logging.getLogger("sapiens2").removeHandler(self._log_handler)
             self._log_handler.close()
@@ -544,9 +501,7 @@ class Trainer:
         totals = dist_utils.mean_across_processes(totals, self.context) * self.context.world_size
         results = {f"val/{n}": float(totals[i + 1] / totals[0]) for i, n in enumerate(names)}
         if metric is not None:
-            states = dist_utils.all_gather_objects(_metric_state(metric), self.context)
-            if self.context.is_main:
-                _merge_metric_states(metric, states)
+            if dist_utils.pool_metric(metric, self.context):
                 results |= {f"val/{k}": float(v) for k, v in metric.compute().items()}
             results = dist_utils.all_gather_objects(results, self.context)[0]
         self.last_eval = results
@@ -592,9 +547,10 @@ class Trainer:
         dist_utils.barrier(self.context)
         return path
 
-    def load_checkpoint(self, path: str | os.PathLike) -> None:
-        """Restore model, optimiser, schedule, RNG states, step and data position from a checkpoint."""
-        checkpoint = read_checkpoint(path)
+    def load_checkpoint(self, path: str | os.PathLike, checkpoint: dict[str, Any] | None = None) -> None:
+        """Restore model, optimiser, schedule, RNG states, step and data position from a checkpoint (``checkpoint``:
+        its content, when already read)."""
+        checkpoint = read_checkpoint(path) if checkpoint is None else checkpoint
         if checkpoint["task"] != self.config.task:
             raise ValueError(f"{path} is a {checkpoint['task']} checkpoint, the config trains {self.config.task}")
         import yaml
@@ -614,27 +570,6 @@ class Trainer:
             self._info("checkpoint from %d processes, now %d: reseeding RNGs", checkpoint["world_size"], len(rng))
             dist_utils.seed_everything(self.config.seed + self.context.rank + self.step)
         self._info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_in_epoch)
-
-
-def _metric_state(metric: Any) -> dict[str, Any]:
-    """A metric's accumulators, on the CPU, for gathering on the main process."""
-    return {k: v.cpu() if isinstance(v, Tensor) else v for k, v in vars(metric).items()}
-
-
-def _merge_metric_states(metric: Any, states: list[dict[str, Any]]) -> None:
-    """Pool gathered accumulators: tensors (counts and sums) add up; other values come from the first process
-    that has one (``eval.metrics`` keeps only additive tensor statistics)."""
-    for name in states[0]:
-        values = [state[name] for state in states if state[name] is not None]
-        if not values:
-            continue
-        if isinstance(values[0], Tensor):
-            total = values[0].clone()
-            for value in values[1:]:
-                total += value
-            setattr(metric, name, total)
-        else:
-            setattr(metric, name, values[0])
 
 
 def fit(
