@@ -73,7 +73,8 @@ class DataConfig:
     Attributes:
         root: dataset folder (required).
         split: training split name.
-        val_split: validation split name; None: no evaluation.
+        val_split: validation split name (``root/<val_split>.txt``); None: no evaluation. Without that list file
+            the dataset uses every image, i.e. the training images.
         input_size: network input (H, W) in pixels, multiples of 16.
         augment: training augmentation on/off (validation never augments).
         options: extra keyword options for ``build_dataset`` (task specific).
@@ -85,7 +86,7 @@ class DataConfig:
 
     root: str = ""
     split: str = "train"
-    val_split: str | None = "val"
+    val_split: str | None = None
     input_size: tuple[int, int] = (1024, 768)
     augment: bool = True
     options: dict[str, Any] = field(default_factory=dict)

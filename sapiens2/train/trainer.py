@@ -203,10 +203,7 @@ class Trainer:
             if train is None:
                 train = build_dataset(config.task, data.root, split=data.split, augment=data.augment, **common)
             if val is None and data.val_split and config.eval_every:
-                try:
-                    val = build_dataset(config.task, data.root, split=data.val_split, augment=False, **common)
-                except FileNotFoundError as error:
-                    self._info("no validation data (%s): evaluation is off", error)
+                val = build_dataset(config.task, data.root, split=data.val_split, augment=False, **common)
         if val is not None and not config.eval_every:
             val = None
         return train, val
