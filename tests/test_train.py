@@ -176,11 +176,34 @@ def test_exported_model_loads_with_load_model_and_gives_the_same_outputs(task, d
         assert torch.equal(a, b)
 
 
-def test_fresh_run_refuses_a_folder_with_checkpoints_and_resume_needs_one(demo_root, tmp_path):
+def test_bf16_autocast_with_frozen_stages_trains_only_the_unfrozen_part(demo_root, tmp_path):
+    config = tiny_config(
+        "seg", demo_root("seg"), tmp_path / "run", steps=3, precision="bf16", model={"frozen_stages": 1}
+    )
+    trainer = Trainer(config)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.fit()
+    after = trainer.model.state_dict()
+    frozen = ("backbone.patch_embed.", "backbone.cls_token", "backbone.storage_tokens", "backbone.blocks.0.")
+    assert all(torch.equal(before[k], after[k]) for k in before if k.startswith(frozen))
+    assert not torch.equal(before["backbone.blocks.1.attn.wq.weight"], after["backbone.blocks.1.attn.wq.weight"])
+    assert all(torch.isfinite(torch.tensor(losses(tmp_path / "run"))))
+
+
+def test_epochs_set_the_step_count_and_the_epoch_column(demo_root, tmp_path):
+    config = tiny_config("albedo", demo_root("albedo"), tmp_path / "run", steps=None, epochs=2)
+    assert fit(config)["steps"] == 4  # 4 images, global batch 2
+    assert [row["epoch"] for row in read_rows(tmp_path / "run" / "metrics.csv")] == ["0", "0", "1", "1"]
+
+
+def test_fresh_run_starts_new_logs_refuses_old_checkpoints_and_resume_needs_one(demo_root, tmp_path):
     config = tiny_config("seg", demo_root("seg"), tmp_path / "run", steps=2)
     with pytest.raises(FileNotFoundError, match="nothing to resume"):
         Trainer(config, resume=True)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.csv").write_text("step,other\n99,1.0\n")  # left by a run that never checkpointed
     fit(config)
+    assert [row["step"] for row in read_rows(tmp_path / "run" / "metrics.csv")] == ["1", "2"]
     with pytest.raises(FileExistsError, match="--resume"):
         Trainer(config)
 

@@ -309,7 +309,7 @@ class RunRecorder:
         run_dir: the run folder.
         enabled: True on the main process only.
         resume_step: when resuming, rows after this step (written by the killed run) are dropped first, and
-            TensorBoard purges its later events.
+            TensorBoard purges its later events; None (a fresh run): earlier rows and events are all dropped.
     """
 
     def __init__(self, run_dir: Path, enabled: bool, resume_step: int | None) -> None:
@@ -318,21 +318,24 @@ class RunRecorder:
         self.tensorboard = None
         if not enabled:
             return
-        if resume_step is not None:
-            for name in ("metrics.csv", "eval.csv"):
-                self._truncate(run_dir / name, resume_step)
+        # A fresh run (no checkpoint to resume) starts its logs from scratch; a resumed one drops what came after.
+        for name in ("metrics.csv", "eval.csv"):
+            self._truncate(run_dir / name, -1 if resume_step is None else resume_step)
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             logger.info("tensorboard is not installed: no TensorBoard logs (pip install tensorboard)")
             return
-        purge = None if resume_step is None else resume_step + 1
+        purge = 0 if resume_step is None else resume_step + 1
         self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
 
     @staticmethod
     def _truncate(path: Path, step: int) -> None:
-        """Drop rows written after ``step`` by a run that was killed after its last checkpoint."""
+        """Drop rows written after ``step`` by a run that was killed after its last checkpoint (all: step < 0)."""
         if not path.is_file():
+            return
+        if step < 0:
+            path.unlink()
             return
         with open(path, newline="") as handle:
             rows = list(csv.reader(handle))
