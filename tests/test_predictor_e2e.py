@@ -121,3 +121,25 @@ def test_batching_moves_dense_outputs_only_within_the_loose_tolerance(task):
         key = f"{name}__{task}"
         got = result.normals if task == "normal" else result.points
         assert np.abs(got - expected[key].numpy()).max() <= case["tolerance"]["suggested"][key]["loose"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("task", DENSE)
+def test_cuda_predictor_matches_official_within_loose_tolerance_and_bf16_runs(task):
+    case, predictor, images, expected = case_predictor(task)
+    gpu = Predictor(task, model=predictor.model, device="cuda", input_size=predictor.input_size)
+    half = Predictor(task, model=predictor.model, device="cuda", dtype="bf16", input_size=predictor.input_size)
+    for name, image in images.items():
+        result, fast = gpu(image), half(image)
+        if task == "seg":
+            assert (result.labels != expected[f"{name}__labels"].numpy()).mean() <= 0.05
+            assert fast.labels.shape == result.labels.shape
+        elif task in ("normal", "pointmap"):
+            key = f"{name}__{task}"
+            got = result.normals if task == "normal" else result.points
+            assert np.abs(got - expected[key].numpy()).max() <= 10 * case["tolerance"]["suggested"][key]["loose"]
+            fast_got = fast.normals if task == "normal" else fast.points
+            assert np.isfinite(fast_got).all() and fast_got.shape == got.shape
+        else:
+            want = expected[f"{name}__albedo_u8"].numpy().astype(int)
+            assert np.abs(result.albedo.astype(int) - want).max() <= 2
