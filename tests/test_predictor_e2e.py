@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import cv2
 import numpy as np
 import pytest
@@ -127,8 +129,11 @@ def test_batching_moves_dense_outputs_only_within_the_loose_tolerance(task):
 @pytest.mark.parametrize("task", DENSE)
 def test_cuda_predictor_matches_official_within_loose_tolerance_and_bf16_runs(task):
     case, predictor, images, expected = case_predictor(task)
-    gpu = Predictor(task, model=predictor.model, device="cuda", input_size=predictor.input_size)
-    half = Predictor(task, model=predictor.model, device="cuda", dtype="bf16", input_size=predictor.input_size)
+    # A Predictor moves and casts the module it is given in place: give each its own copy.
+    gpu = Predictor(task, model=copy.deepcopy(predictor.model), device="cuda", input_size=predictor.input_size)
+    half = Predictor(
+        task, model=copy.deepcopy(predictor.model), device="cuda", dtype="bf16", input_size=predictor.input_size
+    )
     for name, image in images.items():
         result, fast = gpu(image), half(image)
         if task == "seg":

@@ -79,7 +79,8 @@ class Predictor:
     Args:
         task: ``seg, normal, pointmap, albedo, matting`` or ``pose``.
         model: a size (``"1b"``: the released weights of that size, downloaded once), a Hugging Face repo id, a
-            local file or folder, or an ``nn.Module`` returning the raw head output.
+            local file or folder, or an ``nn.Module`` returning the raw head output (moved to ``device`` and cast
+            to ``dtype`` in place, as ``Module.to`` does).
         device: ``"cuda"``/``"cpu"``/a torch device; default CUDA when available.
         dtype: ``"fp32"`` (default, the official numerics), or ``"bf16"``/``"fp16"`` (on GPU) for speed.
         input_size: network input (H, W); the released models use (1024, 768).
