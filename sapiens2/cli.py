@@ -58,14 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser("info", help="list the model zoo: sizes, parameters, FLOPs, repos, tasks")
     info.set_defaults(func=_cmd_info)
     from .predict.run import add_predict_parser
+    from .train.cli import add_train_parser
 
     add_predict_parser(commands)
-    try:
-        from .train.cli import add_train_parser
-    except ImportError:  # the training package is optional at import time
-        pass
-    else:
-        add_train_parser(commands)
+    add_train_parser(commands)
     return parser
 
 
