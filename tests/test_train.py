@@ -177,6 +177,14 @@ def test_exported_model_loads_with_load_model_and_gives_the_same_outputs(task, d
     got = got if isinstance(got, tuple) else (got,)
     for a, b in zip(expected, got, strict=True):
         assert torch.equal(a, b)
+    # ... and the exported file drives the Predictor on a real photo, results at the photo's size.
+    from conftest import DATA
+
+    from sapiens2 import Predictor
+
+    result = Predictor(task, model=out, device="cpu", input_size=(64, 48))(DATA / "camera.png")
+    array = result.labels if task == "seg" else result.points
+    assert array.shape[:2] == (512, 512)
 
 
 def test_bf16_autocast_with_frozen_stages_trains_only_the_unfrozen_part(demo_root, tmp_path):
