@@ -133,8 +133,16 @@ def test_postprocess_rejects_outputs_that_do_not_fit_the_meta() -> None:
         normal.postprocess(torch.zeros(2, 4, 32, 24), meta)
     with pytest.raises(ValueError, match="holds 1 images"):
         normal.postprocess(torch.zeros(1, 3, 32, 24), meta)
-    with pytest.raises(ValueError, match="preprocessed to"):
-        normal.postprocess(torch.zeros(2, 3, 16, 12), meta)
+    with pytest.raises(ValueError, match="larger than the network input"):
+        normal.postprocess(torch.zeros(2, 3, 64, 48), meta)
+
+
+def test_lower_resolution_head_outputs_are_upsampled_to_the_network_input_first() -> None:
+    meta = _two_image_meta(normal)
+    small = torch.randn(2, 3, 16, 12)
+    upsampled = torch.nn.functional.interpolate(small, size=(32, 24), mode="bilinear", align_corners=False)
+    for got, want in zip(normal.postprocess(small, meta), normal.postprocess(upsampled, meta), strict=True):
+        np.testing.assert_array_equal(got.normals, want.normals)
     with pytest.raises(ValueError, match="one path"):
         normal.postprocess(torch.zeros(2, 3, 32, 24), meta, paths=["a"])
     with pytest.raises(TypeError, match="pair"):

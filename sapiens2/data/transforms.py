@@ -345,13 +345,18 @@ def as_output_batch(
         )
     if channels is not None and raw.shape[1] != channels:
         raise ValueError(f"{name} must have {channels} channels, got {raw.shape[1]} (shape {tuple(raw.shape)})")
-    for index, info in enumerate(meta):
-        if tuple(raw.shape[-2:]) != tuple(info.input_hw):
-            raise ValueError(
-                f"{name} is {tuple(raw.shape[-2:])} but image {index} was preprocessed to {info.input_hw}; "
-                "post-process outputs at the network input resolution"
-            )
-    return raw.float()
+    input_sizes = {tuple(info.input_hw) for info in meta}
+    if len(input_sizes) != 1:
+        raise ValueError(f"{name}: the images of one batch were preprocessed to different sizes {sorted(input_sizes)}")
+    (input_hw,) = input_sizes
+    raw = raw.float()
+    if tuple(raw.shape[-2:]) != input_hw:
+        # A head with fewer upsampling stages than the released ones (e.g. a custom fine-tune) predicts at a lower
+        # resolution: bring it to the network input first. Released heads predict at the input size (no-op).
+        if raw.shape[-2] > input_hw[0] or raw.shape[-1] > input_hw[1]:
+            raise ValueError(f"{name} is {tuple(raw.shape[-2:])}, larger than the network input {input_hw}")
+        raw = resize_bilinear(raw, input_hw)
+    return raw
 
 
 def check_paths(paths: Sequence[str | os.PathLike | None] | None, count: int) -> list[str | None]:
