@@ -112,12 +112,18 @@ def _heatmap_maximum(heatmaps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return locations, scores
 
 
-def _log_modulated(heatmaps: np.ndarray, kernel_size: int) -> np.ndarray:
-    """Zero-padded Gaussian blur, rescaled to the raw maximum, clipped and logged (POSE.md §2.8 step 2).
+def _modulated_blur(heatmaps: np.ndarray, kernel_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Zero-padded Gaussian blur and its rescale factor to the raw maximum (POSE.md §2.8 step 2).
 
     All channels of all instances are blurred by one OpenCV call on a tall image of stacked channels, each with
     its own zero border of kernel_size // 2: the kernel never reaches across a border, so every output pixel is
     the same float32 sum as a per-channel call (the decode tests check this against a per-channel loop).
+
+    Returns:
+        blurred (B, K, H, W) float32 and ratio (B, K, 1, 1) float32 = raw max / blurred max. The reference then
+        takes ``log(clip(blurred * ratio))`` of the whole map; only the 3x3 neighbourhood of each peak is ever
+        read, so :func:`_log_modulated_at` applies those element-wise steps to just those pixels (same float32
+        arithmetic, a fraction of the work).
     """
     batch, num, height, width = heatmaps.shape
     border = (kernel_size - 1) // 2
@@ -130,13 +136,27 @@ def _log_modulated(heatmaps: np.ndarray, kernel_size: int) -> np.ndarray:
     blur_max = blurred.max(axis=(2, 3), keepdims=True)
     # An all-zero channel gives 0/0 = NaN here, as in the reference (POSE.md §9.7); keep it quiet.
     with np.errstate(divide="ignore", invalid="ignore"):
-        blurred *= raw_max / blur_max
-    np.clip(blurred, *_LOG_CLIP, out=blurred)
-    np.log(blurred, out=blurred)
-    return blurred
+        ratio = raw_max / blur_max
+    return blurred, ratio
 
 
-def _refine_dark_udp(locations: np.ndarray, log_maps: np.ndarray) -> np.ndarray:
+def _log_modulated_at(blurred: np.ndarray, ratio: np.ndarray, flat_padded: np.ndarray) -> np.ndarray:
+    """``log(clip(blurred * ratio))`` read at flat indices of the edge-padded (K, H+2, W+2) map of each instance.
+
+    Edge padding commutes with these element-wise steps, so a padded index reads the clamped original pixel.
+    """
+    batch, num, height, width = blurred.shape
+    plane = (height + 2) * (width + 2)
+    channel, rest = np.divmod(flat_padded, plane)
+    y = np.clip(rest // (width + 2) - 1, 0, height - 1)
+    x = np.clip(rest % (width + 2) - 1, 0, width - 1)
+    rows = np.arange(batch)[:, None]
+    values = blurred[rows, channel, y, x] * ratio[rows, channel, 0, 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(np.clip(values, *_LOG_CLIP))
+
+
+def _refine_dark_udp(locations: np.ndarray, blurred: np.ndarray, ratio: np.ndarray) -> np.ndarray:
     """One Newton step on the log map at the integer peaks (POSE.md §2.8 step 3), vectorised over (B, K).
 
     The reference reads the 3x3 neighbourhood from the flattened, edge-padded (K, H+2, W+2) array of one
@@ -144,17 +164,16 @@ def _refine_dark_udp(locations: np.ndarray, log_maps: np.ndarray) -> np.ndarray:
     neighbouring channel's memory (or wraps to the end for channel 0) exactly like the reference
     (the "quirk channels" of E_codec_decode_small); the result for such channels is meaningless either way.
     """
-    batch, num, height, width = log_maps.shape
-    padded = np.pad(log_maps, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="edge").reshape(batch, -1)
+    batch, num, height, width = blurred.shape
     row = width + 2
-    size = padded.shape[1]
+    size = num * (height + 2) * row
     # Flat index of the peak in the padded instance array; float arithmetic then truncation, as the reference.
     base = locations[..., 0] + 1 + (locations[..., 1] + 1) * row
     base = (base + row * (height + 2) * np.arange(num)).astype(np.int64)
 
     def at(offset: int) -> np.ndarray:
         # Python-style negative wrap within the instance (only reachable by the quirk channels).
-        return np.take_along_axis(padded, (base + offset) % size, axis=1)
+        return _log_modulated_at(blurred, ratio, (base + offset) % size)
 
     centre, right, left = at(0), at(1), at(-1)
     down, up = at(row), at(-row)
@@ -216,7 +235,7 @@ def decode_heatmaps(
         return (empty[0][0], empty[1][0]) if unbatched else empty
     hm_h, hm_w = maps.shape[2:]
     locations, scores = _heatmap_maximum(maps)
-    refined = _refine_dark_udp(locations, _log_modulated(maps, blur_kernel_size))
+    refined = _refine_dark_udp(locations, *_modulated_blur(maps, blur_kernel_size))
     # float32 / int64 -> float64, as the reference's `keypoints / [W-1, H-1] * input_size`.
     keypoints = refined / np.array([hm_w - 1, hm_h - 1]) * np.array([in_w, in_h])
     if unbatched:
