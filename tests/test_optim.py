@@ -95,9 +95,9 @@ def test_no_weight_decay_on_norms_biases_layer_scale_and_pos_embed_but_on_tokens
     assert decays["decode_head.conv_seg.bias"] == 0.0
     assert decays["backbone.blocks.0.attn.wq.weight"] == 0.1
     assert decays["decode_head.conv_seg.weight"] == 0.1
-    # The official rule decays the 3-D tokens (POSE.md §4.5); decay_tokens=False exempts them.
-    assert decays["backbone.cls_token"] == decays["backbone.storage_tokens"] == 0.1
-    assert not uses_weight_decay("backbone.cls_token", torch.zeros(1, 1, 4), decay_tokens=False)
+    # Tokens are exempt by default; decay_tokens=True is the official rule, which decays them (POSE.md §4.5).
+    assert decays["backbone.cls_token"] == decays["backbone.storage_tokens"] == 0.0
+    assert uses_weight_decay("backbone.cls_token", torch.zeros(1, 1, 4), decay_tokens=True)
     assert not uses_weight_decay("backbone.pos_embed", torch.zeros(1, 5, 4))
 
 

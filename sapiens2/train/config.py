@@ -105,8 +105,9 @@ class OptimizerConfig:
         betas, eps: AdamW moments.
         layer_decay: per-layer LR rate; None: the released value of the arch (0.4b 0.8, 0.8b 0.85, 1b 0.9,
             5b 0.94), 1.0 (no decay) for other archs.
-        decay_tokens: weight-decay the 3-D ``cls_token``/``storage_tokens`` as the official recipe does (POSE.md
-            §4.5); False exempts them too.
+        decay_tokens: weight-decay the 3-D ``cls_token``/``storage_tokens``. False (default): tokens are exempt,
+            like norms and biases; True: the official recipe, which decays them (POSE.md §4.5, listed there as a
+            reference quirk).
         fused: fused AdamW kernel; None: on CUDA only (the official configs use it).
     """
 
@@ -115,7 +116,7 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     layer_decay: float | None = None
-    decay_tokens: bool = True
+    decay_tokens: bool = False
     fused: bool | None = None
 
 

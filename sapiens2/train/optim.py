@@ -32,14 +32,15 @@ def layer_id(name: str, num_layers: int) -> int:
     return num_layers + 1
 
 
-def uses_weight_decay(name: str, parameter: torch.Tensor, *, decay_tokens: bool = True) -> bool:
+def uses_weight_decay(name: str, parameter: torch.Tensor, *, decay_tokens: bool = False) -> bool:
     """False for 1-D parameters (norms, LayerScale), ``*.bias`` and ``pos_embed`` (DENSE.md §6).
 
-    The official rule decays the 3-D ``cls_token``/``storage_tokens``; ``decay_tokens=False`` exempts them as well.
+    Norms, biases and other 1-D tensors, ``pos_embed`` and (unless ``decay_tokens``) the ``cls_token`` and
+    ``storage_tokens`` get no weight decay; ``decay_tokens=True`` is the official rule, which decays the 3-D tokens.
     """
     if parameter.ndim <= 1 or name.endswith(".bias") or "pos_embed" in name:
         return False
-    if not decay_tokens and name in _STEM_NAMES:
+    if not decay_tokens and (name in _STEM_NAMES or name == "backbone.tokenizer.w_cls"):
         return False
     return True
 
@@ -51,7 +52,7 @@ def param_groups(
     weight_decay: float,
     layer_decay: float,
     num_layers: int | None = None,
-    decay_tokens: bool = True,
+    decay_tokens: bool = False,
 ) -> list[dict[str, Any]]:
     """AdamW parameter groups, one per distinct (LR multiplier, weight decay), over trainable parameters only.
 
@@ -104,7 +105,7 @@ def build_optimizer(
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
     layer_decay: float = 1.0,
-    decay_tokens: bool = True,
+    decay_tokens: bool = False,
     fused: bool | None = None,
 ) -> torch.optim.AdamW:
     """AdamW over ``param_groups(model, ...)``.
