@@ -7,7 +7,6 @@ with a plain ``load_state_dict``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -209,7 +208,3 @@ class Sapiens2(nn.Module):
 
     def extra_repr(self) -> str:
         return f"arch={self.arch.name}, img_size={self.img_size}, out_type={self.out_type!r}"
-
-
-def count_parameters(module: nn.Module) -> int:
-    return sum(math.prod(p.shape) for p in module.parameters())
