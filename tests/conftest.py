@@ -50,6 +50,16 @@ def assert_rel_close(got: torch.Tensor, expected: torch.Tensor, max_rel: float, 
     assert rms <= rms_rel * rms_scale, f"{name}: rms(diff) {rms:.3e} > {rms_rel:.1e} * {rms_scale:.3e}"
 
 
+def pytest_terminal_summary(terminalreporter):
+    """How the fixture comparisons went on this CPU (tests/parity.py): bit-exact to a stored platform or widened."""
+    from parity import OUTCOMES
+
+    if OUTCOMES:
+        counts = ", ".join(f"{outcome} {count}" for outcome, count in sorted(OUTCOMES.items()))
+        capability = torch.backends.cpu.get_cpu_capability()
+        terminalreporter.write_line(f"parity against official outputs (CPU capability {capability}): {counts}")
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     """One thread for bitwise-equality checks (the fixtures were made with one thread)."""

@@ -6,7 +6,8 @@ import json
 
 import pytest
 import torch
-from conftest import KEYS, assert_rel_close, load_case, require
+from conftest import KEYS, load_case, require
+from parity import assert_parity, platform_outputs
 from safetensors.torch import load_file
 
 from sapiens2.models.heads import HEAD_CONFIGS, HEADS, RMSNorm2d, infer_head_config
@@ -44,37 +45,20 @@ def _released_fixture(task: str, arch: str) -> dict:
 
 @pytest.mark.parametrize("task", RELEASED_TASKS)
 def test_head_matches_official_outputs_on_channels_last_featmap(task):
-    case, folder = load_case(f"C_{task}")
-    config = _as_kwargs(case["model"]["config"]["decode_head"])
-    state = _head_state(load_file(folder / "weights.safetensors"))
-    outputs = load_file(folder / "outputs.safetensors")
-    head = HEADS[task](**config).eval()
-    head.load_state_dict(state, strict=True)
-
-    with torch.inference_mode():
-        got = head(_channels_last_view(outputs["debug__backbone_featmap"]))
-    got = got if isinstance(got, tuple) else (got,)
-
-    strict = case["tolerance"]["suggested"]["strict"]
-    assert len(got) == len(CASE_OUTPUTS[task])
-    for name, tensor in zip(CASE_OUTPUTS[task], got, strict=True):
-        assert_rel_close(tensor, outputs[name], strict["max_rel"], strict["rms_rel"], f"C_{task}/{name}")
-
-
-@pytest.mark.parametrize("task", RELEASED_TASKS)
-def test_head_is_bit_identical_to_official_on_cpu(task):
-    # Same ops in the same order on one CPU thread reproduce the reference bit for bit (parity README). This is the
-    # only check that sees the layout traps at these tiny widths: a contiguous featmap or RMSNorm2d without its
-    # copies moves outputs by ~1e-5, inside the strict tolerance (MODEL.md §5 item 4).
+    # Same ops in the same order on one CPU thread reproduce the reference bit for bit (parity README); at these tiny
+    # widths only bit-exactness sees the layout traps (a contiguous featmap or RMSNorm2d without its copies moves
+    # outputs by ~1e-5, MODEL.md §5 item 4). Each stored platform's featmap goes in; on a CPU of another kind the
+    # result must stay within the widened loose tier (tests/parity.py).
     case, folder = load_case(f"C_{task}")
     head = HEADS[task](**_as_kwargs(case["model"]["config"]["decode_head"])).eval()
     head.load_state_dict(_head_state(load_file(folder / "weights.safetensors")), strict=True)
-    outputs = load_file(folder / "outputs.safetensors")
-    with torch.inference_mode():
-        got = head(_channels_last_view(outputs["debug__backbone_featmap"]))
-    got = got if isinstance(got, tuple) else (got,)
-    for name, tensor in zip(CASE_OUTPUTS[task], got, strict=True):
-        assert torch.equal(tensor, outputs[name]), f"C_{task}/{name}: not bit-identical"
+    for outputs in platform_outputs(f"C_{task}").values():
+        with torch.inference_mode():
+            got = head(_channels_last_view(outputs["debug__backbone_featmap"]))
+        got = got if isinstance(got, tuple) else (got,)
+        assert len(got) == len(CASE_OUTPUTS[task])
+        for name, tensor in zip(CASE_OUTPUTS[task], got, strict=True):
+            assert_parity(f"C_{task}", name, tensor)
 
 
 @pytest.mark.parametrize("task", RELEASED_TASKS)

@@ -11,6 +11,7 @@ import torch
 from conftest import load_case
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from parity import assert_parity, max_abs, platform_outputs, stable_keypoint_px
 from safetensors.numpy import load_file
 
 from sapiens2.pose.codec import encode_heatmaps
@@ -73,22 +74,27 @@ def test_crops_and_network_input_are_bit_identical_to_official(pose_case, name):
     np.testing.assert_array_equal(normalize(crops).numpy(), outputs[f"{name}__debug__network_input"])
 
 
+def assert_pose_parity(case: dict, name: str, keypoints: np.ndarray, scores: np.ndarray, tier: str = "loose"):
+    """Keypoints and scores against D_pose_e2e: bit-identical on a matching CPU, else within the widened tier."""
+    bounds = case["tolerance"]["suggested"][tier]
+    stable = stable_keypoint_px(platform_outputs("D_pose_e2e")["reference"][f"{name}__keypoint_stable"].numpy())
+    assert_parity("D_pose_e2e", f"{name}__keypoints", keypoints, stable, (bounds["stable_keypoints_px"],))
+    assert_parity("D_pose_e2e", f"{name}__keypoint_scores", scores, max_abs, (bounds["scores"],))
+
+
 @pytest.mark.parametrize("name", IMAGES)
 def test_decoding_official_heatmaps_gives_official_keypoints(pose_case, name):
-    case, outputs, images, input_size = pose_case
-    strict = case["tolerance"]["suggested"]["strict"]
-    keypoints, scores = heatmaps_to_image_keypoints(
-        outputs[f"{name}__debug__heatmaps_flip_averaged"],
-        outputs[f"{name}__debug__bbox_center"],
-        outputs[f"{name}__debug__bbox_scale"],
-        input_size=input_size,
-    )
-    stable = outputs[f"{name}__keypoint_stable"]
-    deviation = np.abs(keypoints - outputs[f"{name}__keypoints"]).max(axis=-1)
-    assert deviation[stable].max() <= strict["stable_keypoints_px"], f"max stable deviation {deviation.max():.3e}"
-    assert np.abs(scores - outputs[f"{name}__keypoint_scores"]).max() <= strict["scores"]
-    # Same numpy/OpenCV ops as the reference: in practice every keypoint is bit-identical.
-    assert np.array_equal(keypoints, outputs[f"{name}__keypoints"])
+    case, _, images, input_size = pose_case
+    for outputs in platform_outputs("D_pose_e2e").values():  # each platform's heatmaps -> its keypoints
+        keypoints, scores = heatmaps_to_image_keypoints(
+            outputs[f"{name}__debug__heatmaps_flip_averaged"].numpy(),
+            outputs[f"{name}__debug__bbox_center"].numpy(),
+            outputs[f"{name}__debug__bbox_scale"].numpy(),
+            input_size=input_size,
+        )
+        # Same numpy/OpenCV ops as the reference: every keypoint is bit-identical in practice, and decoding is
+        # well conditioned, so the strict tier is the fallback here.
+        assert_pose_parity(case, name, keypoints, scores, tier="strict")
 
 
 def _replay_model(outputs, names):
@@ -134,8 +140,7 @@ def test_estimate_pose_reproduces_official_keypoints(pose_case, batch_size):
         paths=[f"{name}.png" for name in IMAGES],
     )
     for name, result in zip(IMAGES, results, strict=True):
-        np.testing.assert_array_equal(result.keypoints, outputs[f"{name}__keypoints"])
-        np.testing.assert_array_equal(result.scores, outputs[f"{name}__keypoint_scores"])
+        assert_pose_parity(case, name, result.keypoints, result.scores, tier="strict")
         np.testing.assert_array_equal(result.boxes, outputs[f"{name}__bboxes"])
         assert result.image_size == images[name].shape[:2] and result.path == f"{name}.png"
 
