@@ -68,12 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # Warnings and errors on stderr; a command may show more (train: its step lines, in its own format).
+    logging.basicConfig(level=logging.WARNING, format=getattr(args, "log_format", "%(levelname)s: %(message)s"))
     return args.func(args)
 
 

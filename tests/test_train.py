@@ -368,3 +368,53 @@ def test_cuda_training_loss_falls_and_exports(precision, demo_root, tmp_path):
     assert sum(values[-4:]) < 0.8 * sum(values[:4])
     model = load_model("seg", export_model(tmp_path / "run", tmp_path / "seg.safetensors"))
     assert model(torch.zeros(1, 3, 64, 48)).shape[:2] == (1, 29)
+
+
+def _train_subprocess(config_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``python -m sapiens2 train ...`` with stdout and stderr redirected to pipes, as in a batch job's log."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "sapiens2", "train", str(config_path), *extra]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_cli_train_logs_its_steps_to_the_console_and_train_log_and_shows_no_bar_when_redirected(demo_root, tmp_path):
+    from sapiens2.train.config import save_config
+
+    config = tiny_config("seg", demo_root("seg"), tmp_path / "run", steps=4, log_every=2, progress_bar=True)
+    result = _train_subprocess(save_config(config, tmp_path / "seg.yaml"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    console = result.stdout + result.stderr
+    assert "step 2/4" in console and "step 4/4" in console, console
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "step 2/4" in log and "step 4/4" in log and "training seg for 4 steps" in log, log
+    # The pipes are not a terminal: no progress bar (carriage returns, rates) in the captured output.
+    assert "\r" not in console and "step/s" not in console and "|" not in console, console
+
+
+def test_cli_train_logs_to_train_log_through_the_main_entry_point(demo_root, tmp_path):
+    from sapiens2.cli import main
+    from sapiens2.train.config import save_config
+
+    config = tiny_config("albedo", demo_root("albedo"), tmp_path / "run", steps=2, log_every=1)
+    assert main(["train", str(save_config(config, tmp_path / "albedo.yaml"))]) == 0
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "step 1/2" in log and "step 2/2" in log and "exported" in log, log
+
+
+@pytest.mark.parametrize("problem", ["missing data root", "mis-shaped init_from"])
+def test_cli_train_that_fails_its_checks_leaves_no_run_folder(problem, demo_root, tmp_path, capsys):
+    from sapiens2.cli import main
+    from sapiens2.train.config import save_config
+
+    if problem == "missing data root":
+        config = tiny_config("seg", tmp_path / "no_such_data", tmp_path / "run", steps=2)
+    else:
+        first = fit(tiny_config("seg", demo_root("seg"), tmp_path / "first", steps=2))
+        model = {"arch": TINY | {"embed_dims": 64}, "init_from": str(first["model"])}
+        config = tiny_config("seg", demo_root("seg"), tmp_path / "run", steps=2, model=model)
+    path = save_config(config, tmp_path / "bad.yaml")
+    capsys.readouterr()
+    assert main(["train", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sapiens2 train: ") and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists(), sorted(p.name for p in (tmp_path / "run").iterdir())

@@ -17,6 +17,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["add_train_parser", "main"]
 
+# Console format of the step lines (``sapiens2.cli`` uses it for this command too).
+LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 # User-input problems: one line on stderr and exit status 2, no traceback.
 _USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError)
 
@@ -31,13 +33,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"sapiens2 train: {error}", file=sys.stderr)
         return 2
     resume = True if args.resume == "latest" else (args.resume or False)
-    if not logging.getLogger().handlers:  # progress lines go through logging; show them when nobody configured it
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # The step lines go through logging: on stderr from the main process (the trainer also writes them to train.log).
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+    package = logging.getLogger("sapiens2")
+    previous = package.level
+    if int(os.environ.get("RANK", "0")) == 0:
+        package.setLevel(logging.INFO)
     try:
         summary = fit(config, resume=resume)
     except _USER_ERRORS as error:
         print(f"sapiens2 train: {error}", file=sys.stderr)
         return 2
+    finally:
+        package.setLevel(previous)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only the main process reports
         return 0
     evaluation = ", ".join(f"{k} {v:.4f}" for k, v in summary["eval"].items())
@@ -83,7 +92,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="CHECKPOINT",
         help="continue the run in output_dir from its newest checkpoint (or from CHECKPOINT)",
     )
-    train.set_defaults(func=_cmd_train)
+    train.set_defaults(func=_cmd_train, log_format=LOG_FORMAT)
 
     export = subparsers.add_parser(
         "export",

@@ -8,6 +8,7 @@ Run folder (``config.output_dir``): ``config.yaml`` (resolved), ``train.log``, `
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -54,6 +55,50 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return checkpoint
 
 
+class _RunLog(logging.Handler):
+    """The run's ``train.log``: every INFO record of the ``sapiens2`` loggers while the trainer is open.
+
+    The ``sapiens2`` logger is set to pass INFO for the run (its level is restored on ``close``), so the file is
+    complete whatever the logging configuration; a console handler that passes INFO shows the same lines. Records
+    emitted before the run folder exists (while the run is still being checked and built) are kept in memory and
+    written first when ``open`` creates the file; a run refused before that writes nothing.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self._early: list[logging.LogRecord] = []
+        self._file: logging.FileHandler | None = None
+        self._logger = logging.getLogger("sapiens2")
+        self._previous_level = self._logger.level
+        if self._logger.getEffectiveLevel() > logging.INFO:
+            self._logger.setLevel(logging.INFO)
+        self._logger.addHandler(self)
+
+    def open(self, path: Path) -> None:
+        """Start writing to ``path`` (appending), beginning with the records kept so far."""
+        self._file = logging.FileHandler(path, encoding="utf-8")
+        self._file.setFormatter(self.formatter)
+        for record in self._early:
+            self._file.handle(record)
+        self._early = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._file is None:
+            self._early.append(record)
+        else:
+            self._file.handle(record)
+
+    def close(self) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._previous_level)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._early = []
+        super().close()
+
+
 def enable_activation_checkpointing(blocks: nn.ModuleList) -> None:
     """Recompute each block's forward during backward (non-reentrant ``torch.utils.checkpoint``).
 
@@ -97,7 +142,7 @@ class Trainer:
         self.run_dir = config.run_dir
         self.context = dist_utils.setup(config.device)
         self.device = self.context.device
-        self._log_handler: logging.Handler | None = None
+        self._log = _RunLog() if self.context.is_main else None
         self.recorder: dist_utils.RunRecorder | None = None
         try:
             self._build(resume, train_dataset, val_dataset)
@@ -110,12 +155,6 @@ class Trainer:
         checkpoint_path = self._checkpoint_to_resume(resume)
         # On resume the weights come from the checkpoint (its shapes also give arch and head); init_from is not read.
         checkpoint = read_checkpoint(checkpoint_path) if checkpoint_path is not None else None
-        if self.context.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(config, self.run_dir / "config.yaml")
-            self._log_handler = logging.FileHandler(self.run_dir / "train.log")
-            self._log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-            logging.getLogger("sapiens2").addHandler(self._log_handler)
 
         self.train_dataset, self.val_dataset = self._datasets(train_dataset, val_dataset)
         self.sampler = dist_utils.ResumableBatchSampler(
@@ -170,6 +209,11 @@ class Trainer:
         dist_utils.seed_everything(config.seed + self.context.rank)
         if checkpoint is not None:
             self.load_checkpoint(checkpoint_path, checkpoint)
+        # Every check has passed: only now is the run folder made (a run refused above leaves nothing behind).
+        if self.context.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(config, self.run_dir / "config.yaml")
+            self._log.open(self.run_dir / "train.log")
         self.recorder = dist_utils.RunRecorder(self.run_dir, self.context.is_main, self.step if checkpoint else None)
 
     # ------------------------------------------------------------------------------------------------- building
@@ -376,8 +420,16 @@ class Trainer:
         config = self.config
         self.model.train()
         self.last_loss = float("nan")
+        # The bar only on a terminal (disable=None): a redirected log gets the step lines, not bar redraws.
         show = self.context.is_main and config.progress_bar
-        bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True, disable=not show)
+        bar = tqdm(
+            total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True, disable=None if show else True
+        )
+        console = contextlib.ExitStack()
+        if not bar.disable:  # log lines are printed above the bar, not through it
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            console.enter_context(logging_redirect_tqdm())
         self._info(
             "training %s for %d steps (%d per epoch), global batch %d on %d process(es), %s",
             config.task,
@@ -426,6 +478,7 @@ class Trainer:
                 export_model(checkpoint, model_path)
                 self._info("exported %s", model_path)
         finally:
+            console.close()
             bar.close()
             self.close()
         return {
@@ -441,10 +494,9 @@ class Trainer:
         """Close the log files and leave the process group (if this trainer joined it)."""
         if self.recorder is not None:
             self.recorder.close()
-        if self._log_handler is not None:
-            logging.getLogger("sapiens2").removeHandler(self._log_handler)
-            self._log_handler.close()
-            self._log_handler = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
         dist_utils.teardown(self.context)
 
     # ------------------------------------------------------------------------------------------------ evaluation
