@@ -165,7 +165,8 @@ class TrainConfig:
         checkpoint_every: steps between checkpoints (0: only the final one).
         keep_checkpoints: newest step checkpoints to keep (0: keep all).
         device: ``"cuda"``, ``"cpu"`` ...; None: CUDA when available.
-        progress_bar: show a tqdm bar on the main process.
+        progress_bar: show a tqdm bar on the main process when stderr is a terminal (redirected logs get only the
+            step lines).
         loss: keyword overrides of the task loss's weights (``build_loss(task, **loss)``).
         model, data, optimizer, schedule, distributed: the sections above.
     """
