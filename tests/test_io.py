@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import cv2
@@ -152,6 +155,64 @@ def test_bad_files_raise_one_line_image_read_error(tmp_path: Path, kind: str, re
     assert str(path) in str(error) and "\n" not in str(error)
     restored = pickle.loads(pickle.dumps(error))
     assert str(restored) == str(error) and restored.path == error.path
+
+
+
+@contextmanager
+def _fifo_watch(path: Path | None):
+    """Keep trying to open the FIFO ``path`` for writing (non-blocking, so only while a reader holds it open).
+
+    A reader that wrongly opens the FIFO then gets an empty stream instead of hanging the test run; the yielded
+    list records whether any reader ever had it open.
+    """
+    opened: list[bool] = []
+    stop = threading.Event()
+
+    def poke() -> None:
+        while not stop.is_set():
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                opened.append(True)
+            except OSError:  # ENXIO: no reader has it open
+                pass
+            stop.wait(0.02)
+
+    thread = threading.Thread(target=poke, daemon=True) if path is not None else None
+    if thread is not None:
+        thread.start()
+    try:
+        yield opened
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and symbolic links need a POSIX system")
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("fifo", "FIFO (named pipe), not a regular file"),
+        ("device", "character device, not a regular file"),
+        ("loop", "symbolic link loop"),
+        ("dangling", "dangling symbolic link"),
+    ],
+)
+def test_special_files_are_refused_without_being_read(tmp_path: Path, kind: str, reason: str) -> None:
+    path = tmp_path / "x.jpg"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        os.symlink(os.devnull, path)  # reading it would give 0 bytes (and /dev/zero would never end)
+    elif kind == "loop":
+        os.symlink(path.name, path)
+    else:
+        os.symlink("missing.jpg", path)
+    with _fifo_watch(path if kind == "fifo" else None) as opened:
+        with pytest.raises(ImageReadError, match=re.escape(reason)) as caught:
+            to_rgb_array(path)
+    assert not opened, "the FIFO was opened"
+    assert caught.value.path == path and str(path) in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_to_rgb_array_accepts_arrays_without_copying_and_explains_bad_ones() -> None:

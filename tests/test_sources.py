@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,75 @@ def test_deterministic_across_calls(photos: Path, tmp_path: Path) -> None:
     first = expand_inputs([photos, str(photos / "*.jpg")], tmp_path / "out")
     second = expand_inputs([photos, str(photos / "*.jpg")], tmp_path / "out")
     assert first == second
+
+
+posix_only = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and symbolic links need a POSIX system")
+
+
+@pytest.fixture
+def broken(tmp_path: Path) -> Path:
+    """A folder of good files, special entries with image names, and folders named like images."""
+    root = tmp_path / "in"
+    _touch(root, "good.jpg", "folder.jpg/inner.png")
+    (root / "empty_dir.jpg").mkdir()
+    os.symlink("good.jpg", root / "link_to_good.png")
+    os.symlink("self.jpg", root / "self.jpg")  # a link to itself
+    os.symlink("pong.jpg", root / "ping.jpg")  # two links pointing at each other
+    os.symlink("ping.jpg", root / "pong.jpg")
+    os.symlink("missing.jpg", root / "dangling.jpg")
+    os.mkfifo(root / "pipe.jpg")
+    return root
+
+
+BROKEN_REASONS = {
+    "self.jpg": "symbolic link loop",
+    "ping.jpg": "symbolic link loop",
+    "pong.jpg": "symbolic link loop",
+    "dangling.jpg": "dangling symbolic link",
+    "pipe.jpg": "FIFO",
+}
+
+
+def _errors(items: list[InputItem]) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    for item in items:
+        if not item.ok:
+            assert item.source.name not in errors, f"two error items for {item.source}"
+            errors[item.source.name] = item.error
+    return errors
+
+
+def _check_errors(errors: dict[str, str], root: Path, names) -> None:
+    assert set(errors) == set(names)
+    for name in names:
+        assert BROKEN_REASONS[name] in errors[name], errors[name]
+        assert repr(str(root / name)) in errors[name] and "\n" not in errors[name]
+
+
+@posix_only
+def test_broken_entries_in_a_folder_give_one_error_item_each_and_the_rest_goes_on(broken: Path, tmp_path: Path) -> None:
+    for inputs in ([broken], [broken, broken]):  # a folder given twice still reports each entry once
+        items = expand_inputs(inputs, tmp_path / "out")
+        assert sorted(item.stem for item in items if item.ok) == ["folder.jpg/inner", "good"]  # link = good.jpg
+        _check_errors(_errors(items), broken, BROKEN_REASONS)
+    assert "missing.jpg" in _errors(expand_inputs([broken], tmp_path / "out"))["dangling.jpg"]  # names the target
+    top = expand_inputs([broken], tmp_path / "out", recursive=False)
+    assert [item.stem for item in top if item.ok] == ["good"]
+    _check_errors(_errors(top), broken, BROKEN_REASONS)
+
+
+@posix_only
+def test_broken_explicit_files_are_error_items_naming_the_file(broken: Path, tmp_path: Path) -> None:
+    names = ["self.jpg", "dangling.jpg", "pipe.jpg", "ping.jpg"]
+    items = expand_inputs([broken / name for name in names] + [broken / "link_to_good.png"], tmp_path / "out")
+    assert [item.ok for item in items] == [False] * 4 + [True]
+    _check_errors(_errors(items), broken, names)
+    empty_dir = expand_inputs([broken / "empty_dir.jpg"], tmp_path / "out")
+    assert not empty_dir[0].ok and "contains no image files" in empty_dir[0].error
+
+
+@posix_only
+def test_broken_glob_matches_are_error_items_and_folders_are_not_matched(broken: Path, tmp_path: Path) -> None:
+    items = expand_inputs([str(broken / "*.jpg")], tmp_path / "out")
+    assert [item.stem for item in items if item.ok] == ["good"]  # empty_dir.jpg and folder.jpg are folders
+    _check_errors(_errors(items), broken, BROKEN_REASONS)

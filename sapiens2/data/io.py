@@ -6,10 +6,12 @@ reorders BGR to RGB, so pixels match the reference bit for bit. Arrays are HxWx3
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ import numpy as np
 __all__ = [
     "ImageReadError",
     "atomic_write",
+    "file_problem",
     "read_image",
     "save_json",
     "save_npy",
@@ -48,6 +51,83 @@ class ImageReadError(ValueError):
 
     def __reduce__(self) -> tuple[type, tuple[Path, str]]:  # keep (path, reason) through pickling / multiprocessing
         return type(self), (self.path, self.reason)
+
+
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _mode_problem(mode: int) -> str | None:
+    """Why a file of this ``st_mode`` cannot be an image file, or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory, not an image file"
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), "a special file")
+    return f"is {kind}, not a regular file"
+
+
+def _os_problem(error: OSError) -> str:
+    if error.errno == errno.ELOOP:
+        return "symbolic link loop (following the links never reaches a file)"
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    return error.strerror or str(error)
+
+
+def file_problem(path: PathLike) -> str | None:
+    """Why ``path`` cannot be read as an image file, without opening it; None when it is a regular file.
+
+    Symbolic links are followed. A FIFO, socket or device is refused here because opening or reading it could
+    block forever (or never end); so are directories, dangling links, link loops and paths that cannot be looked
+    up. Permission to read the file itself is only known on opening it (``read_image`` reports it then).
+
+    Returns:
+        The problem in a few words (e.g. ``"is a FIFO (named pipe), not a regular file"``), or None.
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        if not os.path.islink(path):
+            return "no such file"
+        try:
+            target = os.readlink(path)
+        except OSError:
+            return "dangling symbolic link (its target does not exist)"
+        return f"dangling symbolic link (its target {target!r} does not exist)"
+    except OSError as error:  # ELOOP, EACCES on a parent folder, ENOTDIR, ENAMETOOLONG, ...
+        return _os_problem(error)
+    except ValueError as error:  # e.g. an embedded NUL character
+        return f"invalid path ({error})"
+    return _mode_problem(info.st_mode)
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of the regular file ``path``; ImageReadError for anything else, which is never read."""
+    problem = file_problem(path)
+    if problem is not None:
+        raise ImageReadError(path, problem)
+    # O_NONBLOCK: should the path be swapped for a FIFO after the check, opening it still returns at once and the
+    # fstat below refuses it. It has no effect on regular files, and is cleared before reading anyway.
+    flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        descriptor = os.open(path, flags)
+    except OSError as error:
+        raise ImageReadError(path, f"cannot open ({_os_problem(error)})") from None
+    with open(descriptor, "rb", closefd=True) as handle:
+        try:
+            problem = _mode_problem(os.fstat(descriptor).st_mode)
+            if problem is not None:
+                raise ImageReadError(path, problem)
+            if getattr(os, "O_NONBLOCK", 0):
+                os.set_blocking(descriptor, True)
+            return handle.read()
+        except OSError as error:
+            raise ImageReadError(path, f"cannot read ({_os_problem(error)})") from None
 
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -90,17 +170,12 @@ def read_image(path: PathLike) -> np.ndarray:
         HxWx3 uint8 RGB array (C-contiguous, owned by the caller).
 
     Raises:
-        ImageReadError: missing, empty, unreadable, truncated, corrupt or non-image file.
+        ImageReadError: missing, empty, unreadable, truncated, corrupt or non-image file; a directory, a dangling
+            symbolic link or link loop; a FIFO, socket or device (refused without being opened: see
+            ``file_problem``).
     """
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ImageReadError(path, "no such file") from None
-    except IsADirectoryError:
-        raise ImageReadError(path, "is a directory, not an image file") from None
-    except OSError as error:
-        raise ImageReadError(path, f"cannot open ({error.strerror or error})") from None
+    data = _read_regular_file(path)
     if not data:
         raise ImageReadError(path, "file is empty (0 bytes)")
     problem = _truncation_problem(data)

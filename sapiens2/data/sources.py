@@ -2,7 +2,9 @@
 
 Each item knows its source file and its output stem: the path relative to the folder (or the glob's fixed root)
 without the extension, so outputs mirror the input tree. Inputs that cannot be expanded become error items,
-so one bad argument costs one line of error, not the run (STYLE.md §2 pattern 23).
+so one bad argument costs one line of error, not the run (STYLE.md §2 pattern 23). So do entries that cannot be
+image files (FIFOs, devices, sockets, dangling links, link loops, unlistable folders): they are looked at with
+``os.stat`` only, never opened.
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from .io import ImageReadError, file_problem
 
 __all__ = ["IMAGE_EXTENSIONS", "InputItem", "expand_inputs", "usable"]
 
@@ -70,9 +75,17 @@ def _inside(path: Path, folder: Path | None) -> bool:
         return False
     try:
         path.resolve().relative_to(folder)
-    except ValueError:
+    except (ValueError, OSError, RuntimeError):  # RuntimeError: a symbolic link loop (Python < 3.13)
         return False
     return True
+
+
+def _resolved(path: Path) -> Path:
+    """``path.resolve()``, or the absolute path where resolving fails (link loops, vanished files)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return Path(os.path.abspath(path))
 
 
 def _relative_stem(path: Path, root: Path) -> str:
@@ -80,10 +93,37 @@ def _relative_stem(path: Path, root: Path) -> str:
     return relative.with_suffix("").as_posix() if relative.suffix else relative.as_posix()
 
 
-def _walk_folder(folder: Path, recursive: bool, skip: Path | None) -> list[Path]:
-    """Image files under ``folder`` (hidden files/folders and the output folder skipped), sorted by path parts."""
-    found: list[Path] = []
-    for current, dirnames, filenames in os.walk(folder):
+# (file, output stem, error): error is None for a file to process, else the line reporting the entry.
+Entry = tuple[Path, str, str | None]
+
+
+def _file_entry(path: Path, stem: str) -> Entry | None:
+    """The entry for a candidate file found in a folder or by a pattern; None to pass over it (a folder)."""
+    problem = file_problem(path)
+    if problem is None:
+        return path, stem, None
+    try:
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            return None  # a folder named like an image: walked as a folder (or, for a pattern, not a match)
+    except (OSError, ValueError):
+        pass
+    return path, stem, str(ImageReadError(path, problem))
+
+
+def _walk_folder(folder: Path, recursive: bool, skip: Path | None) -> list[Entry]:
+    """Entries for the image files under ``folder`` (hidden files/folders and the output folder skipped), sorted
+    by path parts; files named like images that are not regular files, and folders that cannot be listed, give
+    error entries."""
+    found: list[Entry] = []
+    unlisted: list[Entry] = []
+
+    def not_listed(error: OSError) -> None:
+        where = Path(error.filename) if error.filename else folder
+        reason = "permission denied" if isinstance(error, PermissionError) else (error.strerror or str(error))
+        stem = _relative_stem(where, folder) if where != folder else where.name
+        unlisted.append((where, stem, f"cannot list folder {str(where)!r}: {reason}"))
+
+    for current, dirnames, filenames in os.walk(folder, onerror=not_listed):
         current_path = Path(current)
         if recursive:
             dirnames[:] = [name for name in dirnames if not _is_hidden(name) and not _inside(current_path / name, skip)]
@@ -91,8 +131,10 @@ def _walk_folder(folder: Path, recursive: bool, skip: Path | None) -> list[Path]
             dirnames[:] = []
         for name in filenames:
             if not _is_hidden(name) and _is_image_name(name):
-                found.append(current_path / name)
-    return sorted(found, key=lambda path: path.relative_to(folder).parts)
+                entry = _file_entry(current_path / name, _relative_stem(current_path / name, folder))
+                if entry is not None:
+                    found.append(entry)
+    return sorted(found + unlisted, key=lambda entry: entry[0].relative_to(folder).parts)
 
 
 def _glob_root(pattern: str) -> Path:
@@ -106,30 +148,50 @@ def _glob_root(pattern: str) -> Path:
     return Path(*fixed) if fixed else Path(".")
 
 
-def _expand_one(text: str, recursive: bool, skip: Path | None) -> tuple[list[tuple[Path, str]], str | None]:
-    """Expand one input into (file, stem) pairs, or return an error message."""
+def _present(path: Path) -> bool:
+    """True if a directory entry ``path`` is there (a dangling link counts), or cannot be looked up for a reason
+    other than its absence (e.g. permission denied on a parent folder): either way the input is reported as is."""
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _expand_one(text: str, recursive: bool, skip: Path | None) -> tuple[list[Entry], str | None]:
+    """Expand one input into entries, or return an error message for the input as a whole."""
     path = Path(text).expanduser()
-    if path.is_dir():
-        files = _walk_folder(path, recursive, skip)
-        if not files:
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        mode = None  # missing, dangling, a link loop, not accessible, or a pattern
+    if mode is not None and stat.S_ISDIR(mode):
+        entries = _walk_folder(path, recursive, skip)
+        if not entries:
             where = "or its subfolders " if recursive else ""
             return [], f"folder {text!r} {where}contains no image files ({', '.join(sorted(IMAGE_EXTENSIONS))})"
-        return [(file, _relative_stem(file, path)) for file in files], None
-    if path.is_file():
-        return [(path, path.stem or path.name)], None
-    if path.exists():
-        return [], f"input {text!r} is neither a regular file nor a folder"
+        return entries, None
+    if mode is not None or _present(path):
+        # Explicit files are taken whatever their name, but only regular files (a FIFO would block the reader).
+        problem = file_problem(path)
+        return [(path, path.stem or path.name, None if problem is None else str(ImageReadError(path, problem)))], None
     if _has_glob(text):
         root = _glob_root(os.path.expanduser(text))
-        matches = glob.glob(os.path.expanduser(text), recursive=recursive)
-        files = sorted(
-            (Path(match) for match in matches if os.path.isfile(match) and _is_image_name(match)),
+        matches = sorted(
+            (Path(match) for match in glob.glob(os.path.expanduser(text), recursive=recursive)),
             key=lambda file: file.relative_to(root).parts,
         )
-        files = [file for file in files if not _inside(file, skip)]
-        if not files:
+        entries = []
+        for match in matches:
+            if _is_image_name(match.name) and not _inside(match, skip):
+                entry = _file_entry(match, _relative_stem(match, root))
+                if entry is not None:
+                    entries.append(entry)
+        if not entries:
             return [], f"pattern {text!r} matches no image files"
-        return [(file, _relative_stem(file, root)) for file in files], None
+        return entries, None
     return [], f"input {text!r} does not exist (no such file or folder)"
 
 
@@ -164,7 +226,10 @@ def expand_inputs(
       twice is kept once. Two files wanting the same stem (``a.jpg`` and ``a.png``) get distinct stems
       (``a`` and ``a_png``), with a logged warning.
     - An input that does not exist, an empty folder, or a pattern matching nothing gives an item with ``error``
-      set instead of raising, so the caller can report it and carry on.
+      set instead of raising, so the caller can report it and carry on. So does each file (given, found in a
+      folder or matched) that is not a regular file or cannot be looked up: a FIFO, socket or device, a dangling
+      symbolic link, a link loop; and each subfolder that cannot be listed. Such entries are never opened, and each
+      is reported once. A folder named like an image (``x.jpg/``) found in a folder is walked as a folder.
 
     Args:
         inputs: paths, folders or patterns (a single one is accepted too).
@@ -177,19 +242,27 @@ def expand_inputs(
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     output_root = Path(output_dir)
-    skip = output_root.resolve() if output_root.exists() else None
+    skip = _resolved(output_root) if output_root.exists() else None
     items: list[InputItem] = []
     seen_files: set[Path] = set()
+    reported: set[Path] = set()
     taken_stems: set[str] = set()
     for raw in inputs:
         text = os.fspath(raw)
-        pairs, error = _expand_one(text, recursive, skip)
+        entries, error = _expand_one(text, recursive, skip)
         if error is not None:
             logger.debug(error)
             items.append(InputItem(Path(text), Path(text).stem or text, output_root, error))
             continue
-        for file, stem in pairs:
-            resolved = file.resolve()
+        for file, stem, problem in entries:
+            if problem is not None:
+                where = Path(os.path.abspath(file))  # not resolved: a link loop has no target
+                if where not in reported:
+                    reported.add(where)
+                    logger.debug(problem)
+                    items.append(InputItem(file, stem, output_root, problem))
+                continue
+            resolved = _resolved(file)
             if resolved in seen_files:
                 logger.debug("skipping %s: already listed", file)
                 continue

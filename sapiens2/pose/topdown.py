@@ -125,7 +125,9 @@ def box_to_center_scale(box: np.ndarray, aspect: float = 0.75, padding: float = 
     """Box -> centre and aspect-fixed scale in float32 (POSE.md §2.3).
 
     centre = box midpoint; scale = padding * (x2 - x1, y2 - y1) (no +1), then grown (never shrunk) to width/height
-    = ``aspect``. This scale is the one decoding uses.
+    = ``aspect``. This scale is the one decoding uses. A side shorter than one pixel counts as one pixel, so a
+    degenerate box still gets a positive scale around its centre: the whole-image box (0, 0, 0, 0) of a 1x1 image
+    covers that pixel instead of dividing by zero in the warp (boxes with both sides >= 1 pixel are unaffected).
 
     Args:
         box: (4,) or (N, 4) xyxy pixels.
@@ -140,8 +142,9 @@ def box_to_center_scale(box: np.ndarray, aspect: float = 0.75, padding: float = 
         raise ValueError(f"box must be (4,) or (N, 4) xyxy, got shape {boxes.shape}")
     x1, y1, x2, y2 = np.moveaxis(boxes, -1, 0)
     center = np.stack([x1 + x2, y1 + y2], axis=-1) * np.float32(0.5)
-    width = (x2 - x1) * np.float32(padding)
-    height = (y2 - y1) * np.float32(padding)
+    one = np.float32(1)
+    width = np.maximum(x2 - x1, one) * np.float32(padding)
+    height = np.maximum(y2 - y1, one) * np.float32(padding)
     ratio = np.float32(aspect)
     wider = width > height * ratio
     scale = np.where(
