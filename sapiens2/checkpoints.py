@@ -54,7 +54,8 @@ def download(repo_id: str, filename: str, *, local_hint: str | None = None) -> P
 
     A cached file is used without touching the network. Offline (``HF_HUB_OFFLINE=1`` or no connection), fails at
     once with one message naming the repo, the file and how to pass a local path instead (``local_hint``: the call
-    to show, e.g. ``"load_backbone('/path/to/file.safetensors')"``).
+    or option to show in the user's interface, ``{filename}`` standing for the file name, e.g.
+    ``"load_backbone('/path/to/{filename}')"`` (the default) or ``"--model seg=/path/to/{filename}"``).
 
     Raises:
         CheckpointNotFoundError: not cached and not downloadable, or the repo/file does not exist.
@@ -66,7 +67,7 @@ def download(repo_id: str, filename: str, *, local_hint: str | None = None) -> P
         return Path(hf_hub_download(repo_id, filename, local_files_only=True))
     except (LocalEntryNotFoundError, EntryNotFoundError, FileNotFoundError):
         pass
-    local_hint = local_hint or f"load_backbone('/path/to/{filename}')"
+    local_hint = (local_hint or "load_backbone('/path/to/{filename}')").replace("{filename}", filename)
     how = (
         f"Download it on a machine with internet access (hf download {repo_id} {filename}) "
         f"and pass the local path instead, e.g. {local_hint}."
@@ -100,7 +101,9 @@ def _zoo_entry(name: str, task: str) -> tuple[Arch, str] | None:
     return arch, task
 
 
-def resolve_checkpoint(source: str | os.PathLike, task: str = PRETRAIN, filename: str | None = None) -> Path:
+def resolve_checkpoint(
+    source: str | os.PathLike, task: str = PRETRAIN, filename: str | None = None, *, local_hint: str | None = None
+) -> Path:
     """Find the weight file for ``source``.
 
     Args:
@@ -109,6 +112,7 @@ def resolve_checkpoint(source: str | os.PathLike, task: str = PRETRAIN, filename
             meaning the released file of that size for ``task``.
         task: ``"pretrain"`` or a task name; picks the file for arch names.
         filename: the file inside a folder or repo, when it is not the official name.
+        local_hint: how to pass a local file instead, in the caller's interface (see ``download``).
 
     Raises:
         CheckpointNotFoundError: nothing found, or a folder with several candidate files.
@@ -123,17 +127,20 @@ def resolve_checkpoint(source: str | os.PathLike, task: str = PRETRAIN, filename
     if entry is not None:
         arch, entry_task = entry
         if entry_task != PRETRAIN and entry_task not in arch.released_tasks:
+            how = "Pass the path of your own checkpoint instead"
+            if local_hint:
+                how += ", e.g. " + local_hint.replace("{filename}", f"my_{entry_task}.safetensors")
             raise CheckpointNotFoundError(
                 f"No released '{entry_task}' weights for {arch.name} (released: {', '.join(arch.released_tasks)}). "
-                "Pass the path of your own checkpoint instead."
+                f"{how}."
             )
-        return download(arch.repo_id(entry_task), filename or arch.filename(entry_task))
+        return download(arch.repo_id(entry_task), filename or arch.filename(entry_task), local_hint=local_hint)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not path.suffix:
         if filename is None:
             raise CheckpointNotFoundError(
                 f"'{text}' is not a repo of the model zoo, so the file name is unknown: pass filename=..."
             )
-        return download(text, filename)
+        return download(text, filename, local_hint=local_hint)
     raise CheckpointNotFoundError(
         f"Checkpoint '{text}' not found: not a file, a folder, a known repo id (e.g. {ARCHS['sapiens2_1b'].repo_id()}) "
         f"or an arch name ({', '.join(ARCHS)})."

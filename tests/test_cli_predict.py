@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -10,7 +12,7 @@ import sys
 import cv2
 import numpy as np
 import pytest
-from conftest import DATA, SHARED, TINY_INPUT
+from conftest import DATA, SHARED, TINY_ARCH, TINY_HEADS, TINY_INPUT, require
 
 from sapiens2.cli import main
 
@@ -72,6 +74,7 @@ def test_pointmap_writes_points_depth_ply_and_focal(tiny_checkpoints, tmp_path):
     assert header.startswith("ply") and "element vertex" in header
     focal = json.loads((out / "astronaut_focal.json").read_text())
     assert focal["focal_length_px"] is None or focal["focal_length_px"] > 0
+    assert focal["path"] == str(PHOTO)  # the source image, not null
 
 
 def test_mask_from_seg_blanks_the_background(tiny_checkpoints, tmp_path):
@@ -161,6 +164,7 @@ def test_pose_with_boxes_file_writes_json_picture_and_coco_results(tiny_checkpoi
     )  # fmt: skip
     assert code == 0, capsys.readouterr().err
     pose = json.loads((out / "group_pose.json").read_text())
+    assert pose["path"] == str(tmp_path / "group.png")  # the source image, not null
     text = json.dumps(pose)
     assert "left_shoulder" in text
     people = pose.get("people") or pose.get("instances") or pose.get("persons")
@@ -174,8 +178,8 @@ def test_pose_with_boxes_file_writes_json_picture_and_coco_results(tiny_checkpoi
 DETECTOR = SHARED / "fixtures" / "detector" / "rtmdet_m_random_mmengine.pth"
 
 
-@pytest.mark.skipif(not DETECTOR.exists(), reason=f"detector fixture missing: {DETECTOR}")
 def test_pose_runs_the_person_detector_from_a_local_checkpoint(tiny_checkpoints, tmp_path, capsys):
+    require(DETECTOR)
     group_photo(tmp_path / "group.png")
     out = tmp_path / "out"
     code = run(tiny_checkpoints, ["pose"], [tmp_path / "group.png"], out, "--detector", str(DETECTOR))
@@ -195,3 +199,117 @@ def test_console_script_predict_end_to_end(tiny_checkpoints, tmp_path):
 def test_usage_errors_exit_2(tmp_path, capsys):
     assert main(["predict", "--task", "segm", str(PHOTO), "-o", str(tmp_path)]) == 2
     assert "did you mean 'seg'" in capsys.readouterr().err.lower()
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_cuda_device_without_cuda_is_refused_with_the_cli_option(tiny_checkpoints, tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = ["predict", "--task", "seg", str(PHOTO), "-o", str(tmp_path / "out"), "--device", "cuda",
+            "--input-size", "64", "48", f"--model={tiny_checkpoints['seg']}"]  # fmt: skip
+    assert main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "--device cpu" in line and "device='cpu'" not in line, line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("size", [(100, 75), (1024, 8), (0, 768)])
+def test_input_size_must_be_multiples_of_the_patch_size(size, tiny_checkpoints, tmp_path, capsys):
+    assert run(tiny_checkpoints, ["seg"], [PHOTO], tmp_path / "out", input_size=size) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: --input-size {size[0]} {size[1]}") and "multiples of 16" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_input_size_is_documented_in_the_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["predict", "--help"])
+    assert exit_info.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--input-size H W" in help_text and "multiples of 16" in help_text and "1024 768" in help_text
+
+
+def test_pointmap_input_size_that_the_scale_head_cannot_take_is_refused_naming_the_option(
+    tiny_checkpoints, tmp_path, capsys
+):
+    # The tiny pointmap head was built for 256x192: its scale MLP takes a 2x2 grid of 128-pixel cells.
+    assert run(tiny_checkpoints, ["pointmap"], [PHOTO], tmp_path / "out", input_size=(64, 48)) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: --input-size 64 48") and "--input-size 256 256" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_4k_models_need_multiples_of_the_tokenizer_window(tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    from sapiens2 import build_model
+    from sapiens2.models.zoo import get_arch
+
+    torch.manual_seed(0)
+    arch = dataclasses.replace(get_arch(TINY_ARCH | {"num_tokenizer_layers": 1}), use_tokenizer=True)
+    model = build_model("seg", arch, input_size=(128, 128), **TINY_HEADS["seg"])
+    assert model.backbone.tokenizer is not None
+    path = tmp_path / "tiny_4k_seg.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    argv = ["predict", "--task", "seg", str(PHOTO), "-o", str(tmp_path / "out"), "--device", "cpu",
+            "--input-size", "128", "80", f"--model={path}"]  # fmt: skip
+    assert main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: --input-size 128 80") and "multiples of 64" in line, line
+    argv[-2:-1] = ["64"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert (tmp_path / "out" / "astronaut_seg.png").exists()
+
+
+def offline_env(tmp_path):
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty_hf_home"), "OMP_NUM_THREADS": "1"}
+
+
+def test_offline_person_detector_failure_names_the_detector_option(tiny_checkpoints, tmp_path):
+    command = [sys.executable, "-m", "sapiens2", "predict", "--task", "pose", str(PHOTO), "-o", str(tmp_path / "out"),
+               "--device", "cpu", "--input-size", "64", "48", f"--model={tiny_checkpoints['pose']}"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=offline_env(tmp_path))
+    assert result.returncode != 0
+    line = one_error_line(result.stderr)
+    assert "rtmdet_m.pth" in line and "HF_HUB_OFFLINE" in line, line
+    assert "--detector /path/to/rtmdet_m.pth" in line and "--detector none" in line, line
+    assert "from_checkpoint" not in line and "None" not in line, line
+
+
+def test_sample_predicts_on_the_packaged_photo(tiny_checkpoints, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["predict", "--task", "pose,seg", "--sample", "-o", str(out), "--device", "cpu", "--detector", "none",
+            "--input-size", "64", "48", *model_flags(tiny_checkpoints, ["pose", "seg"])]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    from sapiens2.predict.run import SAMPLE_IMAGE
+
+    assert SAMPLE_IMAGE.is_file() and SAMPLE_IMAGE.parent.name == "assets"
+    stem = SAMPLE_IMAGE.stem
+    pose = json.loads((out / f"{stem}_pose.json").read_text())
+    assert pose["path"] == str(SAMPLE_IMAGE) and len(pose["instances"] if "instances" in pose else pose["people"]) == 1
+    labels = cv2.imread(str(out / f"{stem}_seg.png"), cv2.IMREAD_UNCHANGED)
+    assert labels.shape == cv2.imread(str(SAMPLE_IMAGE)).shape[:2]
+    assert "1 images" in capsys.readouterr().out
+
+
+def test_predict_needs_inputs_or_sample(tmp_path, capsys):
+    assert main(["predict", "--task", "seg", "-o", str(tmp_path / "out")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "INPUT" in line and "--sample" in line, line
+
+
+def test_sample_offline_fails_in_one_line_naming_the_model_option(tmp_path):
+    command = [sys.executable, "-m", "sapiens2", "predict", "--task", "seg", "--sample", "-o", str(tmp_path / "out")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=offline_env(tmp_path))
+    assert result.returncode != 0
+    line = one_error_line(result.stderr)
+    assert "facebook/sapiens2-seg-1b" in line and "HF_HUB_OFFLINE" in line, line
+    assert "--model seg=/path/to/sapiens2_1b_seg.safetensors" in line, line
+    assert "load_backbone" not in line and not (tmp_path / "out").exists(), line

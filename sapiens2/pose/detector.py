@@ -73,8 +73,11 @@ _NUMPY_SAFE_GLOBALS = [
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def resolve_detector_checkpoint(path: str | Path | None) -> Path:
+def resolve_detector_checkpoint(path: str | Path | None, *, local_hint: str | None = None) -> Path:
     """Return a local checkpoint file: ``path`` itself, or ``rtmdet_m.pth`` fetched through the Hugging Face cache.
+
+    ``local_hint`` is how the offline message tells to pass a local file (default: the ``from_checkpoint`` call; the
+    CLI names its ``--detector`` option); see ``sapiens2.checkpoints.download``.
 
     Raises:
         FileNotFoundError: ``path`` does not exist, or ``path`` is None and the file is neither reachable (offline,
@@ -93,7 +96,7 @@ def resolve_detector_checkpoint(path: str | Path | None) -> Path:
     return download(
         DETECTOR_REPO_ID,
         DETECTOR_FILENAME,
-        local_hint=f"PersonDetector.from_checkpoint('/path/to/{DETECTOR_FILENAME}')",
+        local_hint=local_hint or f"PersonDetector.from_checkpoint('/path/to/{DETECTOR_FILENAME}')",
     )
 
 

@@ -34,6 +34,9 @@ PRIMARY_OUTPUT = {
     "pose": "_pose.json",
 }
 MASKABLE = ("normal", "pointmap", "albedo")
+# ``--sample``: a public-domain photo shipped with the package (provenance in sapiens2/assets/README.md).
+SAMPLE_IMAGE = Path(__file__).resolve().parents[1] / "assets" / "astronaut.jpg"
+PATCH_SIZE = 16  # pixels per token side of every Sapiens2 backbone; the 4K tokenizer multiplies it by its window
 
 
 def add_predict_parser(commands: argparse._SubParsersAction) -> None:
@@ -42,7 +45,12 @@ def add_predict_parser(commands: argparse._SubParsersAction) -> None:
         help="run tasks on images, folders or globs and write results",
         description="Run Sapiens2 tasks on images. Example: sapiens2 predict --task seg,normal photos/ -o out/",
     )
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders (recursive) or glob patterns")
+    parser.add_argument("inputs", nargs="*", metavar="INPUT", help="image files, folders (recursive) or glob patterns")
+    parser.add_argument(
+        "--sample",
+        action="store_true",
+        help=f"(also) predict on a sample photo shipped with sapiens2, {SAMPLE_IMAGE.name}: a first run to try",
+    )
     parser.add_argument("-o", "--output", required=True, type=Path, help="output folder (mirrors the input layout)")
     parser.add_argument("--task", required=True, help=f"comma-separated tasks: {', '.join(TASKS)}")
     model = parser.add_argument_group("model")
@@ -57,14 +65,26 @@ def add_predict_parser(commands: argparse._SubParsersAction) -> None:
     model.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     model.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")
     model.add_argument("--batch-size", type=int, default=4, help="images (pose: person crops) per forward pass")
-    model.add_argument("--input-size", type=int, nargs=2, default=(1024, 768), metavar=("H", "W"))
+    model.add_argument(
+        "--input-size",
+        type=int,
+        nargs=2,
+        default=(1024, 768),
+        metavar=("H", "W"),
+        help="network input height and width in pixels, multiples of 16 (of 64 for 4K models); default 1024 768, "
+        "the size of the released models (pointmap models take only the size their scale head was built for)",
+    )
     out = parser.add_argument_group("outputs")
     out.add_argument("--mask-from", choices=("seg",), default=None, help="blank normal/pointmap/albedo background")
     out.add_argument("--save-npy", action="store_true", help="also save raw arrays where optional (seg labels)")
     out.add_argument("--skip-existing", action="store_true", help="skip images whose outputs already exist")
     out.add_argument("--no-recursive", action="store_true", help="do not descend into subfolders")
     pose = parser.add_argument_group("pose")
-    pose.add_argument("--detector", default="rtmdet", help="rtmdet (default), a local rtmdet_m.pth, or none")
+    pose.add_argument(
+        "--detector",
+        default="rtmdet",
+        help="rtmdet (default: downloaded once), a local rtmdet_m.pth, or none (the whole image as one person)",
+    )
     pose.add_argument("--boxes", type=Path, default=None, help="person boxes: COCO-style JSON (skips the detector)")
     pose.add_argument(
         "--keypoint-format",
@@ -142,19 +162,113 @@ class RunStats:
         print(f"error: {message}", file=sys.stderr)
 
 
+def check_device(text: str | None) -> None:
+    """Refuse a ``--device`` this machine does not have, in the CLI's words."""
+    if text is None:
+        return
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {text}: not a device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {text}: CUDA is not available on this machine; use --device cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"--device {text}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+
+
+def check_input_size(size: tuple[int, int], step: int = PATCH_SIZE, why: str = "") -> None:
+    """``--input-size H W``: both positive multiples of ``step`` (the patch size; 64 for the 4K tokenizer)."""
+    height, width = size
+    if height < step or width < step or height % step or width % step:
+        raise ValueError(
+            f"--input-size {height} {width}: height and width must be multiples of {step}{why}, e.g. 1024 768"
+            + ("" if step > PATCH_SIZE else "; 4K models need multiples of 64")
+        )
+
+
+def _shrunk(length: int, convs: list[Any]) -> int:
+    for conv in convs:
+        length = (length + 2 * conv.padding[0] - conv.kernel_size[0]) // conv.stride[0] + 1
+    return length
+
+
+def check_model_input_size(size: tuple[int, int], model: Any) -> None:
+    """The rules a loaded model adds: the 4K tokenizer's window, and the pointmap scale head's fixed grid.
+
+    The pointmap scale branch shrinks the token grid with stride-2 convolutions and flattens it into a Linear layer,
+    so it takes only grids with exactly the cells that layer was built for (8 x 6 cells of 128 pixels, i.e. 1024x768,
+    for the released models).
+    """
+    import torch
+
+    backbone = getattr(model, "backbone", None)
+    step = PATCH_SIZE
+    if getattr(backbone, "tokenizer", None) is not None:
+        patch, window = backbone.patch_size, backbone.window_size
+        step = patch * window
+        check_input_size(size, step, f" for this 4K model ({patch}-pixel patches in tokenizer windows of {window})")
+    head = getattr(model, "decode_head", None)
+    if not hasattr(head, "scale_conv_layers"):
+        return
+    convs = [m for m in head.scale_conv_layers if isinstance(m, torch.nn.Conv2d)]
+    linear = next(m for m in head.scale_final_layer if isinstance(m, torch.nn.Linear))
+    cells = linear.in_features // convs[-1].out_channels
+    grid = (_shrunk(size[0] // step, convs), _shrunk(size[1] // step, convs))
+    if grid[0] * grid[1] == cells:
+        return
+    cell = step * 2 ** len(convs)  # pixels per cell side (stride-2 convolutions)
+    rows = min((r for r in range(1, cells + 1) if cells % r == 0), key=lambda r: abs(r / (cells // r) - 4 / 3))
+    raise ValueError(
+        f"--input-size {size[0]} {size[1]}: this pointmap model's scale head takes a grid of {cells} cells of "
+        f"{cell} pixels (ceil(H/{cell}) x ceil(W/{cell}) = {cells}) but this size gives {grid[0]}x{grid[1]}; "
+        f"use --input-size {rows * cell} {cells // rows * cell}"
+    )
+
+
+def _resolve_sources(args: argparse.Namespace, tasks: list[str]) -> tuple[dict[str, Any], Any]:
+    """Every model file and the person detector's, found (or downloaded) before any model is loaded.
+
+    A missing file fails at once, with how to pass a local one in the CLI's options.
+    """
+    from ..checkpoints import resolve_checkpoint
+    from ..pose.detector import DETECTOR_FILENAME, resolve_detector_checkpoint
+
+    models = parse_models(args.model, tasks)
+    sources = {
+        task: resolve_checkpoint(models[task], task, local_hint=f"--model {task}=/path/to/{{filename}}")
+        for task in tasks
+    }
+    detector = None
+    if "pose" in tasks and args.detector != "none" and not args.boxes:
+        if args.detector == "rtmdet":
+            hint = f"--detector /path/to/{DETECTOR_FILENAME} (or --detector none: the whole image as one person)"
+            detector = resolve_detector_checkpoint(None, local_hint=hint)
+        elif Path(args.detector).expanduser().is_file():
+            detector = Path(args.detector).expanduser()
+        else:
+            raise FileNotFoundError(
+                f"--detector {args.detector}: no such file; give a local {DETECTOR_FILENAME}, rtmdet (downloaded "
+                "once) or none (the whole image as one person)"
+            )
+    return sources, detector
+
+
 def _make_predictors(args: argparse.Namespace, tasks: list[str]) -> dict[str, Any]:
     from .predictor import Predictor
 
-    models = parse_models(args.model, tasks)
+    sources, detector = _resolve_sources(args, tasks)
     predictors = {}
     for task in tasks:
         extra = {}
         if task == "pose":
-            detector = None if (args.detector == "none" or args.boxes) else args.detector
             extra = {"detector": detector, "flip_test": not args.no_flip_test}
         predictors[task] = Predictor(
             task,
-            model=models[task],
+            model=sources[task],
             device=args.device,
             dtype=args.dtype,
             input_size=tuple(args.input_size),
@@ -191,10 +305,15 @@ def run_predict(args: argparse.Namespace) -> int:
         boxes = load_boxes(args.boxes) if args.boxes else None
         if args.batch_size < 1:
             raise ValueError("--batch-size must be >= 1")
+        if not args.inputs and not args.sample:
+            raise ValueError("give INPUT images, folders or glob patterns, or --sample for the sample photo")
+        check_device(args.device)
+        check_input_size(tuple(args.input_size))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    items = expand_inputs(args.inputs, args.output, recursive=not args.no_recursive)
+    inputs = [*args.inputs, *([SAMPLE_IMAGE] if args.sample else [])]
+    items = expand_inputs(inputs, args.output, recursive=not args.no_recursive)
     stats = RunStats()
     for item in items:
         if not item.ok:
@@ -208,6 +327,12 @@ def run_predict(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    try:
+        for predictor in predictors.values():
+            check_model_input_size(tuple(args.input_size), predictor.model)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     coco = CocoResultsWriter(args.coco_results, keypoint_format=args.keypoint_format) if args.coco_results else None
     start = time.perf_counter()
     progress = tqdm(total=len(work), unit="img", desc="predict", disable=None)

@@ -173,6 +173,14 @@ def _blank(array: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     return array
 
 
+def _source_path(result_path: str | None, destination: Destination) -> str | None:
+    """The image a JSON file describes: the result's own path, else the input item's file (results of images
+    passed as arrays, as ``sapiens2 predict`` does after reading each file once, carry no path)."""
+    if result_path is None and isinstance(destination, InputItem):
+        return str(destination.source)
+    return result_path
+
+
 def _finite_or_none(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
@@ -253,7 +261,7 @@ def write_pointmap(
         "focal_length_px": _finite_or_none(result.focal),
         "scale": _finite_or_none(result.scale),
         "image_size": [int(result.size[0]), int(result.size[1])],
-        "path": result.path,
+        "path": _source_path(result.path, destination),
         "note": "focal length in pixels of this image (canonical 768 px / scale / letterbox resize); "
         "principal point not predicted",
     }
@@ -305,13 +313,15 @@ def write_pose(
 ) -> list[Path]:
     """Write ``_pose.json`` in ``options.keypoint_format`` and the ``_pose`` skeleton picture.
 
-    The JSON is ``PoseResult.to_json_dict()`` of the converted result plus ``"keypoint_format"``: ``path``,
+    The JSON is ``PoseResult.to_json_dict()`` of the converted result plus ``"keypoint_format"``: ``path`` (the
+    source image: the result's path, else the ``InputItem``'s file),
     ``image_size`` [H, W], ``num_keypoints``, ``keypoint_names`` and per person ``bbox`` (x1, y1, x2, y2 pixels),
     ``bbox_score``, ``keypoints`` [[x, y], ...] (image pixels) and ``keypoint_scores`` (non-finite -> null).
     """
     _check_size(image_rgb, result.image_size, "image_rgb")
     pose = as_keypoint_format(result, options.keypoint_format)
     record = {"keypoint_format": options.keypoint_format, **pose.to_json_dict()}
+    record["path"] = _source_path(record.get("path"), destination)
     written = []
     if options.overlay:
         image = _need_image(image_rgb, "pose", "a skeleton picture")

@@ -271,7 +271,9 @@ class Trainer:
         if resume_state is not None:
             init = ("the checkpoint", resume_state)
         elif model_config.init_from is not None:
-            path = resolve_checkpoint(model_config.init_from, "pretrain")
+            path = resolve_checkpoint(
+                model_config.init_from, "pretrain", local_hint="model.init_from: /path/to/{filename} in the config"
+            )
             init = (path, read_state_dict(path))
         backbone_state: dict[str, Tensor] = {}
         head_state: dict[str, Tensor] = {}
