@@ -1,7 +1,10 @@
 """Surface normals: official demo pre/post-processing and the per-image result.
 
 Implements MODEL.md §2.9 "Normal" / DENSE.md §3.5: letterbox, normalise; the output is L2-normalised at network
-resolution, the padding cropped and the map resized bilinearly to the original size (not re-normalised after).
+resolution, the padding cropped and the map resized bilinearly to the original size. The official demo stops there
+(so resized vectors between network pixels come out shorter than 1: median length ~0.6 for a noisy map); by
+default this module L2-normalises again after the resize so every returned normal is unit length, and
+``renormalize=False`` gives the official numbers.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ class NormalResult:
 
     Attributes:
         normals: (H, W, 3) float32 (x, y, z) in the camera frame: x along image columns (a horizontal flip negates
-            it), y along rows, z depth. Unit length at network resolution; bilinear resizing makes vectors between
-            network pixels slightly shorter (the reference does not re-normalise).
+            it), y along rows, z depth. Unit length at every pixel by default (normalised again after the
+            resize); with ``postprocess(..., renormalize=False)`` (``Predictor(reference=True)``) the official
+            demo's values, unit length only at network pixels (bilinear resizing shortens the vectors between).
         path: source file, if known.
         size: original (H, W).
     """
@@ -49,15 +53,30 @@ class NormalResult:
 preprocess = letterbox_batch
 
 
+def _unit(normals: torch.Tensor) -> torch.Tensor:
+    """n / max(||n||, NORM_EPS) over the channels of (1, 3, H, W), in place (the reference's arithmetic)."""
+    return normals.div_(torch.linalg.vector_norm(normals, dim=1, keepdim=True).clamp_(min=NORM_EPS))
+
+
 def postprocess(
     raw: torch.Tensor | np.ndarray,
     meta: Sequence[ResizeInfo],
     *,
     paths: Sequence[str | os.PathLike | None] | None = None,
+    renormalize: bool = True,
 ) -> list[NormalResult]:
     """Turn the raw (B, 3, H_in, W_in) output into unit normals at each image's original resolution.
 
-    Per image: n / max(||n||, 1e-8) over channels, crop the letterbox padding, bilinear resize (align_corners=False).
+    Per image: n / max(||n||, 1e-8) over channels, crop the letterbox padding, bilinear resize (align_corners=False),
+    then (``renormalize``) n / max(||n||, 1e-8) again so the resized normals are unit length too.
+
+    Args:
+        raw: the network output (any float dtype, any device).
+        meta: the ``ResizeInfo`` list returned by ``preprocess``.
+        paths: optional source path per image, stored in the results.
+        renormalize: normalise again after resizing (default). ``False`` is the official demo's order (normalised
+            at network resolution only): bit-identical to its saved files, with vectors shorter than 1 wherever
+            the resize interpolates between network pixels.
     """
     raw = as_output_batch(raw, meta, 3, "normal output")
     results = []
@@ -65,6 +84,8 @@ def postprocess(
         normals = raw[index : index + 1]  # (1, 3, H_in, W_in)
         normals = normals / torch.linalg.vector_norm(normals, dim=1, keepdim=True).clamp(min=NORM_EPS)
         normals = resize_bilinear(crop_padding(normals, info.padding), info.original_hw)
+        if renormalize:
+            normals = _unit(normals)
         array = normals[0].permute(1, 2, 0).contiguous().cpu().numpy()  # (H, W, 3)
         results.append(NormalResult(array, path, info.original_hw))
     return results

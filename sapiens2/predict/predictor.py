@@ -89,6 +89,9 @@ class Predictor:
             ``rtmdet_m.pth`` path, a callable ``images -> list of (N, 5) [x1, y1, x2, y2, score]``, or ``None``
             (whole image, unless boxes are given per call).
         flip_test: pose only: average with the horizontally flipped input (the official setting).
+        reference: follow the official demo wherever this library's default post-processing differs from it, to
+            reproduce its saved files exactly. Today that is one place: normals are not normalised again after
+            resizing to the original size (default: they are, so every returned normal is unit length).
 
     Images are file paths, PIL images or H×W×3 uint8 **RGB** arrays. ``predictor(image)`` returns one result,
     ``predictor([...])`` a list, ``predictor.stream(iterable)`` yields results as batches finish.
@@ -109,6 +112,7 @@ class Predictor:
         batch_size: int = 4,
         detector: str | os.PathLike | Callable | None = "rtmdet",
         flip_test: bool = True,
+        reference: bool = False,
     ) -> None:
         self.task = check_task(task)
         self.device = _resolve_device(device)
@@ -118,6 +122,7 @@ class Predictor:
         self.input_size = (int(input_size[0]), int(input_size[1]))
         self.batch_size = batch_size
         self.flip_test = flip_test
+        self.reference = bool(reference)
         if not isinstance(model, nn.Module):
             model = load_model(task, model)
         self.model = model.to(self.device, self.dtype).eval()
@@ -198,7 +203,14 @@ class Predictor:
         module = DENSE_TASKS[self.task]
         x, meta = self._timed("preprocess", module.preprocess, arrays, self.input_size, device=self.device)
         raw = self._timed("inference", self.forward, x)
-        return self._timed("postprocess", module.postprocess, raw, meta, paths=paths)
+        options = self._postprocess_options()
+        return self._timed("postprocess", module.postprocess, raw, meta, paths=paths, **options)
+
+    def _postprocess_options(self) -> dict[str, Any]:
+        """Keyword arguments of the task's ``postprocess`` that select the official demo's order (``reference``)."""
+        if self.task == "normal":
+            return {"renormalize": not self.reference}
+        return {}
 
     def _predict_pose(
         self, arrays: list[np.ndarray], boxes: Sequence[Any] | None, paths: list[str | None]

@@ -74,6 +74,11 @@ def add_predict_parser(commands: argparse._SubParsersAction) -> None:
         help="network input height and width in pixels, multiples of 16 (of 64 for 4K models); default 1024 768, "
         "the size of the released models (pointmap models take only the size their scale head was built for)",
     )
+    model.add_argument(
+        "--reference",
+        action="store_true",
+        help="the official demo's post-processing where ours differs (normals not re-normalised after resizing)",
+    )
     out = parser.add_argument_group("outputs")
     out.add_argument("--mask-from", choices=("seg",), default=None, help="blank normal/pointmap/albedo background")
     out.add_argument("--save-npy", action="store_true", help="also save raw arrays where optional (seg labels)")
@@ -273,6 +278,7 @@ def _make_predictors(args: argparse.Namespace, tasks: list[str]) -> dict[str, An
             dtype=args.dtype,
             input_size=tuple(args.input_size),
             batch_size=args.batch_size,
+            reference=args.reference,
             **extra,
         )
     return predictors
