@@ -30,6 +30,20 @@ def require(path: Path) -> Path:
     return path
 
 
+def require_module(name: str, minversion: str | None = None):
+    """Import an optional test dependency (a dev extra); like ``require``: skip locally, fail under CI=true."""
+    if os.environ.get("CI", "").lower() != "true":
+        return pytest.importorskip(name, minversion=minversion)
+    import importlib
+
+    module = importlib.import_module(name)
+    if minversion is not None:
+        from packaging.version import Version
+
+        assert Version(module.__version__) >= Version(minversion), f"{name} {module.__version__} < {minversion}"
+    return module
+
+
 def load_case(name: str) -> tuple[dict, Path]:
     """Read ``parity/<name>/case.json``; returns (case dict, case folder)."""
     folder = require(PARITY / name)

@@ -9,13 +9,13 @@ import json
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, require_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sapiens2.eval.oks import STAT_NAMES, compute_oks, evaluate_keypoints, evaluate_sapiens308
 
-pycocotools = pytest.importorskip("pycocotools")
+pycocotools = require_module("pycocotools")
 from pycocotools.coco import COCO  # noqa: E402
 from pycocotools.cocoeval import COCOeval  # noqa: E402
 

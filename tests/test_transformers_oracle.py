@@ -5,14 +5,13 @@ transformers uses a float32 RoPE, so ours runs with ``rope_dtype="fp32"`` here; 
 
 from __future__ import annotations
 
-import pytest
 import torch
-from conftest import assert_rel_close
+from conftest import assert_rel_close, require_module
 from safetensors.torch import save_file
 
 from sapiens2 import Sapiens2
 
-transformers = pytest.importorskip("transformers", minversion="5.23")
+transformers = require_module("transformers", minversion="5.23")
 
 
 def randomize_norms_and_scales(model: torch.nn.Module) -> None:

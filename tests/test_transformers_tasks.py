@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_rel_close
+from conftest import assert_rel_close, require_module
 from safetensors.torch import save_file
 
 from sapiens2 import build_model, load_model
 from sapiens2.models.heads import infer_head_config
 from sapiens2.models.task_model import OUTPUT_LAYERS, TaskModel
 
-transformers = pytest.importorskip("transformers", minversion="5.23")
+transformers = require_module("transformers", minversion="5.23")
 
 # Real block structure (full MHA in blocks 0-7 and 10-17, GQA with h/2 kv heads in blocks 8-9, MODEL.md §1.1) at a
 # width that keeps each case to a few seconds on one CPU thread. head_dim 64 as in the released archs.

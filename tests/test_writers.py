@@ -8,6 +8,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from conftest import require_module
 from test_visualize import astronaut_image, astronaut_labels, astronaut_pose
 
 from sapiens2.data.sources import InputItem
@@ -324,8 +325,8 @@ def test_instance_score_is_box_score_times_mean_of_keypoint_scores_above_0_2():
 
 
 def test_coco_results_file_loads_with_pycocotools_and_scores_perfectly_against_itself(tmp_path):
-    coco_module = pytest.importorskip("pycocotools.coco")
-    cocoeval_module = pytest.importorskip("pycocotools.cocoeval")
+    coco_module = require_module("pycocotools.coco")
+    cocoeval_module = require_module("pycocotools.cocoeval")
     pose = astronaut_pose()
     writer = CocoResultsWriter(tmp_path / "results.json", keypoint_format="coco17")
     assert writer.add(pose, "astronaut.png") == 1
