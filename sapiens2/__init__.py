@@ -8,6 +8,7 @@ from .checkpoints import load_backbone
 from .models import ARCHS, Arch, Sapiens2, get_arch
 from .models.task_model import TaskModel, build_model, load_model
 from .predict.predictor import Predictor
+from .transformers_format import save_transformers
 
 __version__ = "0.1.0"
 
@@ -22,4 +23,5 @@ __all__ = [
     "get_arch",
     "load_backbone",
     "load_model",
+    "save_transformers",
 ]

@@ -169,10 +169,12 @@ def _pick_file_in_dir(folder: Path, task: str, filename: str | None) -> Path:
 # ------------------------------------------------------------------------------------------------- reading files
 
 
-def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+def read_state_dict(path: str | os.PathLike, rope_dtype: str | torch.dtype = "bf16") -> dict[str, torch.Tensor]:
     """Read a state dict onto the CPU: safetensors, or a torch file through ``torch.load(weights_only=True)``.
 
-    A torch file holding ``{"state_dict": ...}`` or ``{"model": ...}`` is unwrapped.
+    A torch file holding ``{"state_dict": ...}`` or ``{"model": ...}`` is unwrapped. A file of a Hugging Face
+    transformers Sapiens2 folder comes back in the official layout, with the RoPE periods transformers does not
+    store computed in ``rope_dtype`` (``transformers_format.convert_if_transformers``).
 
     Raises:
         CheckpointNotFoundError: the file does not exist.
@@ -185,8 +187,9 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
 
-            return load_file(str(path), device="cpu")
-        data = torch.load(path, map_location="cpu", weights_only=True)
+            data = load_file(str(path), device="cpu")
+        else:
+            data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # safetensors and pickle raise many types for a corrupt file
         raise ValueError(f"Cannot read checkpoint {path}: {type(error).__name__}: {error}") from error
     for wrapper in ("state_dict", "model"):
@@ -194,7 +197,9 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             data = data[wrapper]
     if not isinstance(data, Mapping) or not all(isinstance(v, torch.Tensor) for v in data.values()):
         raise ValueError(f"Checkpoint {path} does not hold a state dict of tensors")
-    return dict(data)
+    from .transformers_format import convert_if_transformers
+
+    return convert_if_transformers(path, dict(data), rope_dtype)
 
 
 # ------------------------------------------------------------------------------------------- arch from the shapes
@@ -322,7 +327,7 @@ def load_backbone(
     from .models.backbone import Sapiens2
 
     path = resolve_checkpoint(source, PRETRAIN, filename)
-    state_dict = read_state_dict(path)
+    state_dict = read_state_dict(path, kwargs.get("rope_dtype", "bf16"))
     inferred = infer_arch(state_dict)
     chosen = get_arch(arch) if arch is not None else inferred
     kwargs.setdefault("use_tokenizer", inferred.use_tokenizer)

@@ -172,7 +172,7 @@ def load_model(
 
     check_task(task)
     path = resolve_checkpoint(source, task, filename)
-    state_dict = read_state_dict(path)
+    state_dict = read_state_dict(path, rope_dtype)
     found = detect_task(state_dict)
     if found is None:
         raise CheckpointMismatchError(
