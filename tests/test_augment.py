@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sapiens2.data import augment as aug
-from sapiens2.pose.keypoints import keypoint_metadata
+from sapiens2.metadata import keypoint_metadata
 from sapiens2.pose.topdown import crop_person, udp_warp_matrix
 
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -25,8 +25,8 @@ from PIL import Image
 
 from sapiens2.cli import main
 from sapiens2.data.io import read_image
+from sapiens2.metadata import NUM_KEYPOINTS
 from sapiens2.pose.codec import encode_heatmaps
-from sapiens2.pose.keypoints import NUM_KEYPOINTS
 from sapiens2.pose.topdown import box_to_center_scale, crop_person, estimate_pose, filter_detections
 
 BAD = DATA / "bad_inputs"

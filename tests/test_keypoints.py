@@ -10,13 +10,8 @@ from conftest import load_case
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sapiens2.pose.keypoints import (
-    FORMATS,
-    convert_keypoints,
-    flip_keypoints,
-    format_keypoint_names,
-    keypoint_metadata,
-)
+from sapiens2.metadata import keypoint_metadata
+from sapiens2.pose.keypoints import FORMATS, convert_keypoints, flip_keypoints, format_keypoint_names
 
 META = keypoint_metadata()
 # Random keypoint sets drawn from a seed (generating 1232 floats element by element is slow in hypothesis).

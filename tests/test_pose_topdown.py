@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from parity import assert_parity, max_abs, platform_outputs, stable_keypoint_px
 from safetensors.numpy import load_file
 
+from sapiens2.metadata import keypoint_metadata
 from sapiens2.pose.codec import encode_heatmaps
-from sapiens2.pose.keypoints import keypoint_metadata
 from sapiens2.pose.topdown import (
     PoseResult,
     box_to_center_scale,

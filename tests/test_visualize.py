@@ -8,7 +8,7 @@ import pytest
 from conftest import DATA
 
 from sapiens2.data.io import read_image
-from sapiens2.pose.keypoints import keypoint_metadata
+from sapiens2.metadata import keypoint_metadata
 from sapiens2.pose.topdown import PoseResult
 from sapiens2.predict.visualize import (
     as_keypoint_format,

@@ -18,7 +18,8 @@ from sapiens2.dense.normal import NormalResult
 from sapiens2.dense.pointmap import PointmapResult
 from sapiens2.dense.seg import SegResult, class_names
 from sapiens2.eval.oks import evaluate_keypoints
-from sapiens2.pose.keypoints import format_keypoint_names, keypoint_metadata
+from sapiens2.metadata import keypoint_metadata
+from sapiens2.pose.keypoints import format_keypoint_names
 from sapiens2.pose.topdown import PoseResult
 from sapiens2.predict.visualize import colorize_depth, colorize_normals, draw_pose, seg_overlay
 from sapiens2.predict.writers import CocoResultsWriter, WriteOptions, instance_score, write_result

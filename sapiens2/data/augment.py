@@ -21,16 +21,13 @@ every step here is per-channel or converts with the matching RGB flag, so result
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 from collections.abc import Sequence
-from importlib import resources
 
 import cv2
 import numpy as np
 
-from sapiens2.pose.keypoints import keypoint_metadata
+from sapiens2.metadata import keypoint_metadata, seg_metadata
 
 __all__ = [
     "Sample",
@@ -54,7 +51,6 @@ __all__ = [
     "replace_background",
     "resize_sample",
     "rotate_sample",
-    "seg29_table",
     "seg_random_crop",
     "solarize",
     "truncated_normal",
@@ -203,15 +199,9 @@ def hflip(sample: Sample, seg_swap_pairs: Sequence[tuple[int, int]] | None = Non
     return out
 
 
-@functools.cache
-def seg29_table() -> dict:
-    """The parsed ``assets/seg29.json`` (class names, flip pairs, source remaps; DENSE.md §2.1). Cached; do not edit."""
-    return json.loads((resources.files("sapiens2") / "assets" / "seg29.json").read_text(encoding="utf-8"))
-
-
 def _swap_labels(labels: np.ndarray, pairs: Sequence[tuple[int, int]] | None) -> np.ndarray:
     if pairs is None:
-        pairs = seg29_table()["hflip_swap_pairs"]
+        pairs = seg_metadata().hflip_swap_pairs
     table = np.arange(256, dtype=np.uint8)
     for left, right in pairs:
         table[left], table[right] = right, left

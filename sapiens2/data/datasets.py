@@ -45,8 +45,9 @@ from sapiens2.data import augment as aug
 from sapiens2.data.demo import make_demo_dataset
 from sapiens2.data.io import read_image
 from sapiens2.data.transforms import normalize_to_tensor
+from sapiens2.metadata import NUM_KEYPOINTS, seg_metadata
 from sapiens2.pose.codec import encode_heatmaps
-from sapiens2.pose.keypoints import NUM_KEYPOINTS, convert_keypoints
+from sapiens2.pose.keypoints import convert_keypoints
 
 __all__ = [
     "AlbedoDataset",
@@ -114,10 +115,10 @@ def label_map_table(label_map: Mapping[int, int] | str | None) -> np.ndarray | N
     if label_map is None:
         return None
     if isinstance(label_map, str):
-        tables = {k: v for k, v in aug.seg29_table()["source_mappings"].items() if not k.startswith("_")}
+        tables = seg_metadata().label_maps
         if label_map not in tables:
             raise ValueError(f"unknown label_map {label_map!r}; give a dict or one of {sorted(tables)}")
-        label_map = {row["source_id"]: row["target_id"] for row in tables[label_map]["rows"]}
+        label_map = tables[label_map]
     table = np.full(256, 255, dtype=np.uint8)
     for source, target in label_map.items():
         if not (0 <= int(source) < 256 and 0 <= int(target) < 256):

@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 
 from sapiens2.data.io import read_image, save_json, save_npy, save_png
-from sapiens2.pose.keypoints import NUM_KEYPOINTS, keypoint_metadata
+from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
 
 if TYPE_CHECKING:
     from sapiens2.data.datasets import PathLike

@@ -10,12 +10,9 @@ bit-identical to resizing all logits at once, in about 10 bytes per output pixel
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 
 import numpy as np
 import torch
@@ -27,6 +24,7 @@ from sapiens2.data.transforms import (
     resize_bilinear,
     stretch_batch,
 )
+from sapiens2.metadata import seg_metadata
 
 __all__ = [
     "CLASSWISE_MIN_BYTES",
@@ -42,11 +40,9 @@ CLASSWISE_MIN_BYTES = 64 * 2**20
 """``postprocess`` resizes one class at a time once all resized logits (4 x C x H x W bytes) would exceed this."""
 
 
-@functools.cache
 def class_names() -> tuple[str, ...]:
-    """The 29 class names in id order (0 = Background), read once from ``sapiens2/assets/seg29.json``."""
-    text = resources.files("sapiens2.assets").joinpath("seg29.json").read_text(encoding="utf-8")
-    return tuple(json.loads(text)["class_names"])
+    """The 29 class names in id order (0 = Background), from ``sapiens2/assets/seg29.json``."""
+    return seg_metadata().class_names
 
 
 @dataclass(frozen=True, eq=False)

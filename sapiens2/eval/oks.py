@@ -10,13 +10,13 @@ COCO boxes are (x, y, w, h); areas are in square pixels.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 
 import numpy as np
+
+from sapiens2.metadata import keypoint_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -202,20 +202,18 @@ def evaluate_sapiens308(
 @functools.lru_cache(maxsize=1)
 def _sapiens308_table() -> tuple[np.ndarray, dict[str, tuple[int, ...]]]:
     """The 308 sigmas and the subsets' column ids, from the packaged keypoint metadata."""
-    meta = json.loads(resources.files("sapiens2").joinpath("assets/keypoints308.json").read_text())
-    sigmas = np.asarray(meta["sigmas"], dtype=np.float64)
-    sigmas.setflags(write=False)
-    reference = meta["eval_subsets"]
+    meta = keypoint_metadata()
+    reference = {name: ids for name, (_, ids) in meta.eval_subsets.items()}
     ids = {
-        "body": reference["keypoints_body"]["ids"],
-        "foot": reference["keypoints_foot"]["ids"],
-        "face": reference["keypoints_face"]["ids"],
-        "lefthand": reference["keypoints_lefthand"]["ids"],
-        "righthand": reference["keypoints_righthand"]["ids"],
-        "all": reference["keypoints_wholebody_goliath"]["ids"],
+        "body": reference["keypoints_body"],
+        "foot": reference["keypoints_foot"],
+        "face": reference["keypoints_face"],
+        "lefthand": reference["keypoints_lefthand"],
+        "righthand": reference["keypoints_righthand"],
+        "all": reference["keypoints_wholebody_goliath"],
     }
     ids["hand"] = ids["lefthand"] + ids["righthand"]
-    return sigmas, {name: tuple(int(i) for i in value) for name, value in ids.items()}
+    return meta.sigmas, {name: tuple(int(i) for i in value) for name, value in ids.items()}
 
 
 def _check_sigmas(sigmas: np.ndarray, num_keypoints: int) -> np.ndarray:

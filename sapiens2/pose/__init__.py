@@ -1,7 +1,8 @@
 """308-keypoint pose: metadata and conversions, the UDP/DARK heatmap codec, the top-down pipeline, the detector."""
 
+from ..metadata import keypoint_metadata
 from .codec import decode_heatmaps, encode_heatmaps
-from .keypoints import FORMATS, convert_keypoints, keypoint_metadata
+from .keypoints import FORMATS, convert_keypoints
 from .topdown import PoseResult, estimate_pose, filter_detections
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""The 308-keypoint Sapiens2 format: metadata from ``assets/keypoints308.json`` and conversions (POSE.md §1).
+"""The 308-keypoint Sapiens2 format: conversions to other formats and flips (POSE.md §1; metadata in
+``sapiens2.metadata``).
 
 Keypoints are (x, y) pixels; conversions keep the frame of their input. Other formats: COCO-17 (body),
 COCO-WholeBody-133 and OpenPose BODY_25. A joint a target format has but the 308 format lacks is returned at (0, 0)
@@ -9,24 +10,12 @@ from __future__ import annotations
 
 import difflib
 import functools
-import json
-import types
-from collections.abc import Mapping
-from dataclasses import dataclass
-from importlib import resources
 
 import numpy as np
 
-__all__ = [
-    "FORMATS",
-    "KeypointMetadata",
-    "convert_keypoints",
-    "flip_keypoints",
-    "format_keypoint_names",
-    "keypoint_metadata",
-]
+from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
 
-NUM_KEYPOINTS = 308
+__all__ = ["FORMATS", "convert_keypoints", "flip_keypoints", "format_keypoint_names"]
 
 _COCO17_NAMES = (
     "nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder", "right_shoulder", "left_elbow",
@@ -60,88 +49,6 @@ _OPENPOSE25_MIDPOINTS = {"neck": ("left_shoulder", "right_shoulder"), "mid_hip":
 
 FORMATS = ("sapiens308", "coco17", "coco_wholebody133", "openpose25")
 """Names accepted by :func:`convert_keypoints`."""
-
-
-@dataclass(frozen=True)
-class KeypointMetadata:
-    """Everything the pipeline needs about the 308 keypoints (arrays are read-only; ids index the 308 axis).
-
-    Attributes:
-        names: 308 names in id order.
-        flip_indices: (308,) int64 horizontal-flip permutation (an involution; face pairs are positional mirrors,
-            never derive them from names, POSE.md §1.2).
-        flip_pairs: 146 unordered (i, j) pairs, i < j.
-        keypoint_colors: (308, 3) uint8 RGB.
-        skeleton_links: (65, 2) int64 id pairs (body, feet, hands; no face links).
-        skeleton_link_colors: (65, 3) uint8 RGB.
-        sigmas: (308,) float64 OKS constants.
-        groups: group name (body/foot/face/left_hand/right_hand/extra) -> ids in the config's order (body is
-            in COCO-17 order).
-        eval_subsets: xtcocotools iouType -> (json field, ids), POSE.md §6.
-        upper_body_ids, lower_body_ids: the half-body augmentation lists (51 and 12 ids).
-        coco_wholebody_to_308: the 53 name-matched (COCO-WholeBody index, 308 id) pairs of the reference.
-        min_visible_keypoints: the training datasets' threshold (8).
-    """
-
-    names: tuple[str, ...]
-    flip_indices: np.ndarray
-    flip_pairs: tuple[tuple[int, int], ...]
-    keypoint_colors: np.ndarray
-    skeleton_links: np.ndarray
-    skeleton_link_colors: np.ndarray
-    sigmas: np.ndarray
-    groups: Mapping[str, tuple[int, ...]]
-    eval_subsets: Mapping[str, tuple[str, tuple[int, ...]]]
-    upper_body_ids: tuple[int, ...]
-    lower_body_ids: tuple[int, ...]
-    coco_wholebody_to_308: tuple[tuple[int, int], ...]
-    min_visible_keypoints: int
-
-    def index(self, name: str) -> int:
-        """Id of a keypoint name; unknown names raise ValueError with the closest matches."""
-        try:
-            return self.names.index(name)
-        except ValueError:
-            close = difflib.get_close_matches(name, self.names, n=3)
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise ValueError(f"unknown keypoint name {name!r}{hint}") from None
-
-
-def _frozen(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array
-
-
-@functools.cache
-def keypoint_metadata() -> KeypointMetadata:
-    """Load the 308-keypoint metadata from the package's ``assets/keypoints308.json`` (once; cached).
-
-    Raises:
-        ValueError: if the asset is inconsistent (wrong count, flip map not an involution).
-    """
-    text = (resources.files("sapiens2") / "assets" / "keypoints308.json").read_text(encoding="utf-8")
-    data = json.loads(text)
-    names = tuple(data["names"])
-    flip = np.asarray(data["flip_indices"], dtype=np.int64)
-    if len(names) != NUM_KEYPOINTS or flip.shape != (NUM_KEYPOINTS,) or not np.array_equal(flip[flip], np.arange(308)):
-        raise ValueError("assets/keypoints308.json is corrupt: expected 308 names and an involutive flip map")
-    return KeypointMetadata(
-        names=names,
-        flip_indices=_frozen(flip),
-        flip_pairs=tuple((int(a), int(b)) for a, b in data["flip_pairs"]),
-        keypoint_colors=_frozen(np.asarray(data["keypoint_colors"], dtype=np.uint8)),
-        skeleton_links=_frozen(np.asarray(data["skeleton_links"], dtype=np.int64)),
-        skeleton_link_colors=_frozen(np.asarray(data["skeleton_link_colors"], dtype=np.uint8)),
-        sigmas=_frozen(np.asarray(data["sigmas"], dtype=np.float64)),
-        groups=types.MappingProxyType({name: tuple(group["ids"]) for name, group in data["groups"].items()}),
-        eval_subsets=types.MappingProxyType(
-            {name: (sub["json_field"], tuple(sub["ids"])) for name, sub in data["eval_subsets"].items()}
-        ),
-        upper_body_ids=tuple(data["upper_body_ids"]),
-        lower_body_ids=tuple(data["lower_body_ids"]),
-        coco_wholebody_to_308=tuple((int(a), int(b)) for a, b in data["coco_wholebody_to_308"]),
-        min_visible_keypoints=int(data["dataset_meta"]["min_visible_keypoints"]),
-    )
 
 
 @functools.cache

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from sapiens2.data.transforms import normalize_to_tensor
+from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
 from sapiens2.pose.codec import decode_heatmaps
-from sapiens2.pose.keypoints import NUM_KEYPOINTS, convert_keypoints, keypoint_metadata
+from sapiens2.pose.keypoints import convert_keypoints
 
 __all__ = [
     "PoseResult",

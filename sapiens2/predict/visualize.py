@@ -8,14 +8,13 @@ where this module departs from them on purpose (black backgrounds, sizes scaled 
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
-from importlib import resources
 
 import cv2
 import numpy as np
 
-from sapiens2.pose.keypoints import FORMATS, NUM_KEYPOINTS, convert_keypoints, format_keypoint_names, keypoint_metadata
+from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata, seg_metadata
+from sapiens2.pose.keypoints import FORMATS, convert_keypoints, format_keypoint_names
 from sapiens2.pose.topdown import PoseResult
 
 __all__ = [
@@ -67,13 +66,9 @@ def _check_mask(mask: np.ndarray | None, size: tuple[int, int], name: str = "mas
 # Segmentation
 
 
-@functools.cache
 def seg_palette() -> np.ndarray:
     """(29, 3) uint8 RGB colour of each segmentation class id, from ``assets/seg29.json`` (read-only, cached)."""
-    text = resources.files("sapiens2.assets").joinpath("seg29.json").read_text(encoding="utf-8")
-    palette = np.asarray(json.loads(text)["palette_rgb"], dtype=np.uint8)
-    palette.flags.writeable = False
-    return palette
+    return seg_metadata().palette
 
 
 def colorize_labels(labels: np.ndarray, palette: np.ndarray | None = None) -> np.ndarray:

@@ -9,22 +9,18 @@ Images are ``(B, C, H, W)``; masks are boolean ``(B, 1, H, W)`` (``(B, H, W)`` i
 
 from __future__ import annotations
 
-import json
-from functools import lru_cache
-from importlib import resources
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sapiens2.metadata import seg_metadata
+
 IGNORE_INDEX = 255
 
 
-@lru_cache(maxsize=1)
 def seg_class_weights() -> tuple[float, ...]:
     """The 29 cross-entropy class weights of the released seg configs (``assets/seg29.json``)."""
-    text = (resources.files("sapiens2") / "assets" / "seg29.json").read_text()
-    return tuple(float(w) for w in json.loads(text)["ce_class_weights"])
+    return seg_metadata().ce_class_weights
 
 
 # ---------------------------------------------------------------------------------------------------------------------
