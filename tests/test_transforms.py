@@ -9,6 +9,7 @@ import torch
 from conftest import load_case
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from parity import assert_parity, max_abs, misses_parity, platform_outputs
 from safetensors.torch import load_file
 
 from sapiens2.data.io import read_image
@@ -188,20 +189,22 @@ def test_resize_info_maps_stretch_points_per_axis() -> None:
     np.testing.assert_allclose(info.to_input(np.array([24.5, 49.5])), [99.5, 99.5])
 
 
-def test_gaussian_blur_reproduces_the_official_torchvision_smoothing_bit_for_bit() -> None:
+def test_gaussian_blur_reproduces_the_official_torchvision_smoothing() -> None:
     # The official demo smooths an enlarged pointmap with torchvision's gaussian_blur (4 passes, 3x3, sigma 0.8) and
     # then resizes it; D_pointmap_e2e holds its raw network output and its final pointmap for img_a (144x144 content
-    # enlarged to 256x256). A 1-ulp change in the blur (a separable kernel, a float64 kernel) breaks the equality.
-    case, folder = load_case("D_pointmap_e2e")
-    outputs = load_file(folder / case["outputs"]["file"])
-    canonical = outputs["img_a__debug__network_output_pointmap"]
-    metric = crop_padding(canonical / outputs["img_a__debug__network_output_scale"].view(1, 1),
-                          tuple(case["pipeline"]["per_image_meta"]["img_a"]["padding_size"]))  # fmt: skip
-    expected = outputs["img_a__pointmap"]  # (256, 256, 3)
-    assert metric.shape[-2:] == (144, 144) and expected.shape[:2] == (256, 256)
-    smoothed = resize_bilinear(gaussian_blur(metric, 3, 0.8, passes=4), (256, 256))
-    assert torch.equal(smoothed[0].permute(1, 2, 0), expected)
-    assert not torch.equal(resize_bilinear(metric, (256, 256))[0].permute(1, 2, 0), expected)
+    # enlarged to 256x256). Where the CPU matches a stored platform a 1-ulp change in the blur (a separable kernel, a
+    # float64 kernel) breaks the equality; elsewhere the widened loose tier (tests/parity.py) still rejects no blur.
+    case, _ = load_case("D_pointmap_e2e")
+    padding = tuple(case["pipeline"]["per_image_meta"]["img_a"]["padding_size"])
+    loose = (case["tolerance"]["suggested"]["img_a__pointmap"]["loose"],)
+    for outputs in platform_outputs("D_pointmap_e2e").values():
+        canonical = outputs["img_a__debug__network_output_pointmap"]
+        metric = crop_padding(canonical / outputs["img_a__debug__network_output_scale"].view(1, 1), padding)
+        assert metric.shape[-2:] == (144, 144)
+        smoothed = resize_bilinear(gaussian_blur(metric, 3, 0.8, passes=4), (256, 256))
+        assert_parity("D_pointmap_e2e", "img_a__pointmap", smoothed[0].permute(1, 2, 0), max_abs, loose)
+        unsmoothed = resize_bilinear(metric, (256, 256))[0].permute(1, 2, 0)
+        assert misses_parity("D_pointmap_e2e", "img_a__pointmap", unsmoothed, max_abs, loose)
 
 
 def test_four_blur_passes_equal_opencv_gaussian_blur_with_mirrored_borders() -> None:
