@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sapiens2.data import augment as aug
 from sapiens2.metadata import keypoint_metadata
 from sapiens2.pose.topdown import crop_person, udp_warp_matrix
+from sapiens2.train import augment as aug
 
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SWAP_PAIRS = [(5, 14), (6, 15), (7, 16), (8, 17), (9, 18), (10, 19), (11, 20), (12, 21)]

@@ -11,11 +11,12 @@ import torch
 from conftest import DATA
 from torch.utils.data import DataLoader, default_collate
 
-from sapiens2.data.augment import hflip
-from sapiens2.data.datasets import build_dataset, fit_intrinsics, label_map_table, make_demo_dataset
 from sapiens2.data.io import read_image, save_json, save_npy, save_png
 from sapiens2.metadata import keypoint_metadata
 from sapiens2.pose.codec import decode_heatmaps
+from sapiens2.train.augment import hflip
+from sapiens2.train.datasets import build_dataset, fit_intrinsics, label_map_table
+from sapiens2.train.demo_data import make_demo_dataset
 from sapiens2.train.losses import build_loss
 
 TASKS = ("seg", "normal", "pointmap", "albedo", "pose")

@@ -17,9 +17,9 @@ import torch
 import yaml
 
 from sapiens2 import load_model
-from sapiens2.data.datasets import make_demo_dataset
 from sapiens2.train import cli
 from sapiens2.train.config import config_from_dict, load_config
+from sapiens2.train.demo_data import make_demo_dataset
 from sapiens2.train.trainer import Trainer, export_model, find_checkpoints, fit
 
 REPO = Path(__file__).resolve().parents[1]

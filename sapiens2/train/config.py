@@ -68,7 +68,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Datasets and loaders (``sapiens2.data.datasets.build_dataset``).
+    """Datasets and loaders (``sapiens2.train.datasets.build_dataset``).
 
     Attributes:
         root: dataset folder (required).

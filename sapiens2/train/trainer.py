@@ -241,7 +241,7 @@ class Trainer:
     def _datasets(self, train: Any, val: Any) -> tuple[Any, Any]:
         config, data = self.config, self.config.data
         if train is None or (val is None and data.val_split and config.eval_every):
-            from ..data.datasets import build_dataset
+            from .datasets import build_dataset
 
             common = {"input_size": data.input_size, "seed": config.seed, **data.options}
             if train is None:

@@ -41,13 +41,12 @@ import cv2
 import numpy as np
 import torch
 
-from sapiens2.data import augment as aug
-from sapiens2.data.demo import make_demo_dataset
 from sapiens2.data.io import read_image
 from sapiens2.data.transforms import normalize_to_tensor
 from sapiens2.metadata import NUM_KEYPOINTS, seg_metadata
 from sapiens2.pose.codec import encode_heatmaps
 from sapiens2.pose.keypoints import convert_keypoints
+from sapiens2.train import augment as aug
 
 __all__ = [
     "AlbedoDataset",
@@ -58,7 +57,6 @@ __all__ = [
     "TASK_DATASETS",
     "build_dataset",
     "label_map_table",
-    "make_demo_dataset",
 ]
 
 logger = logging.getLogger(__name__)
@@ -192,7 +190,7 @@ class _TaskDataset(torch.utils.data.Dataset, abc.ABC):
 
     @abc.abstractmethod
     def load(self, index: int) -> aug.Sample | None:
-        """The un-augmented sample ``index`` at its native size (keys as in ``sapiens2.data.augment``).
+        """The un-augmented sample ``index`` at its native size (keys as in ``sapiens2.train.augment``).
 
         None means the loader rejects the sample's content (the reference then redraws, DENSE.md §1.1).
         """

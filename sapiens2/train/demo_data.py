@@ -1,24 +1,20 @@
-"""Tiny synthetic demo datasets of the five tasks, in the on-disk layouts that ``sapiens2.data.datasets`` reads.
+"""Tiny synthetic demo datasets of the five tasks, in the on-disk layouts that ``sapiens2.train.datasets`` reads.
 
 Targets are synthetic but tied to the image (see ``make_demo_dataset``), so a small model can learn them: the demo
 data exists for smoke tests, tutorials and the training tests, not as real training data.
-``sapiens2.data.datasets`` re-exports ``make_demo_dataset``.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
 
 from sapiens2.data.io import read_image, save_json, save_npy, save_png
 from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
-
-if TYPE_CHECKING:
-    from sapiens2.data.datasets import PathLike
+from sapiens2.train.datasets import TASK_DATASETS, PathLike
 
 __all__ = ["make_demo_dataset"]
 
@@ -129,7 +125,7 @@ def _write_demo_sample(task: str, root: Path, name: str, photo: np.ndarray, rng:
 
 
 def make_demo_dataset(task: str, root: PathLike, num_images: int = 4) -> Path:
-    """Write a tiny valid ``task`` dataset in the ``sapiens2.data.datasets`` layout, from the repository's test photos.
+    """Write a tiny valid ``task`` dataset in the ``sapiens2.train.datasets`` layout, from the repository's test photos.
 
     Targets are synthetic but tied to the image, so a small model's loss falls on them: seg labels from brightness
     and image side inside an ellipse; normals and pointmaps of a ray-traced sphere painted onto the photo with
@@ -137,7 +133,7 @@ def make_demo_dataset(task: str, root: PathLike, num_images: int = 4) -> Path:
     smooth shading; pose = a COCO-17 stick figure drawn on the photo (the 17 body ids of the 308 labelled).
 
     Example:
-        >>> from sapiens2.data.datasets import build_dataset
+        >>> from sapiens2.train.datasets import build_dataset
         >>> root = make_demo_dataset("seg", "/tmp/demo_seg")
         >>> dataset = build_dataset("seg", root, input_size=(64, 48))
 
@@ -149,9 +145,6 @@ def make_demo_dataset(task: str, root: PathLike, num_images: int = 4) -> Path:
     Returns:
         ``root`` as a Path.
     """
-    # Imported here: datasets.py re-exports this function, so a module-level import would be circular.
-    from sapiens2.data.datasets import TASK_DATASETS
-
     if task not in TASK_DATASETS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASK_DATASETS)}")
     if num_images < 1:
