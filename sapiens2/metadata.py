@@ -1,5 +1,5 @@
-"""Typed, read-only views of the packaged metadata: ``assets/keypoints308.json`` (the 308 keypoints, POSE.md §1)
-and ``assets/seg29.json`` (the 29 body-part classes, DENSE.md §2.1). Each file is parsed once, on first use.
+"""The packaged assets: typed, read-only views of ``assets/keypoints308.json`` (the 308 keypoints, POSE.md §1) and
+``assets/seg29.json`` (the 29 body-part classes, DENSE.md §2.1), each parsed once on first use; the sample photo.
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["NUM_KEYPOINTS", "KeypointMetadata", "SegMetadata", "keypoint_metadata", "seg_metadata"]
+__all__ = ["NUM_KEYPOINTS", "SAMPLE_IMAGE", "KeypointMetadata", "SegMetadata", "keypoint_metadata", "seg_metadata"]
 
 NUM_KEYPOINTS = 308
+SAMPLE_IMAGE = Path(__file__).resolve().parent / "assets" / "astronaut.jpg"
+"""The packaged sample photo (512 x 512 RGB, public domain; ``assets/README.md``)."""
 
 
 def _read_asset(name: str) -> dict:

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..data.io import ImageReadError, read_image
 from ..data.sources import InputItem, expand_inputs
+from ..metadata import SAMPLE_IMAGE  # --sample: a public-domain photo shipped with the package
 from ..models.task_model import TASKS, check_task
 
 logger = logging.getLogger(__name__)
@@ -34,8 +35,6 @@ PRIMARY_OUTPUT = {
     "pose": "_pose.json",
 }
 MASKABLE = ("normal", "pointmap", "albedo")
-# ``--sample``: a public-domain photo shipped with the package (provenance in sapiens2/assets/README.md).
-SAMPLE_IMAGE = Path(__file__).resolve().parents[1] / "assets" / "astronaut.jpg"
 PATCH_SIZE = 16  # pixels per token side of every Sapiens2 backbone; the 4K tokenizer multiplies it by its window
 
 

@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 
 from sapiens2.data.io import read_image, save_json, save_npy, save_png
-from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
+from sapiens2.metadata import NUM_KEYPOINTS, SAMPLE_IMAGE, keypoint_metadata
 from sapiens2.train.datasets import TASK_DATASETS, PathLike
 
 __all__ = ["make_demo_dataset"]
@@ -30,15 +30,11 @@ _DEMO_SKELETON = np.array(
 
 
 def _demo_photos() -> list[np.ndarray]:
-    """The repository's test photos (tests/data), or a procedural picture when the package is installed alone."""
-    folder = Path(__file__).resolve().parents[2] / "tests" / "data"
-    paths = [folder / "astronaut.png", folder / "camera.png"]
-    if all(path.is_file() for path in paths):
-        return [read_image(path) for path in paths]
+    """The packaged sample photo and a procedural picture, 512 x 512 RGB each: the same in every install."""
     rows, cols = np.mgrid[0:512, 0:512] / 512.0
     field = np.stack([np.sin(6 * rows + 2 * cols), np.cos(5 * cols - 3 * rows), np.sin(9 * rows * cols)], axis=2)
     picture = ((field + 1) * 127.5).astype(np.uint8)
-    return [picture, np.ascontiguousarray(picture[:, ::-1, ::-1])]
+    return [read_image(SAMPLE_IMAGE), picture]
 
 
 def _demo_sphere(height: int, width: int, shift: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -125,7 +121,7 @@ def _write_demo_sample(task: str, root: Path, name: str, photo: np.ndarray, rng:
 
 
 def make_demo_dataset(task: str, root: PathLike, num_images: int = 4) -> Path:
-    """Write a tiny valid ``task`` dataset in the ``sapiens2.train.datasets`` layout, from the repository's test photos.
+    """Write a tiny valid ``task`` dataset in the ``sapiens2.train.datasets`` layout, from the sample photo.
 
     Targets are synthetic but tied to the image, so a small model's loss falls on them: seg labels from brightness
     and image side inside an ellipse; normals and pointmaps of a ray-traced sphere painted onto the photo with
@@ -140,7 +136,8 @@ def make_demo_dataset(task: str, root: PathLike, num_images: int = 4) -> Path:
     Args:
         task: one of ``seg``, ``normal``, ``pointmap``, ``albedo``, ``pose``.
         root: folder to create (existing files of the same names are overwritten).
-        num_images: images to write (alternating photos, mirrored and portrait-cropped variants).
+        num_images: images to write (alternating the sample photo and a procedural picture, with mirrored and
+            portrait-cropped variants).
 
     Returns:
         ``root`` as a Path.
