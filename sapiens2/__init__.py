@@ -4,9 +4,9 @@
 >>> model = load_backbone("facebook/sapiens2-pretrain-1b")  # or a local .safetensors path
 """
 
-from .checkpoints import load_backbone
+from .checkpoints import load_backbone, load_model
 from .models import ARCHS, Arch, Sapiens2, get_arch
-from .models.task_model import TaskModel, build_model, load_model
+from .models.task_model import TaskModel, build_model
 from .predict.predictor import Predictor
 from .transformers_format import save_transformers
 

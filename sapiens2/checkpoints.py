@@ -1,8 +1,11 @@
-"""Checkpoint files: find them (file, folder or Hugging Face repo), read them safely, infer the arch, load strictly.
+"""Every checkpoint read and every key check: find the file (file, folder or Hugging Face repo), read it safely,
+infer the arch, build the model on the ``meta`` device and load it strictly, straight into its device and dtype.
 
 Only ``.safetensors`` files, or ``.pth``/``.pt``/``.bin`` through ``torch.load(weights_only=True)``: never arbitrary
 unpickling. Loading is strict: a mismatch raises one error listing missing, unexpected and mis-shaped keys and the
-arch the file's shapes suggest (the official loader's ``strict=False`` silently keeps random weights).
+arch the file's shapes suggest (the official loader's ``strict=False`` silently keeps random weights). Tensors are
+read one at a time and placed on the target device in the target dtype as they are read, so a bf16 model bound for a
+GPU never exists in float32 on the host. ``sapiens2.models`` (pure networks) never imports this module.
 """
 
 from __future__ import annotations
@@ -10,15 +13,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import pickle
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
+import numpy as np
 import torch
 from torch import nn
 
+from .models.backbone import Sapiens2
+from .models.heads import OUTPUT_LAYERS, infer_head_config
+from .models.task_model import TaskModel, build_model, check_task
 from .models.zoo import ARCH_FIELDS, ARCHS, PRETRAIN, TASKS, Arch, get_arch
+from .transformers_format import convert_if_transformers
 
 logger = logging.getLogger(__name__)
 
@@ -168,38 +178,144 @@ def _pick_file_in_dir(folder: Path, task: str, filename: str | None) -> Path:
 
 # ------------------------------------------------------------------------------------------------- reading files
 
+# Only numpy scalars/dtypes, which hold plain numbers, are allowed beyond torch's default safe set; they are what a
+# re-saved mmengine `meta` may contain (DETECTOR.md §1.2). Pickles name them under numpy 1.x or 2.x module paths.
+_NUMPY_SCALAR = (np._core if hasattr(np, "_core") else np.core).multiarray.scalar
+_NUMPY_SAFE_GLOBALS = [
+    (_NUMPY_SCALAR, "numpy.core.multiarray.scalar"),
+    (_NUMPY_SCALAR, "numpy._core.multiarray.scalar"),
+    np.dtype,
+    *[type(np.dtype(code)) for code in "?bBhHiIlLqQefdg"],
+]
+# Tensors that keep their stored dtype whatever dtype the model is loaded in: the RoPE periods (cast to the RoPE
+# dtype by ``load_into``, as the official model's bf16 buffer does).
+KEEP_DTYPE = ("periods",)
 
-def read_state_dict(path: str | os.PathLike, rope_dtype: str | torch.dtype = "bf16") -> dict[str, torch.Tensor]:
-    """Read a state dict onto the CPU: safetensors, or a torch file through ``torch.load(weights_only=True)``.
 
-    A torch file holding ``{"state_dict": ...}`` or ``{"model": ...}`` is unwrapped. A file of a Hugging Face
-    transformers Sapiens2 folder comes back in the official layout, with the RoPE periods transformers does not
-    store computed in ``rope_dtype`` (``transformers_format.convert_if_transformers``).
+def read_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` onto the CPU: the package's one place that unpickles.
+
+    A first refusal is retried once with numpy scalar types allow-listed (plain numbers, as in an mmengine ``meta``);
+    anything else stays refused.
 
     Raises:
-        CheckpointNotFoundError: the file does not exist.
-        ValueError: the file is not a readable weight file (named in the message).
+        CheckpointNotFoundError: no such file.
+        ValueError: the file cannot be read that way (named in the message, with how to re-save it).
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointNotFoundError(f"Checkpoint file not found: {path}")
     try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            data = load_file(str(path), device="cpu")
-        else:
-            data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # safetensors and pickle raise many types for a corrupt file
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        except pickle.UnpicklingError:
+            if not hasattr(torch.serialization, "safe_globals"):  # torch < 2.5 has no scoped allow-list
+                raise
+            with torch.serialization.safe_globals(_NUMPY_SAFE_GLOBALS):
+                loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            logger.info("%s: loaded with numpy scalar types allow-listed for weights_only unpickling", path)
+            return loaded
+    except pickle.UnpicklingError as error:
+        raise ValueError(
+            f"Cannot read checkpoint {path} with torch.load(weights_only=True): {error}. Unsafe unpickling is never "
+            "used: re-save only its state dict (a dict of tensors) with torch.save, or as .safetensors."
+        ) from error
+    except Exception as error:  # pickle and zip readers raise many types for a corrupt file
         raise ValueError(f"Cannot read checkpoint {path}: {type(error).__name__}: {error}") from error
-    for wrapper in ("state_dict", "model"):
-        if isinstance(data, Mapping) and isinstance(data.get(wrapper), Mapping):
-            data = data[wrapper]
-    if not isinstance(data, Mapping) or not all(isinstance(v, torch.Tensor) for v in data.values()):
-        raise ValueError(f"Checkpoint {path} does not hold a state dict of tensors")
-    from .transformers_format import convert_if_transformers
 
-    return convert_if_transformers(path, dict(data), rope_dtype)
+
+def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """None or ``"auto"``: keep the file's dtype; a torch dtype or its name (``"bfloat16"``)."""
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch dtype, its name or 'auto', got {dtype!r}")
+    return dtype
+
+
+def _placer(device: torch.device | str, dtype: torch.dtype | str | None) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """(key, tensor) -> the tensor on ``device``, floating tensors in ``dtype`` (``KEEP_DTYPE`` ones keep theirs)."""
+    device, dtype = torch.device(device), _as_dtype(dtype)
+
+    def place(key: str, tensor: torch.Tensor) -> torch.Tensor:
+        if dtype is not None and tensor.is_floating_point() and not key.endswith(KEEP_DTYPE):
+            return tensor.to(device=device, dtype=dtype)
+        return tensor.to(device)
+
+    return place
+
+
+def _open_safetensors(path: Path) -> Any:
+    from safetensors import safe_open
+
+    try:
+        # pread(2) into fresh tensors: the process holds no file-backed pages beside the tensors it keeps.
+        return safe_open(str(path), framework="pt", device="cpu", backend="pread")
+    except TypeError:  # safetensors < 0.8 has only its mmap reader
+        return safe_open(str(path), framework="pt", device="cpu")
+
+
+def read_tensors(
+    path: str | os.PathLike, *, device: torch.device | str = "cpu", dtype: torch.dtype | str | None = None
+) -> dict[str, torch.Tensor]:
+    """Read the tensors of a weight file as stored: safetensors, or a torch file through ``read_torch_file``.
+
+    A torch file holding ``{"state_dict": ...}`` or ``{"model": ...}`` is unwrapped (other top-level entries, such
+    as mmengine's ``meta``, are ignored). Each tensor is moved to ``device`` and, if floating, cast to ``dtype``
+    (None or ``"auto"`` keeps the file's; RoPE ``periods`` always keep theirs) as soon as it is read, so the host
+    holds at most one tensor beyond what it keeps (a torch file: the file's tensors, released one by one).
+
+    Raises:
+        CheckpointNotFoundError: the file does not exist.
+        ValueError: the file is not a readable weight file (named in the message).
+    """
+    path, place = Path(path), _placer(device, dtype)
+    if not path.is_file():
+        raise CheckpointNotFoundError(f"Checkpoint file not found: {path}")
+    if path.suffix != ".safetensors":
+        data = read_torch_file(path)
+        for wrapper in ("state_dict", "model"):
+            if isinstance(data, Mapping) and isinstance(data.get(wrapper), Mapping):
+                data = data[wrapper]
+        if not isinstance(data, Mapping) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+            raise ValueError(f"Checkpoint {path} does not hold a state dict of tensors")
+        data = data if isinstance(data, MutableMapping) else dict(data)
+        return {key: place(key, data.pop(key)) for key in list(data)}  # pop: each CPU tensor freed once placed
+    try:
+        handle = _open_safetensors(path)
+    except Exception as error:  # safetensors raises its own error type for a corrupt header
+        raise ValueError(f"Cannot read checkpoint {path}: {type(error).__name__}: {error}") from error
+    tensors = {}
+    with handle:
+        for key in handle.keys():
+            try:
+                tensor = handle.get_tensor(key)
+            except Exception as error:
+                raise ValueError(f"Cannot read checkpoint {path}: {type(error).__name__}: {error}") from error
+            tensors[key] = place(key, tensor)
+    return tensors
+
+
+def read_state_dict(
+    path: str | os.PathLike,
+    rope_dtype: str | torch.dtype = "bf16",
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | str | None = None,
+) -> dict[str, torch.Tensor]:
+    """Read a Sapiens2 state dict in the official key layout (``read_tensors``, then transformers names converted).
+
+    A file of a Hugging Face transformers Sapiens2 folder comes back in the official layout, with the RoPE periods
+    transformers does not store computed in ``rope_dtype`` (``transformers_format.convert_if_transformers``).
+    ``device``/``dtype``: where and in which dtype the tensors are placed while reading (see ``read_tensors``).
+
+    Raises:
+        CheckpointNotFoundError: the file does not exist.
+        ValueError: the file is not a readable weight file (named in the message).
+    """
+    return convert_if_transformers(path, read_tensors(path, device=device, dtype=dtype), rope_dtype)
 
 
 # ------------------------------------------------------------------------------------------- arch from the shapes
@@ -248,11 +364,44 @@ def describe_arch(arch: Arch) -> str:
     return "custom arch " + ", ".join(f"{k}={getattr(arch, k)}" for k in ARCH_FIELDS)
 
 
-# ---------------------------------------------------------------------------------------------------- loading
+def detect_task(state_dict: Mapping[str, torch.Tensor]) -> str | None:
+    """The task of a task checkpoint, from the name of its final head layer (None for a bare backbone)."""
+    for task, layer in OUTPUT_LAYERS.items():
+        if f"decode_head.{layer}.weight" in state_dict:
+            return task
+    return None
 
 
-def check_keys(model: nn.Module, state_dict: Mapping[str, torch.Tensor], suggested: str | None = None) -> None:
-    """Raise one CheckpointMismatchError listing missing, unexpected and mis-shaped keys; do nothing if all fit."""
+def split_task_state(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(backbone, head) tensors of a task checkpoint, ``backbone.``/``decode_head.`` removed; a bare backbone is
+    ``(state_dict, {})``."""
+    if not any(key.startswith("backbone.") for key in state_dict):
+        return dict(state_dict), {}
+    backbone = {k.removeprefix("backbone."): v for k, v in state_dict.items() if k.startswith("backbone.")}
+    head = {k.removeprefix("decode_head."): v for k, v in state_dict.items() if k.startswith("decode_head.")}
+    return backbone, head
+
+
+# ----------------------------------------------------------------------------------------------- strict loading
+
+
+def check_keys(
+    model: nn.Module,
+    state_dict: Mapping[str, torch.Tensor],
+    suggested: str | None = None,
+    *,
+    what: str = "the model",
+    notes: Iterable[str] = (),
+) -> None:
+    """Raise one CheckpointMismatchError listing missing, unexpected and mis-shaped keys; do nothing if all fit.
+
+    Args:
+        model: the model the tensors are for (shapes only: a ``meta`` model is fine).
+        state_dict: the file's tensors.
+        suggested: what the file's shapes suggest (an arch), shown in the message.
+        what: the model's name in the message.
+        notes: further lines of the message (hints, the fix), shown only on a mismatch.
+    """
     expected = model.state_dict()
     missing = [k for k in expected if k not in state_dict]
     unexpected = [k for k in state_dict if k not in expected]
@@ -263,38 +412,71 @@ def check_keys(model: nn.Module, state_dict: Mapping[str, torch.Tensor], suggest
     ]
     if not (missing or unexpected or misshaped):
         return
-    lines = ["Checkpoint does not fit the model:"]
+    lines = [f"Checkpoint does not match {what}:"]
     for title, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
         if items:
             shown = ", ".join(items[:12]) + (f", ... ({len(items) - 12} more)" if len(items) > 12 else "")
             lines.append(f"  {len(items)} {title} keys: {shown}")
     if suggested:
         lines.append(f"  The file's shapes suggest: {suggested}")
+    lines += [f"  {note}" for note in notes if note]
     raise CheckpointMismatchError("\n".join(lines))
 
 
-def convert_dtypes(
-    state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype | str | None, keep: tuple[str, ...] = ("periods",)
-) -> dict[str, torch.Tensor]:
-    """Cast floating tensors to ``dtype`` (``"auto"``/None keeps the file's); RoPE ``periods`` keep theirs."""
-    if dtype in (None, "auto"):
-        return dict(state_dict)
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-    return {k: v.to(dtype) if v.is_floating_point() and not k.endswith(keep) else v for k, v in state_dict.items()}
+def load_into(
+    model: nn.Module,
+    state_dict: MutableMapping[str, torch.Tensor],
+    suggested: str | None = None,
+    *,
+    assign: bool = True,
+    what: str = "the model",
+    notes: Iterable[str] = (),
+    optional: tuple[str, ...] = (),
+) -> nn.Module:
+    """Check the keys (``check_keys``), then load ``state_dict`` into ``model`` strictly.
 
+    Args:
+        model: with ``assign=True`` a model built on the ``meta`` device: it takes the tensors themselves, on their
+            device and in their dtype (place them while reading, ``read_state_dict(device=..., dtype=...)``); RoPE
+            periods are first cast to each RoPE module's dtype, as the official model's bf16 buffer casts them. With
+            ``assign=False`` the tensors are copied into the model's own (their device and dtype kept).
+        state_dict: the tensors; completed in place with the ``optional`` ones.
+        suggested, what, notes: for the error message (see ``check_keys``).
+        optional: key suffixes that may be absent (BatchNorm's ``num_batches_tracked`` counters, training
+            bookkeeping): an absent one starts at zero, as in a freshly built module.
 
-def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], suggested: str | None = None) -> nn.Module:
-    """Strictly load into a model built on the meta device (or a real one) and fix the RoPE periods dtype."""
-    check_keys(model, state_dict, suggested)
-    rope_dtypes = {n: m.dtype for n, m in model.named_modules() if hasattr(m, "periods") and hasattr(m, "dtype")}
-    # The official model casts the stored periods into its bf16 buffer; do the same before assigning.
-    state_dict = {
-        k: v.to(rope_dtypes[k.rsplit(".", 1)[0]]) if k.rsplit(".", 1)[0] in rope_dtypes else v
-        for k, v in state_dict.items()
-    }
-    model.load_state_dict(state_dict, strict=True, assign=True)
+    Raises:
+        CheckpointMismatchError: the keys or shapes do not fit.
+    """
+    if optional:
+        expected = model.state_dict()
+        device = next(iter(state_dict.values())).device if state_dict else torch.device("cpu")
+        for key, tensor in expected.items():
+            if key.endswith(optional) and key not in state_dict:
+                state_dict[key] = torch.zeros(tensor.shape, dtype=tensor.dtype, device=device)
+    check_keys(model, state_dict, suggested, what=what, notes=notes)
+    if assign:
+        for name, module in model.named_modules():
+            if hasattr(module, "periods") and hasattr(module, "dtype") and f"{name}.periods" in state_dict:
+                key = f"{name}.periods"
+                state_dict[key] = state_dict[key].to(module.dtype)
+    model.load_state_dict(state_dict, strict=True, assign=assign)
+    # Anything the state dict does not hold (a non-persistent buffer) would still be a meta tensor: refuse it here
+    # rather than fail at the first forward.
+    left = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"{type(model).__name__} has tensors no checkpoint key fills: {', '.join(left[:8])}")
     return model
+
+
+def _load_named(path: Path, model: nn.Module, state_dict: MutableMapping[str, torch.Tensor], suggested: str) -> None:
+    try:
+        load_into(model, state_dict, suggested)
+    except CheckpointMismatchError as error:
+        raise CheckpointMismatchError(f"{path}: {error}") from None
+
+
+# ------------------------------------------------------------------------------------------------ public loaders
 
 
 def load_backbone(
@@ -305,15 +487,18 @@ def load_backbone(
     device: torch.device | str = "cpu",
     filename: str | None = None,
     **kwargs,
-):
+) -> Sapiens2:
     """Load a Sapiens2 backbone from a pretrain checkpoint.
+
+    The backbone is built on the ``meta`` device and takes the file's tensors, read straight onto ``device`` in
+    ``dtype``: no random init, no float32 copy of a bf16 file on the host when loading to a GPU in bf16.
 
     Args:
         source: a ``.safetensors``/``.pth`` file, a folder, a Hugging Face repo id (``facebook/sapiens2-pretrain-1b``)
             or an arch name/size (``"1b"``: the released pretrain file of that size).
         arch: the arch; inferred from the tensor shapes when None.
         dtype: parameter dtype; bf16/fp16 files load into float32 by default, ``"auto"`` keeps the file's dtype.
-        device: where the model ends up.
+        device: where the model is materialised.
         filename: file inside a folder or repo, when not the official name.
         **kwargs: forwarded to ``Sapiens2`` (``out_type``, ``out_indices``, ``img_size``, ``rope_dtype``...).
 
@@ -324,32 +509,118 @@ def load_backbone(
         >>> model = load_backbone("sapiens2_0.4b_pretrain.safetensors", out_type="featmap")
         >>> features = model(images)[0]  # (B, 1024, H/16, W/16)
     """
-    from .models.backbone import Sapiens2
-
     path = resolve_checkpoint(source, PRETRAIN, filename)
-    state_dict = read_state_dict(path, kwargs.get("rope_dtype", "bf16"))
+    state_dict = read_state_dict(path, kwargs.get("rope_dtype", "bf16"), device=device, dtype=dtype)
     inferred = infer_arch(state_dict)
     chosen = get_arch(arch) if arch is not None else inferred
     kwargs.setdefault("use_tokenizer", inferred.use_tokenizer)
     model = Sapiens2(chosen, device="meta", **kwargs)
-    try:
-        load_into(model, convert_dtypes(state_dict, dtype), describe_arch(inferred))
-    except CheckpointMismatchError as error:
-        raise CheckpointMismatchError(f"{path}: {error}") from None
+    _load_named(path, model, state_dict, describe_arch(inferred))
     logger.info("loaded %s from %s", describe_arch(chosen), path)
-    return model.to(device).eval()
+    return model.eval()
+
+
+def load_model(
+    task: str,
+    source: str | os.PathLike,
+    *,
+    dtype: torch.dtype | str | None = torch.float32,
+    device: torch.device | str = "cpu",
+    filename: str | None = None,
+    rope_dtype: str = "bf16",
+) -> TaskModel:
+    """Load a task model from a checkpoint; arch and head widths are read off the tensor shapes.
+
+    Built on the ``meta`` device, it takes the file's tensors read straight onto ``device`` in ``dtype``.
+
+    Args:
+        task: the task the checkpoint was trained for.
+        source: a file, a folder, a Hugging Face repo id (``facebook/sapiens2-seg-1b``) or a size (``"1b"``).
+        dtype: parameter dtype (float32 by default; ``"auto"`` keeps the file's).
+        device: where the model is materialised.
+        filename: the file inside a folder or repo, when not the official name.
+        rope_dtype: ``"bf16"`` (official numerics) or ``"fp32"``.
+
+    Returns:
+        The model in eval mode.
+
+    Raises:
+        CheckpointNotFoundError, CheckpointMismatchError, ValueError: with the file and the problem named.
+
+    Example:
+        >>> model = load_model("seg", "facebook/sapiens2-seg-1b", device="cuda", dtype=torch.bfloat16)
+        >>> logits = model(images)  # (B, 29, H, W)
+    """
+    check_task(task)
+    path = resolve_checkpoint(source, task, filename)
+    state_dict = read_state_dict(path, rope_dtype, device=device, dtype=dtype)
+    found = detect_task(state_dict)
+    if found is None:
+        raise CheckpointMismatchError(
+            f"{path} is not a task checkpoint (no decode_head.* layers; a pretrain backbone?). Use load_backbone() "
+            f"for it, or build_model('{task}', arch) and load it into .backbone for fine-tuning."
+        )
+    if found != task:
+        raise CheckpointMismatchError(f"{path} holds a '{found}' model, not '{task}'")
+    arch = infer_arch(state_dict, prefix="backbone.")
+    head_config = infer_head_config(task, split_task_state(state_dict)[1])
+    model = build_model(task, arch, rope_dtype=rope_dtype, device="meta", **head_config)
+    _load_named(path, model, state_dict, describe_arch(arch))
+    logger.info("loaded %s %s from %s", task, describe_arch(arch), path)
+    return model.eval()
+
+
+def task_checkpoint_spec(state_dict: Mapping[str, torch.Tensor], task: str) -> tuple[Arch, dict[str, Any]]:
+    """(backbone arch, head kwargs) that a checkpoint implies for a ``task`` model: the head kwargs are read off a
+    checkpoint of ``task`` itself, empty for a bare backbone or another task's checkpoint.
+
+    Raises:
+        CheckpointMismatchError: the tensors hold no Sapiens2 backbone.
+    """
+    backbone, head = split_task_state(state_dict)
+    return infer_arch(backbone), infer_head_config(task, head) if detect_task(state_dict) == task else {}
+
+
+def init_task_model(model: TaskModel, state_dict: Mapping[str, torch.Tensor]) -> bool:
+    """Copy a checkpoint's weights into a built task model (its own tensors, dtype and device kept), strictly.
+
+    A checkpoint of ``model.task`` fills the whole model; a bare backbone, or another task's checkpoint, fills
+    ``model.backbone`` and the head keeps its weights.
+
+    Returns:
+        True when the head was loaded too.
+
+    Raises:
+        CheckpointMismatchError: keys or shapes do not fit (with the arch the file's shapes suggest).
+    """
+    backbone, head = split_task_state(state_dict)
+    suggested = describe_arch(infer_arch(backbone))
+    if detect_task(state_dict) == model.task:
+        full = {f"backbone.{k}": v for k, v in backbone.items()} | {f"decode_head.{k}": v for k, v in head.items()}
+        load_into(model, full, suggested, assign=False)
+        return True
+    load_into(model.backbone, backbone, suggested, assign=False)
+    return False
 
 
 __all__ = [
+    "KEEP_DTYPE",
     "TASKS",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "check_keys",
-    "convert_dtypes",
+    "describe_arch",
+    "detect_task",
     "download",
     "infer_arch",
+    "init_task_model",
     "load_backbone",
     "load_into",
+    "load_model",
     "read_state_dict",
+    "read_tensors",
+    "read_torch_file",
     "resolve_checkpoint",
+    "split_task_state",
+    "task_checkpoint_spec",
 ]

@@ -1,23 +1,22 @@
 """Task models: a Sapiens2 backbone (featmap output) plus a decode head, with the official ``backbone.`` /
-``decode_head.`` key layout (MODEL.md §2.1). ``build_model`` never touches disk; ``load_model`` reads a checkpoint.
+``decode_head.`` key layout (MODEL.md §2.1). ``build_model`` never touches disk; ``sapiens2.checkpoints.load_model``
+reads a checkpoint into one.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from typing import Any
 
 import torch
 from torch import nn
 
 from .backbone import Sapiens2
-from .heads import HEAD_CONFIGS, HEADS, OUTPUT_LAYERS, infer_head_config
+from .heads import HEAD_CONFIGS, HEADS, OUTPUT_LAYERS
 from .zoo import Arch, get_arch
 
-logger = logging.getLogger(__name__)
-
 TASKS = tuple(HEADS)
+
+__all__ = ["OUTPUT_LAYERS", "TASKS", "TaskModel", "build_model", "check_task", "default_head_config"]
 
 
 class TaskModel(nn.Module):
@@ -121,73 +120,3 @@ def build_model(
     if torch.device(device or "cpu").type != "meta":
         decode_head.init_weights()
     return TaskModel(task, backbone, decode_head)
-
-
-def detect_task(state_dict: dict[str, torch.Tensor]) -> str | None:
-    """The task of a task checkpoint, from the name of its final head layer (None for a bare backbone)."""
-    for task, layer in OUTPUT_LAYERS.items():
-        if f"decode_head.{layer}.weight" in state_dict:
-            return task
-    return None
-
-
-def load_model(
-    task: str,
-    source: str | os.PathLike,
-    *,
-    dtype: torch.dtype | str | None = torch.float32,
-    device: torch.device | str = "cpu",
-    filename: str | None = None,
-    rope_dtype: str = "bf16",
-) -> TaskModel:
-    """Load a task model from a checkpoint; arch and head widths are read off the tensor shapes.
-
-    Args:
-        task: the task the checkpoint was trained for.
-        source: a file, a folder, a Hugging Face repo id (``facebook/sapiens2-seg-1b``) or a size (``"1b"``).
-        dtype: parameter dtype (float32 by default; ``"auto"`` keeps the file's).
-        device: where the model ends up.
-        filename: the file inside a folder or repo, when not the official name.
-        rope_dtype: ``"bf16"`` (official numerics) or ``"fp32"``.
-
-    Returns:
-        The model in eval mode.
-
-    Raises:
-        CheckpointNotFoundError, CheckpointMismatchError, ValueError: with the file and the problem named.
-
-    Example:
-        >>> model = load_model("seg", "facebook/sapiens2-seg-1b")
-        >>> logits = model(images)  # (B, 29, H, W)
-    """
-    from ..checkpoints import (
-        CheckpointMismatchError,
-        convert_dtypes,
-        describe_arch,
-        infer_arch,
-        load_into,
-        read_state_dict,
-        resolve_checkpoint,
-    )
-
-    check_task(task)
-    path = resolve_checkpoint(source, task, filename)
-    state_dict = read_state_dict(path, rope_dtype)
-    found = detect_task(state_dict)
-    if found is None:
-        raise CheckpointMismatchError(
-            f"{path} is not a task checkpoint (no decode_head.* layers; a pretrain backbone?). Use load_backbone() "
-            f"for it, or build_model('{task}', arch) and load it into .backbone for fine-tuning."
-        )
-    if found != task:
-        raise CheckpointMismatchError(f"{path} holds a '{found}' model, not '{task}'")
-    arch = infer_arch(state_dict, prefix="backbone.")
-    head_state = {k.removeprefix("decode_head."): v for k, v in state_dict.items() if k.startswith("decode_head.")}
-    head_config = infer_head_config(task, head_state)
-    model = build_model(task, arch, rope_dtype=rope_dtype, device="meta", **head_config)
-    try:
-        load_into(model, convert_dtypes(state_dict, dtype), describe_arch(arch))
-    except CheckpointMismatchError as error:
-        raise CheckpointMismatchError(f"{path}: {error}") from None
-    logger.info("loaded %s %s from %s", task, describe_arch(arch), path)
-    return model.to(device).eval()

@@ -17,9 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..checkpoints import load_model
 from ..data.io import to_rgb_array
 from ..dense import albedo, matting, normal, pointmap, seg
-from ..models.task_model import check_task, load_model
+from ..models.task_model import check_task
 
 logger = logging.getLogger(__name__)
 
@@ -123,9 +124,11 @@ class Predictor:
         self.batch_size = batch_size
         self.flip_test = flip_test
         self.reference = bool(reference)
-        if not isinstance(model, nn.Module):
-            model = load_model(task, model)
-        self.model = model.to(self.device, self.dtype).eval()
+        if isinstance(model, nn.Module):
+            model = model.to(self.device, self.dtype)
+        else:  # built on meta and materialised in place: no float32 copy on the host on the way to a GPU
+            model = load_model(task, model, device=self.device, dtype=self.dtype)
+        self.model = model.eval()
         self.detector = self._make_detector(detector) if task == "pose" else None
         self.timings = Timings()
 

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..checkpoints import init_task_model, read_state_dict, read_torch_file, resolve_checkpoint, task_checkpoint_spec
+from ..models.task_model import build_model
 from . import distributed as dist_utils
 from .config import TrainConfig, config_from_dict, save_config
 from .losses import build_loss
@@ -49,7 +51,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"training checkpoint not found: {path}")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    checkpoint = read_torch_file(path, mmap=True)
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a sapiens2 training checkpoint (format {CHECKPOINT_FORMAT})")
     return checkpoint
@@ -254,44 +256,18 @@ class Trainer:
 
     def _build_model(self, resume_state: dict[str, Tensor] | None) -> nn.Module:
         """The task model: random, or initialised from ``model.init_from``; shaped like ``resume_state`` if given."""
-        from ..checkpoints import (
-            check_keys,
-            convert_dtypes,
-            describe_arch,
-            infer_arch,
-            read_state_dict,
-            resolve_checkpoint,
-        )
-        from ..models.heads import infer_head_config
-        from ..models.task_model import build_model, detect_task
-
         config, model_config = self.config, self.config.model
         head, arch = dict(model_config.head), model_config.arch
-        init = None
-        if resume_state is not None:
-            init = ("the checkpoint", resume_state)
-        elif model_config.init_from is not None:
+        path, state = None, resume_state
+        if resume_state is None and model_config.init_from is not None:
             path = resolve_checkpoint(
                 model_config.init_from, "pretrain", local_hint="model.init_from: /path/to/{filename} in the config"
             )
-            init = (path, read_state_dict(path))
-        backbone_state: dict[str, Tensor] = {}
-        head_state: dict[str, Tensor] = {}
-        if init is not None:
-            path, state = init
-            state = convert_dtypes(state, torch.float32)
-            # A task checkpoint (backbone.* + decode_head.*) or a bare pretrain backbone.
-            if any(k.startswith("backbone.") for k in state):
-                backbone_state = {k.removeprefix("backbone."): v for k, v in state.items() if k.startswith("backbone.")}
-            else:
-                backbone_state = state
-            if detect_task(state) == config.task:
-                head_state = {
-                    k.removeprefix("decode_head."): v for k, v in state.items() if k.startswith("decode_head.")
-                }
-                head = infer_head_config(config.task, head_state) | head
-            if arch is None:
-                arch = infer_arch(backbone_state)
+            state = read_state_dict(path)
+        if state is not None:  # a task checkpoint (backbone.* + decode_head.*) or a bare pretrain backbone
+            inferred_arch, inferred_head = task_checkpoint_spec(state, config.task)
+            head = inferred_head | head
+            arch = inferred_arch if arch is None else arch
         model = build_model(
             config.task,
             arch,
@@ -300,22 +276,16 @@ class Trainer:
             frozen_stages=model_config.frozen_stages,
             **head,
         )
-        if init is None or resume_state is not None:
+        if path is None:  # random, or resumed: the checkpoint's weights are loaded with the optimiser's state
             return model
-        suggested = describe_arch(infer_arch(backbone_state))
         try:
-            if head_state:
-                full = {f"backbone.{k}": v for k, v in backbone_state.items()}
-                full |= {f"decode_head.{k}": v for k, v in head_state.items()}
-                check_keys(model, full, suggested)
-                model.load_state_dict(full, strict=True)
-                self._info("initialised the whole %s model from %s", config.task, path)
-            else:
-                check_keys(model.backbone, backbone_state, suggested)
-                model.backbone.load_state_dict(backbone_state, strict=True)
-                self._info("initialised the backbone from %s; the head starts from random weights", path)
+            whole = init_task_model(model, state)
         except ValueError as error:
             raise ValueError(f"model.init_from {path}: {error}") from None
+        if whole:
+            self._info("initialised the whole %s model from %s", config.task, path)
+        else:
+            self._info("initialised the backbone from %s; the head starts from random weights", path)
         return model
 
     def _build_loss(self) -> nn.Module:
