@@ -15,7 +15,6 @@ from sapiens2.predict.visualize import (
     colorize_depth,
     colorize_labels,
     colorize_normals,
-    composite_checkerboard,
     depth_range,
     draw_pose,
     pose_sizes,
@@ -287,13 +286,3 @@ def test_side_by_side_joins_image_and_picture_and_matches_heights():
     assert grey.shape == (512, 768, 3) and (grey[:, 512:] == 7).all()
     with pytest.raises(ValueError, match="picture"):
         side_by_side(image, np.zeros((512, 512, 3), np.float32))
-
-
-def test_composite_checkerboard_shows_opaque_colour_and_transparent_board():
-    rgba = np.zeros((64, 64, 4), np.uint8)
-    rgba[:32, :, :3] = (200, 10, 10)
-    rgba[:32, :, 3] = 255
-    picture = composite_checkerboard(rgba, tile=8)
-    assert (picture[:32] == (200, 10, 10)).all()
-    assert set(np.unique(picture[32:])) == {153, 204}
-    assert picture[32, 0].tolist() == [204] * 3 and picture[32, 8].tolist() == [153] * 3

@@ -28,7 +28,8 @@ from sapiens2.data.transforms import (
 __all__ = ["CANONICAL_FOCAL", "PointmapResult", "postprocess", "preprocess"]
 
 CANONICAL_FOCAL = 768.0
-"""Canonical focal length f_c (pixels of the 1024x768 network input): the model predicts scale = f_c / f_x."""
+"""Canonical focal length f_c (pixels of the 1024x768 network input): the model predicts scale = f_c / f_x, and the
+training targets are scaled the same way (DENSE.md §4.2 step 6)."""
 
 
 @dataclass(frozen=True, eq=False)

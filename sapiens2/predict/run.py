@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..data.io import ImageReadError, read_image
-from ..data.sources import InputItem, expand_inputs
+from ..data.sources import InputItem, expand_inputs, usable
 from ..metadata import SAMPLE_IMAGE  # --sample: a public-domain photo shipped with the package
 from ..models.task_model import TASKS, check_task
 
@@ -323,7 +323,7 @@ def run_predict(args: argparse.Namespace) -> int:
     for item in items:
         if not item.ok:
             stats.fail(item.error)
-    work = [item for item in items if item.ok]
+    work = usable(items)
     if not work:
         print("error: no images to process", file=sys.stderr)
         return 1

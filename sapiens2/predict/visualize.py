@@ -23,7 +23,6 @@ __all__ = [
     "colorize_depth",
     "colorize_labels",
     "colorize_normals",
-    "composite_checkerboard",
     "depth_range",
     "draw_pose",
     "pose_sizes",
@@ -243,30 +242,6 @@ def apply_mask(
     if mask is not None:
         picture[~mask] = np.asarray(background, dtype=np.uint8)
     return picture
-
-
-def composite_checkerboard(rgba: np.ndarray, tile: int | None = None) -> np.ndarray:
-    """Show an RGBA cut-out over a grey checkerboard (how image editors show transparency).
-
-    Args:
-        rgba: (H, W, 4) uint8, straight (un-premultiplied) RGB plus alpha, e.g. ``MattingResult.rgba()``.
-        tile: checker square size in pixels; default about 1/32 of the longer side.
-
-    Returns:
-        (H, W, 3) uint8 RGB: ``alpha * colour + (1 - alpha) * checkerboard``, rounded.
-    """
-    rgba = np.asarray(rgba)
-    if rgba.dtype != np.uint8 or rgba.ndim != 3 or rgba.shape[2] != 4:
-        raise ValueError(f"rgba must be an (H, W, 4) uint8 array, got shape {rgba.shape} dtype {rgba.dtype}")
-    height, width = rgba.shape[:2]
-    tile = max(4, max(height, width) // 32) if tile is None else int(tile)
-    if tile < 1:
-        raise ValueError(f"tile must be >= 1 pixel, got {tile}")
-    rows, cols = np.indices((height, width))
-    board = np.where(((rows // tile + cols // tile) % 2 == 0)[..., None], np.float32(204), np.float32(153))
-    alpha = rgba[..., 3:].astype(np.float32) / np.float32(255)
-    blended = alpha * rgba[..., :3].astype(np.float32) + (1 - alpha) * board
-    return np.clip(np.rint(blended), 0, 255).astype(np.uint8)
 
 
 def side_by_side(image: np.ndarray, picture: np.ndarray) -> np.ndarray:

@@ -27,7 +27,9 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
+from sapiens2.dense.pointmap import CANONICAL_FOCAL
 from sapiens2.metadata import keypoint_metadata, seg_metadata
+from sapiens2.pose.keypoints import flip_keypoints
 
 __all__ = [
     "Sample",
@@ -189,11 +191,7 @@ def hflip(sample: Sample, seg_swap_pairs: Sequence[tuple[int, int]] | None = Non
         intrinsics[0, 2] = width - 1 - intrinsics[0, 2]
         out["K"] = intrinsics
     if "keypoints" in sample:
-        flip = keypoint_metadata().flip_indices
-        points = sample["keypoints"][flip].copy()
-        points[:, 0] = width - 1 - points[:, 0]
-        out["keypoints"] = points
-        out["visible"] = sample["visible"][flip].copy()
+        out["keypoints"], out["visible"] = flip_keypoints(sample["keypoints"], sample["visible"], image_width=width)
     if "center" in sample:
         out["center"] = np.array([width - 1 - sample["center"][0], sample["center"][1]], dtype=sample["center"].dtype)
     return out
@@ -328,7 +326,7 @@ def normal_targets(sample: Sample) -> Sample:
     return dict(sample, normal=np.where(sample["mask"][..., None], normals, np.float32(-1000.0)).astype(np.float32))
 
 
-def pointmap_targets(sample: Sample, canonical_focal: float = 768.0) -> Sample:
+def pointmap_targets(sample: Sample, canonical_focal: float = CANONICAL_FOCAL) -> Sample:
     """``PointmapGenerateTarget`` (DENSE.md §4.2 step 6): the canonical pointmap from depth + K, at the final size.
 
     X = (u - cx) Z / fx, Y = (v - cy) Z / fy, Z = depth, all times scale = canonical_focal / fx (so projecting with

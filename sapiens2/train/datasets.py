@@ -43,6 +43,7 @@ import torch
 
 from sapiens2.data.io import read_image
 from sapiens2.data.transforms import normalize_to_tensor
+from sapiens2.dense.pointmap import CANONICAL_FOCAL
 from sapiens2.metadata import NUM_KEYPOINTS, seg_metadata
 from sapiens2.pose.codec import encode_heatmaps
 from sapiens2.pose.keypoints import convert_keypoints
@@ -62,8 +63,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
-CANONICAL_FOCAL = 768.0
-"""Focal length (pixels at the network input) of the canonical pointmap (DENSE.md §4.2 step 6)."""
 MAX_TRIES = 10
 PathLike = str | os.PathLike
 
