@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,8 @@ import cv2
 import numpy as np
 import torch
 
-from sapiens2.pose.detector_net import HEAD_STRIDES, RTMDet, fuse_batchnorm
+from ..checkpoints import download, load_into, read_tensors
+from .detector_net import HEAD_STRIDES, RTMDet, fuse_batchnorm
 
 __all__ = [
     "DETECTOR_FILENAME",
@@ -57,16 +57,6 @@ SCORE_THR = 0.05
 NMS_PRE = 1000
 MAX_PER_IMG = 100
 
-# Only numpy scalars/dtypes, which hold plain numbers, are allowed beyond torch's default safe set; they are what a
-# re-saved mmengine `meta` may contain (DETECTOR.md §1.2). Pickles name them under numpy 1.x or 2.x module paths.
-_NUMPY_SCALAR = (np._core if hasattr(np, "_core") else np.core).multiarray.scalar
-_NUMPY_SAFE_GLOBALS = [
-    (_NUMPY_SCALAR, "numpy.core.multiarray.scalar"),
-    (_NUMPY_SCALAR, "numpy._core.multiarray.scalar"),
-    np.dtype,
-    *[type(np.dtype(code)) for code in "?bBhHiIlLqQefdg"],
-]
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Checkpoint
@@ -91,8 +81,6 @@ def resolve_detector_checkpoint(path: str | Path | None, *, local_hint: str | No
                 f"(from Hugging Face repo '{DETECTOR_REPO_ID}'), or None to download it."
             )
         return path
-    from ..checkpoints import download
-
     return download(
         DETECTOR_REPO_ID,
         DETECTOR_FILENAME,
@@ -101,88 +89,45 @@ def resolve_detector_checkpoint(path: str | Path | None, *, local_hint: str | No
 
 
 def load_detector_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read the state dict of an mmengine/mmdet checkpoint with ``torch.load(weights_only=True)`` only.
+    """Read the state dict of an mmengine/mmdet checkpoint on the CPU, through ``sapiens2.checkpoints.read_tensors``.
 
-    Accepts the legacy (non-zip) and zip torch formats, a top-level ``state_dict`` entry (other top-level keys such
-    as ``meta`` are ignored) or a bare state dict, and strips a leading ``module.`` (DETECTOR.md §1). Tensors are
-    returned on the CPU.
+    Weights-only unpickling (numpy scalars in ``meta`` allowed), legacy and zip torch formats, a top-level
+    ``state_dict`` entry (other top-level keys such as ``meta`` are ignored) or a bare state dict; a leading
+    ``module.`` is stripped (DETECTOR.md §1).
 
     Raises:
         ValueError: the file is not a weights-only-loadable checkpoint, or holds no tensor state dict.
     """
-    path = Path(path)
-    try:
-        checkpoint = _torch_load_weights_only(path)
-    except pickle.UnpicklingError as error:
-        raise ValueError(
-            f"{path} cannot be read with torch.load(weights_only=True): {error}. Unsafe unpickling is not used; "
-            f"re-save only its 'state_dict' (a dict of tensors) with torch.save, or use the published "
-            f"'{DETECTOR_FILENAME}' from '{DETECTOR_REPO_ID}'."
-        ) from error
-    state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, Mapping) else checkpoint
-    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{path} holds no state dict of tensors (expected a dict with a 'state_dict' entry)")
-    return {(k[len("module.") :] if k.startswith("module.") else k): v for k, v in state.items()}
+    state = read_tensors(path)
+    return {key.removeprefix("module."): tensor for key, tensor in state.items()}
 
 
-def _torch_load_weights_only(path: Path) -> object:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        if not hasattr(torch.serialization, "safe_globals"):  # torch < 2.5 has no scoped allow-list
-            raise
-        # Retry once with numpy scalar types allow-listed; anything else stays refused.
-        with torch.serialization.safe_globals(_NUMPY_SAFE_GLOBALS):
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        logger.info("%s: loaded with numpy scalar types allow-listed for weights_only unpickling", path)
-        return checkpoint
+def build_detector_model(state: Mapping[str, torch.Tensor], *, fuse_bn: bool = True) -> RTMDet:
+    """Build RTMDet-m in eval mode and load ``state`` strictly (``sapiens2.checkpoints.load_into``); optionally fold
+    BN into the convs.
 
+    The model is built on the ``meta`` device (no wasted random init) and given its own contiguous copies of the
+    tensors of ``state`` (file tensors can be views into shared storages, DETECTOR.md §1.2), on ``state``'s device.
+    BN counters absent from the file (580 entries, §1.2) start at zero: training bookkeeping, unused in eval.
 
-def _check_state_dict(model: RTMDet, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Return ``state`` completed with absent ``num_batches_tracked`` counters; raise on any other mismatch."""
-    expected = model.state_dict()
-    # BN counters are training bookkeeping; a file saved without them (580 entries) is still complete (§1.2).
-    state = {**{k: v for k, v in expected.items() if k.endswith("num_batches_tracked")}, **state}
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    mis_shaped = [
-        f"{k}: file {tuple(state[k].shape)} vs model {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    if missing or unexpected or mis_shaped:
-
-        def listing(names: list[str]) -> str:
-            return ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "") or "none"
-
-        hint = ""
-        cls_weight = state.get("bbox_head.rtm_cls.0.weight")
-        if cls_weight is not None and cls_weight.shape[0] != 1:
-            hint = f" The file's head predicts {cls_weight.shape[0]} classes: it is not the 1-class person detector."
-        raise ValueError(
-            f"checkpoint does not match RTMDet-m (1 class, person). Missing: {listing(missing)}. "
-            f"Unexpected: {listing(unexpected)}. Mis-shaped: {listing(mis_shaped)}.{hint} "
-            f"Use '{DETECTOR_FILENAME}' from Hugging Face repo '{DETECTOR_REPO_ID}'."
-        )
+    Raises:
+        ValueError: missing, unexpected or mis-shaped keys, or head convs that differ across levels.
+    """
+    model = RTMDet(device="meta").eval()
+    own = {name: tensor.clone(memory_format=torch.contiguous_format) for name, tensor in state.items()}
+    notes = [f"Use '{DETECTOR_FILENAME}' from Hugging Face repo '{DETECTOR_REPO_ID}'."]
+    cls_weight = own.get("bbox_head.rtm_cls.0.weight")
+    if cls_weight is not None and cls_weight.shape[0] != 1:
+        classes = cls_weight.shape[0]
+        notes.insert(0, f"The file's head predicts {classes} classes: it is not the 1-class person detector.")
+    load_into(model, own, what="RTMDet-m (1 class, person)", notes=notes, optional=("num_batches_tracked",))
     # The head's convs are shared across levels (§3.4); the file repeats them, and they must agree.
     for tower in ("cls_convs", "reg_convs"):
         for level in (1, 2):
             for depth in (0, 1):
                 name = f"bbox_head.{tower}.{level}.{depth}.conv.weight"
-                if not torch.equal(state[name], state[f"bbox_head.{tower}.0.{depth}.conv.weight"]):
+                if not torch.equal(own[name], own[f"bbox_head.{tower}.0.{depth}.conv.weight"]):
                     raise ValueError(f"{name} differs from level 0's; RTMDetSepBNHead shares these convs across levels")
-    return state
-
-
-def build_detector_model(state: Mapping[str, torch.Tensor], *, fuse_bn: bool = True) -> RTMDet:
-    """Build RTMDet-m in eval mode and load ``state`` strictly; optionally fold BN into the convs.
-
-    The model is built on the ``meta`` device (no wasted random init) and given its own contiguous copies of the
-    tensors of ``state`` (file tensors can be views into shared storages, DETECTOR.md §1.2), on ``state``'s device.
-    """
-    model = RTMDet(device="meta").eval()
-    own = {name: tensor.clone(memory_format=torch.contiguous_format) for name, tensor in state.items()}
-    model.load_state_dict(_check_state_dict(model, own), strict=True, assign=True)
     return fuse_batchnorm(model) if fuse_bn else model
 
 
