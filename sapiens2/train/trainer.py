@@ -474,18 +474,14 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ evaluation
 
     def _new_metric(self) -> Any:
-        from ..eval import metrics
+        from ..eval.metrics import DENSE_METRICS
 
         task = self.config.task
+        if task not in DENSE_METRICS:
+            return None  # pose: the val loss and PCK (acc_pose); OKS AP needs image-space boxes (sapiens2 eval)
         if task == "seg":
-            return metrics.SegMetrics(num_classes=self.model.decode_head.conv_seg.out_channels)
-        if task == "normal":
-            return metrics.NormalMetrics()
-        if task == "pointmap":
-            return metrics.PointmapMetrics()
-        if task == "albedo":
-            return metrics.AlbedoMetrics()
-        return None  # pose: the val loss and PCK (acc_pose); OKS AP needs image-space boxes (sapiens2 eval)
+            return DENSE_METRICS[task](num_classes=self.model.decode_head.conv_seg.out_channels)
+        return DENSE_METRICS[task]()
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
