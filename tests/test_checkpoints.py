@@ -197,3 +197,97 @@ def test_cached_download_is_used_offline(tmp_path):
     result = _run_isolated(code, {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["32", "10"]
+
+
+# Peak host memory: a 34M-parameter seg model stored in bf16 (67 MiB), loaded in a fresh process. The peak resident
+# set (VmHWM, Linux) must rise by about the bf16 size when loading in bf16, and by about the fp32 size (plus one
+# tensor in flight) when loading in fp32: never the file plus a float32 copy of it.
+MEMORY_ARCH = TINY | {"embed_dims": 512, "num_layers": 8, "num_heads": 8, "feedforward_channels": 2048}
+MEMORY_HEAD = {
+    "deconv_out_channels": (32,),
+    "deconv_kernel_sizes": (4,),
+    "conv_out_channels": (32,),
+    "conv_kernel_sizes": (1,),
+}
+_PEAK_SCRIPT = """
+import sys, torch
+from sapiens2 import Predictor, load_model
+
+def hwm_mib():
+    status = open("/proc/self/status").read()
+    return int(status.split("VmHWM:")[1].split()[0]) / 1024
+
+tiny, big, call = sys.argv[1:]
+eval(call.replace("PATH", repr(tiny)))  # the same path once on a tiny file: lazy imports and first-use caches
+before = hwm_mib()
+model = eval(call.replace("PATH", repr(big)))
+model = getattr(model, "model", model)
+torch.stack([tensor.sum() for tensor in model.state_dict().values()])  # every page resident, even if memory-mapped
+print(hwm_mib() - before)
+"""
+
+
+@pytest.fixture(scope="module")
+def bf16_seg_files(tmp_path_factory):
+    from sapiens2 import build_model
+
+    folder = tmp_path_factory.mktemp("memory")
+    generator = torch.Generator().manual_seed(0)
+    files = {}
+    for name, arch in (("tiny", TINY), ("big", MEMORY_ARCH)):
+        shapes = build_model("seg", arch, device="meta", **MEMORY_HEAD).state_dict()
+        state = {k: torch.randn(v.shape, generator=generator).to(torch.bfloat16) for k, v in shapes.items()}
+        save_file(state, str(folder / f"{name}.safetensors"))
+        files[name] = (folder / f"{name}.safetensors", sum(v.numel() * 2 for v in state.values()) / 2**20)
+    return files
+
+
+def _peak_growth_mib(files, call: str) -> float:
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("peak resident set is read from /proc/self/status (Linux)")
+    (tiny, _), (big, _) = files["tiny"], files["big"]
+    result = subprocess.run(
+        [sys.executable, "-c", _PEAK_SCRIPT, str(tiny), str(big), call], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    return float(result.stdout.split()[-1])
+
+
+def test_bf16_file_loads_in_bf16_with_peak_host_memory_of_the_bf16_size(bf16_seg_files):
+    bf16_mib = bf16_seg_files["big"][1]
+    for call in ('Predictor("seg", model=PATH, device="cpu", dtype="bf16")', 'load_model("seg", PATH, dtype="auto")'):
+        growth = _peak_growth_mib(bf16_seg_files, call)
+        assert 0.9 * bf16_mib < growth < 1.2 * bf16_mib, f"{call}: peak +{growth:.0f} MiB for a {bf16_mib:.0f} MiB file"
+
+
+def test_bf16_file_loads_in_fp32_without_keeping_the_bf16_copy(bf16_seg_files):
+    bf16_mib = bf16_seg_files["big"][1]
+    growth = _peak_growth_mib(bf16_seg_files, 'load_model("seg", PATH)')
+    # fp32 is twice the file; reading everything first and casting after would need three times.
+    assert 1.8 * bf16_mib < growth < 2.4 * bf16_mib, f"peak +{growth:.0f} MiB for a {bf16_mib:.0f} MiB bf16 file"
+
+
+def test_loaded_model_holds_the_file_tensors_in_the_requested_dtype(bf16_seg_files):
+    from safetensors.torch import load_file
+
+    from sapiens2 import load_model
+
+    path = bf16_seg_files["tiny"][0]
+    stored = load_file(str(path))
+    model = load_model("seg", path, dtype=torch.bfloat16)
+    assert all(not t.is_meta for t in model.state_dict().values())
+    for key, tensor in model.state_dict().items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, stored[key]), key
+
+
+def test_a_tensor_no_checkpoint_key_fills_is_refused():
+    from sapiens2.checkpoints import load_into
+
+    class WithScratch(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(2, device="meta"))
+            self.register_buffer("scratch", torch.empty(2, device="meta"), persistent=False)
+
+    with pytest.raises(RuntimeError, match="scratch"):
+        load_into(WithScratch(), {"weight": torch.ones(2)})
