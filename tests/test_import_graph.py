@@ -1,0 +1,113 @@
+"""Layering: the imports between sapiens2's subpackages and top-level modules form no cycle, and the bottom layers
+(``models``, ``data``, ``metadata``) import nothing else from sapiens2.
+
+Every module is parsed with ``ast``; imports at any depth count (lazy ones inside functions, ``TYPE_CHECKING``
+blocks), relative and absolute alike. A graph node is ``sapiens2.<first name>``: a subpackage or a top-level module.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+PACKAGE = REPO / "sapiens2"
+ROOT = "sapiens2"
+# Packages that must stay at the bottom: networks (models), image io and transforms (data), packaged assets.
+LEAVES = ("sapiens2.models", "sapiens2.data", "sapiens2.metadata")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _node(module: str) -> str:
+    """``sapiens2.pose.topdown`` -> ``sapiens2.pose``; ``sapiens2`` stays the package root."""
+    return ".".join(module.split(".")[:2])
+
+
+def _is_submodule(module: str) -> bool:
+    relative = Path(*module.split(".")[1:])
+    return (PACKAGE / relative).is_dir() or (PACKAGE / relative).with_suffix(".py").is_file()
+
+
+def _imported_modules(path: Path) -> list[tuple[str, int]]:
+    """(absolute module name, line) of every sapiens2 import in a file, at any depth."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # ``from sapiens2 import checkpoints`` / ``from .. import pose`` name submodules, not the root.
+            for alias in node.names:
+                submodule = f"{target}.{alias.name}"
+                found.append((submodule if _is_submodule(submodule) else target, node.lineno))
+    return [(name, line) for name, line in found if name == ROOT or name.startswith(ROOT + ".")]
+
+
+def _import_graph() -> dict[str, dict[str, str]]:
+    """node -> {imported node: "file:line" of the first import that makes the edge}."""
+    graph: dict[str, dict[str, str]] = defaultdict(dict)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = _node(_module_name(path))
+        graph[source]  # every node appears, with or without edges
+        for target, line in _imported_modules(path):
+            target = _node(target)
+            if target != source:
+                graph[source].setdefault(target, f"{path.relative_to(REPO)}:{line}")
+    return graph
+
+
+def _find_cycle(graph: dict[str, dict[str, str]]) -> list[str] | None:
+    """One cycle as [a, b, ..., a], or None (depth-first search, nodes in sorted order)."""
+    state: dict[str, str] = {}  # "active" while on the current path, "done" once fully explored
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "active"
+        path.append(node)
+        for target in sorted(graph.get(node, {})):
+            if state.get(target) == "active":
+                return path[path.index(target) :] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_relative_and_lazy_imports_are_found():
+    graph = _import_graph()
+    assert "sapiens2.checkpoints" in graph["sapiens2.pose"]  # a lazy ``from ..checkpoints import`` in a function
+    assert "sapiens2.data" in graph["sapiens2.dense"]  # absolute imports
+    assert {"sapiens2.models", "sapiens2.predict"} <= set(graph[ROOT])  # the public API re-exports
+
+
+def test_subpackages_import_each_other_without_cycles():
+    graph = _import_graph()
+    cycle = _find_cycle(graph)
+    if cycle is not None:
+        steps = "\n".join(f"  {a} -> {b}  ({graph[a][b]})" for a, b in zip(cycle[:-1], cycle[1:], strict=True))
+        pytest.fail(f"import cycle {' -> '.join(cycle)}:\n{steps}")
+
+
+@pytest.mark.parametrize("leaf", LEAVES)
+def test_bottom_layers_import_no_other_sapiens2_package(leaf):
+    imports = _import_graph()[leaf]
+    assert not imports, f"{leaf} imports " + ", ".join(f"{target} ({where})" for target, where in imports.items())
