@@ -190,6 +190,7 @@ _NUMPY_SAFE_GLOBALS = [
 # Tensors that keep their stored dtype whatever dtype the model is loaded in: the RoPE periods (cast to the RoPE
 # dtype by ``load_into``, as the official model's bf16 buffer does).
 KEEP_DTYPE = ("periods",)
+_SAFETENSORS_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
 def read_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
@@ -247,14 +248,21 @@ def _placer(device: torch.device | str, dtype: torch.dtype | str | None) -> Call
     return place
 
 
-def _open_safetensors(path: Path) -> Any:
+def _open_safetensors(path: Path, device: torch.device, dtype: torch.dtype | None) -> Any:
+    """A reader that memory-maps the file when every tensor is kept as stored (CPU, no cast: no copy, the weights
+    are the page cache's), else reads with pread(2) into fresh tensors, so that no file-backed pages stay mapped
+    beside the cast or moved copies."""
     from safetensors import safe_open
 
+    handle = safe_open(str(path), framework="pt", device="cpu")
+    stored = {handle.get_slice(key).get_dtype() for key in handle.keys() if not key.endswith(KEEP_DTYPE)}
+    casts = dtype is not None and any(_SAFETENSORS_FLOATS.get(name, dtype) != dtype for name in stored)
+    if device.type == "cpu" and not casts:
+        return handle
     try:
-        # pread(2) into fresh tensors: the process holds no file-backed pages beside the tensors it keeps.
         return safe_open(str(path), framework="pt", device="cpu", backend="pread")
     except TypeError:  # safetensors < 0.8 has only its mmap reader
-        return safe_open(str(path), framework="pt", device="cpu")
+        return handle
 
 
 def read_tensors(
@@ -272,6 +280,7 @@ def read_tensors(
         ValueError: the file is not a readable weight file (named in the message).
     """
     path, place = Path(path), _placer(device, dtype)
+    device, dtype = torch.device(device), _as_dtype(dtype)
     if not path.is_file():
         raise CheckpointNotFoundError(f"Checkpoint file not found: {path}")
     if path.suffix != ".safetensors":
@@ -284,7 +293,7 @@ def read_tensors(
         data = data if isinstance(data, MutableMapping) else dict(data)
         return {key: place(key, data.pop(key)) for key in list(data)}  # pop: each CPU tensor freed once placed
     try:
-        handle = _open_safetensors(path)
+        handle = _open_safetensors(path, device, dtype)
     except Exception as error:  # safetensors raises its own error type for a corrupt header
         raise ValueError(f"Cannot read checkpoint {path}: {type(error).__name__}: {error}") from error
     tensors = {}
