@@ -324,7 +324,9 @@ def read_state_dict(
         CheckpointNotFoundError: the file does not exist.
         ValueError: the file is not a readable weight file (named in the message).
     """
-    return convert_if_transformers(path, read_tensors(path, device=device, dtype=dtype), rope_dtype)
+    state_dict = convert_if_transformers(path, read_tensors(path, device=device, dtype=dtype), rope_dtype)
+    # The RoPE periods a transformers folder lacks are computed on the CPU; everything else is already in place.
+    return {key: tensor.to(device) for key, tensor in state_dict.items()}
 
 
 # ------------------------------------------------------------------------------------------- arch from the shapes

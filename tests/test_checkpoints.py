@@ -291,3 +291,13 @@ def test_a_tensor_no_checkpoint_key_fills_is_refused():
 
     with pytest.raises(RuntimeError, match="scratch"):
         load_into(WithScratch(), {"weight": torch.ones(2)})
+
+
+def test_read_state_dict_places_every_tensor_on_the_device_periods_keeping_their_dtype(tmp_path):
+    """A transformers folder's RoPE periods are computed, not read: they go to the device too (meta stands for GPU)."""
+    from sapiens2 import save_transformers
+
+    save_transformers(tiny_model(), tmp_path / "hf")
+    state = read_state_dict(tmp_path / "hf" / "model.safetensors", device="meta", dtype=torch.float16)
+    assert all(tensor.is_meta for tensor in state.values())
+    assert state["rope_embed.periods"].dtype == torch.bfloat16 and state["cls_token"].dtype == torch.float16
