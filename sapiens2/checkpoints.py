@@ -27,7 +27,8 @@ from torch import nn
 from .models.backbone import Sapiens2
 from .models.heads import OUTPUT_LAYERS, infer_head_config
 from .models.task_model import TaskModel, build_model, check_task
-from .models.zoo import ARCH_FIELDS, ARCHS, PRETRAIN, TASKS, Arch, get_arch
+from .models.zoo import ARCH_FIELDS, ARCHS, Arch, get_arch
+from .tasks import PRETRAIN, TASKS
 from .transformers_format import convert_if_transformers
 
 logger = logging.getLogger(__name__)

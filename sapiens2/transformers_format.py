@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from .models.heads import OUTPUT_LAYERS, infer_head_config
-from .models.zoo import ARCH_FIELDS, ARCHS, PRETRAIN, Arch, get_arch
+from .models.zoo import ARCH_FIELDS, ARCHS, Arch, get_arch
+from .tasks import PRETRAIN
 
 __all__ = [
     "MODEL_TYPE",

@@ -473,68 +473,13 @@ HEADS: dict[str, type[nn.Module]] = {
 # Released head configurations and config inference from a checkpoint
 # ---------------------------------------------------------------------------------------------------------------------
 
-# Backbone widths D of the released archs (MODEL.md §1.1): the in_channels of every head.
-_EMBED_DIMS = {
-    name: ARCHS[name].embed_dims for name in ("sapiens2_0.4b", "sapiens2_0.8b", "sapiens2_1b", "sapiens2_5b")
-}
-
-
-def _released(task: str, arch: str) -> dict[str, Any]:
-    """Head kwargs of the released ``task`` model for ``arch`` (the configs' decode_head, MODEL.md §2.2–2.7)."""
-    in_channels = _EMBED_DIMS[arch]
-    big = arch == "sapiens2_5b"
-    if task == "pose":
-        deconv = (1536, 1024) if arch == "sapiens2_1b" else (1024, 768)
-        convs = (768, 512, 256) if arch == "sapiens2_1b" else (512, 512, 256)
-        return {
-            "in_channels": in_channels,
-            "out_channels": 308,
-            "deconv_out_channels": deconv,
-            "deconv_kernel_sizes": (4, 4),
-            "conv_out_channels": convs,
-            "conv_kernel_sizes": (1, 1, 1),
-        }
-    if task == "seg":
-        return {
-            "in_channels": in_channels,
-            "deconv_out_channels": (512, 256, 128, 64),
-            "deconv_kernel_sizes": (4, 4, 4, 4),
-            "conv_out_channels": (64, 64),
-            "conv_kernel_sizes": (1, 1),
-            "num_classes": 29,
-        }
-    if task == "normal":
-        upsample, convs = ((1536, 768, 512, 256), (128, 64, 32)) if big else ((768, 512, 256, 128), (64, 32, 16))
-    elif task == "albedo":
-        upsample = (1536, 768, 512, 256) if big else (768, 512, 256, 128)
-        convs = (64, 32, 16)
-    elif task == "pointmap":
-        upsample, convs = ((1536, 768, 768, 768), (128, 64, 32)) if big else ((1536, 768, 512, 256), (64, 32, 16))
-    else:
-        raise ValueError(f"no released {task} head")
-    config: dict[str, Any] = {
-        "in_channels": in_channels,
-        "upsample_channels": upsample,
-        "conv_out_channels": convs,
-        "conv_kernel_sizes": (3, 3, 3),
-    }
-    if task == "pointmap":
-        config |= {
-            "scale_conv_out_channels": (1536, 512, 128),
-            "scale_conv_kernel_sizes": (1, 1, 1),
-            # 6144 = 128 channels x the 8x6 grid left of 64x48 after three stride-2 units (1024x768 input).
-            "scale_final_layer": (6144, 512, 128, 1),
-        }
-    return config
-
-
-# HEAD_CONFIGS[task][arch] -> head kwargs of the released checkpoints. Matting is empty on purpose: the widths of the
-# released 1b matting head are unknown (MATTING.md); its checkpoint is loaded through infer_head_config.
-_RELEASED_TASKS = ("pose", "seg", "normal", "pointmap", "albedo")
+# HEAD_CONFIGS[task][arch] -> head kwargs of the released configs, read off the arch table (``Arch.head_widths``).
+# Matting is empty on purpose: the widths of the released 1b matting head are unknown (MATTING.md); its checkpoint
+# is loaded through infer_head_config.
 HEAD_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
-    task: {arch: _released(task, arch) for arch in _EMBED_DIMS} for task in _RELEASED_TASKS
+    task: {arch.name: config for arch in ARCHS.values() if (config := arch.head_config(task)) is not None}
+    for task in HEADS
 }
-HEAD_CONFIGS["matting"] = {}
 
 # Name of each head's final convolution: it also tells which task a checkpoint was trained for.
 OUTPUT_LAYERS = {

@@ -10,11 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..tasks import TASKS, check_task
 from .backbone import Sapiens2
-from .heads import HEAD_CONFIGS, HEADS, OUTPUT_LAYERS
-from .zoo import Arch, get_arch
-
-TASKS = tuple(HEADS)
+from .heads import HEADS, OUTPUT_LAYERS
+from .zoo import ARCHS, Arch, get_arch
 
 __all__ = ["OUTPUT_LAYERS", "TASKS", "TaskModel", "build_model", "check_task", "default_head_config"]
 
@@ -39,30 +38,18 @@ class TaskModel(nn.Module):
         return self.decode_head(self.backbone(x)[0])
 
 
-def check_task(task: str) -> str:
-    if task not in TASKS:
-        import difflib
-
-        close = difflib.get_close_matches(task, TASKS, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}.{hint}")
-    return task
-
-
 def default_head_config(task: str, arch: Arch, input_size: tuple[int, int] = (1024, 768)) -> dict[str, Any]:
     """Head kwargs of the released ``task`` model for ``arch``; for other archs the 0.4b head topology on D channels.
 
     Matting has no published widths (MATTING.md): the normal head's widths of the same size are used for training
     from scratch; released matting files load through their shapes (``load_model``) whatever their widths.
     """
-    released = HEAD_CONFIGS.get(task, {})
     source_task = "normal" if task == "matting" else task
-    config = dict(
-        released.get(arch.name)
-        or HEAD_CONFIGS[source_task].get(arch.name)
-        or HEAD_CONFIGS[source_task]["sapiens2_0.4b"]
+    config = (
+        arch.head_config(task)
+        or arch.head_config(source_task)
+        or ARCHS["sapiens2_0.4b"].head_config(source_task) | {"in_channels": arch.embed_dims}
     )
-    config["in_channels"] = arch.embed_dims
     if task == "pointmap":
         # The scale MLP flattens the grid left after three stride-2 1x1 convolutions: (H/16/8) x (W/16/8) cells.
         grid_h, grid_w = -(-input_size[0] // 16 // 8), -(-input_size[1] // 16 // 8)

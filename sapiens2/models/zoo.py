@@ -1,15 +1,20 @@
 """The one table of Sapiens2 architectures, their released files, and the parameter/FLOP formulas (MODEL.md §1.1, §1.9).
 
-Everything that needs an arch's numbers (the backbone, the loaders, ``sapiens2 info``) reads them here.
+Everything that needs an arch's numbers (the backbone, the heads' released widths, the loaders, the optimiser's
+layer decay, ``sapiens2 info``) reads them here. Which tasks exist, and which sizes have published weights, is the
+task table's (``sapiens2.tasks``).
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
-PRETRAIN = "pretrain"
-TASKS = ("pose", "seg", "normal", "pointmap", "albedo", "matting")
+from ..tasks import PRETRAIN, published_tasks
+
 HF_ORG = "facebook"
 
 
@@ -24,7 +29,10 @@ class Arch:
         use_tokenizer: True for the 4K variant.
         img_size: the (H, W) input the released weights were trained at.
         size: the short name used in file names and repo ids ("1b", "1b_4k").
-        released_tasks: tasks with released weights ("pretrain" included).
+        head_widths: per task, the decode-head kwargs of the released configs without ``in_channels`` (which is
+            ``embed_dims``); tasks without released configs for this arch are absent (MODEL.md §2.2–2.7).
+        layer_decay: the layer-wise LR decay of the released training recipes (DENSE.md §6, POSE.md §4.5); 1.0
+            (none) where there is no recipe.
     """
 
     name: str
@@ -36,7 +44,18 @@ class Arch:
     size: str
     use_tokenizer: bool = False
     img_size: tuple[int, int] = (1024, 768)
-    released_tasks: tuple[str, ...] = field(default=(PRETRAIN,))
+    head_widths: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}), compare=False)
+    layer_decay: float = 1.0
+
+    @property
+    def released_tasks(self) -> tuple[str, ...]:
+        """``"pretrain"`` and the tasks with published weights for this size (``sapiens2.tasks``)."""
+        return (PRETRAIN, *published_tasks(self.size))
+
+    def head_config(self, task: str) -> dict[str, Any] | None:
+        """Head kwargs of the released ``task`` config for this arch (``in_channels`` included), or None."""
+        widths = self.head_widths.get(task)
+        return None if widths is None else {"in_channels": self.embed_dims, **widths}
 
     @property
     def head_dim(self) -> int:
@@ -95,15 +114,50 @@ def _block_params(d: int, f: int, kv_dim: int, qk_norm_dim: int, layer_scale: bo
     )
 
 
-_DENSE = (PRETRAIN, "pose", "seg", "normal", "pointmap")
+def _released_heads(pose_big: bool = False, big: bool = False) -> Mapping[str, Mapping[str, Any]]:
+    """Decode-head widths of the released task configs (MODEL.md §2.2–2.7): the 1b pose head and the 5b
+    normal/albedo/pointmap heads are wider; everything else is shared by 0.4b, 0.8b, 1b and 5b."""
+    upsample = (1536, 768, 512, 256) if big else (768, 512, 256, 128)
+    convs = (128, 64, 32) if big else (64, 32, 16)
+    heads = {
+        "pose": {
+            "out_channels": 308,
+            "deconv_out_channels": (1536, 1024) if pose_big else (1024, 768),
+            "deconv_kernel_sizes": (4, 4),
+            "conv_out_channels": (768, 512, 256) if pose_big else (512, 512, 256),
+            "conv_kernel_sizes": (1, 1, 1),
+        },
+        "seg": {
+            "deconv_out_channels": (512, 256, 128, 64),
+            "deconv_kernel_sizes": (4, 4, 4, 4),
+            "conv_out_channels": (64, 64),
+            "conv_kernel_sizes": (1, 1),
+            "num_classes": 29,
+        },
+        "normal": {"upsample_channels": upsample, "conv_out_channels": convs, "conv_kernel_sizes": (3, 3, 3)},
+        "albedo": {"upsample_channels": upsample, "conv_out_channels": (64, 32, 16), "conv_kernel_sizes": (3, 3, 3)},
+        "pointmap": {
+            "upsample_channels": (1536, 768, 768, 768) if big else (1536, 768, 512, 256),
+            "conv_out_channels": convs,
+            "conv_kernel_sizes": (3, 3, 3),
+            "scale_conv_out_channels": (1536, 512, 128),
+            "scale_conv_kernel_sizes": (1, 1, 1),
+            # 6144 = 128 channels x the 8x6 grid left of 64x48 after three stride-2 units (1024x768 input).
+            "scale_final_layer": (6144, 512, 128, 1),
+        },
+    }
+    # Matting has no published widths (MATTING.md): its released file loads through its shapes.
+    return MappingProxyType({task: MappingProxyType(widths) for task, widths in heads.items()})
+
+
 ARCHS: dict[str, Arch] = {
     arch.name: arch
     for arch in (
         Arch("sapiens2_0.1b", 768, 12, 12, 3072, 2, size="0.1b"),
-        Arch("sapiens2_0.4b", 1024, 24, 16, 4096, 2, size="0.4b", released_tasks=_DENSE),
-        Arch("sapiens2_0.8b", 1280, 32, 16, 5120, 3, size="0.8b", released_tasks=_DENSE),
-        Arch("sapiens2_1b", 1536, 40, 24, 6144, 4, size="1b", released_tasks=(*_DENSE, "matting")),
-        Arch("sapiens2_5b", 2432, 56, 32, 9728, 6, size="5b", released_tasks=_DENSE),
+        Arch("sapiens2_0.4b", 1024, 24, 16, 4096, 2, size="0.4b", head_widths=_released_heads(), layer_decay=0.80),
+        Arch("sapiens2_0.8b", 1280, 32, 16, 5120, 3, size="0.8b", head_widths=_released_heads(), layer_decay=0.85),
+        Arch("sapiens2_1b", 1536, 40, 24, 6144, 4, size="1b", head_widths=_released_heads(True), layer_decay=0.90),
+        Arch("sapiens2_5b", 2432, 56, 32, 9728, 6, size="5b", head_widths=_released_heads(big=True), layer_decay=0.94),
         Arch("sapiens2_1b_4k", 1536, 40, 24, 6144, 4, size="1b_4k", use_tokenizer=True, img_size=(4096, 3072)),
     )
 }

@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 import yaml
 
-from ..models.zoo import TASKS, get_arch
+from ..models.zoo import ARCHS, get_arch
+from ..tasks import TASKS
 
 __all__ = [
     "DataConfig",
@@ -34,10 +35,7 @@ __all__ = [
     "save_config",
 ]
 
-TRAIN_TASKS = tuple(task for task in TASKS if task != "matting")  # no released matting loss (MATTING.md)
-
-# Layer-wise LR decay of the released recipes per arch (DENSE.md §6, POSE.md §4.5).
-LAYER_DECAY = {"sapiens2_0.4b": 0.80, "sapiens2_0.8b": 0.85, "sapiens2_1b": 0.90, "sapiens2_5b": 0.94}
+TRAIN_TASKS = tuple(name for name, task in TASKS.items() if task.trainable)
 
 
 @dataclass(frozen=True)
@@ -199,7 +197,7 @@ class TrainConfig:
         """The layer-decay rate in use for ``arch_name`` (the configured one, else the released default)."""
         if self.optimizer.layer_decay is not None:
             return self.optimizer.layer_decay
-        return LAYER_DECAY.get(arch_name, 1.0)
+        return ARCHS[arch_name].layer_decay if arch_name in ARCHS else 1.0
 
 
 # ---------------------------------------------------------------------------------------------------------------------
