@@ -60,7 +60,7 @@ from sapiens2.predict.visualize import (
 )
 
 __all__ = [
-    "TASKS",
+    "WRITERS",
     "CocoResultsWriter",
     "WriteOptions",
     "instance_score",
@@ -75,7 +75,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TASKS = ("pose", "seg", "normal", "pointmap", "albedo", "matting")
 
 Destination = InputItem | str | os.PathLike
 
@@ -333,7 +332,7 @@ def write_pose(
     return written
 
 
-_WRITERS: dict[str, tuple[type, Callable[..., list[Path]]]] = {
+WRITERS: dict[str, tuple[type, Callable[..., list[Path]]]] = {
     "pose": (PoseResult, write_pose),
     "seg": (SegResult, write_seg),
     "normal": (NormalResult, write_normal),
@@ -357,7 +356,7 @@ def write_result(
         >>> paths = write_result("normal", normal_result, "out/img", image, WriteOptions(mask=seg_result.foreground()))
 
     Args:
-        task: one of :data:`TASKS`.
+        task: a task name (``sapiens2.tasks``).
         result: the task's result dataclass (``SegResult``, ``NormalResult``, ...).
         item_or_stem_path: an ``InputItem`` (files go to ``item.output_path(suffix)``) or an output stem path
             without extension (parent folders are created).
@@ -371,9 +370,9 @@ def write_result(
     Raises:
         ValueError: unknown task, a result of the wrong type, sizes that do not match, or a missing image.
     """
-    if task not in _WRITERS:
-        raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
-    result_type, writer = _WRITERS[task]
+    if task not in WRITERS:
+        raise ValueError(f"unknown task {task!r}; choose from {', '.join(WRITERS)}")
+    result_type, writer = WRITERS[task]
     if not isinstance(result, result_type):
         raise ValueError(f"task {task!r} needs a {result_type.__name__}, got {type(result).__name__}")
     if image_rgb is not None:

@@ -31,8 +31,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["CHECKPOINT_FORMAT", "Trainer", "export_model", "find_checkpoints", "fit", "latest_checkpoint"]
 
 CHECKPOINT_FORMAT = "sapiens2-train-1"
-# Ground-truth key each evaluator compares the first model output with (DENSE.md §2.6, §3.4, §4.4, §5.4).
-_EVAL_TARGETS = {"seg": "labels", "normal": "gt_normal", "pointmap": "gt_pointmap", "albedo": "gt_albedo"}
+# Ground-truth key each evaluator compares the first model output with (DENSE.md §2.6, §3.4, §4.4, §5.4); the
+# trainable dense tasks of sapiens2.tasks.
+EVAL_TARGETS = {"seg": "labels", "normal": "gt_normal", "pointmap": "gt_pointmap", "albedo": "gt_albedo"}
 
 
 def find_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
@@ -509,7 +510,7 @@ class Trainer:
                 if task == "seg":
                     metric.update(pred, targets["labels"][:rows])
                 else:
-                    metric.update(pred, targets[_EVAL_TARGETS[task]][:rows], targets["mask"][:rows])
+                    metric.update(pred, targets[EVAL_TARGETS[task]][:rows], targets["mask"][:rows])
         self.module.train()
         names = sorted(sums) if sums else []
         totals = torch.tensor([count], dtype=torch.float64, device=self.device)
