@@ -18,16 +18,14 @@ from sapiens2.data.transforms import (
     IMAGE_STD_RGB,
     ResizeInfo,
     crop_padding,
-    gaussian_blur,
-    gaussian_kernel1d,
     letterbox,
     letterbox_batch,
     normalize_to_tensor,
     resize_bilinear,
-    resize_pointmap,
     stretch_batch,
     stretch_resize,
 )
+from sapiens2.dense.pointmap import gaussian_blur, gaussian_kernel1d, resize_pointmap
 
 DENSE_CASES = {
     "D_seg_e2e": stretch_batch,

@@ -7,7 +7,6 @@ pixel centres at integer coordinates (OpenCV's half-pixel resize convention).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,20 +19,15 @@ import torch.nn.functional as F
 
 __all__ = [
     "DEFAULT_INPUT_SIZE",
-    "as_output_batch",
-    "check_paths",
     "IMAGE_MEAN_RGB",
     "IMAGE_STD_RGB",
     "ResizeInfo",
+    "check_size",
     "crop_padding",
-    "gaussian_blur",
-    "gaussian_kernel1d",
-    "implied_focal",
     "letterbox",
     "letterbox_batch",
     "normalize_to_tensor",
     "resize_bilinear",
-    "resize_pointmap",
     "stretch_batch",
     "stretch_resize",
 ]
@@ -43,11 +37,6 @@ DEFAULT_INPUT_SIZE: tuple[int, int] = (1024, 768)
 
 IMAGE_MEAN_RGB: tuple[float, float, float] = (123.675, 116.28, 103.53)
 IMAGE_STD_RGB: tuple[float, float, float] = (58.395, 57.12, 57.375)
-
-# Pointmap pre-smoothing before upsampling (DENSE.md §4.5 step 3): 4 passes of a 3x3 Gaussian, sigma 0.8.
-POINTMAP_BLUR_PASSES = 4
-POINTMAP_BLUR_KERNEL = 3
-POINTMAP_BLUR_SIGMA = 0.8
 
 ArrayOrTensor = TypeVar("ArrayOrTensor", np.ndarray, torch.Tensor)
 
@@ -108,7 +97,8 @@ def _check_image(image: np.ndarray, name: str = "image") -> None:
         raise ValueError(f"{name} is empty (shape {image.shape}); give an image of at least 1x1 pixels")
 
 
-def _check_size(size_hw: Sequence[int]) -> tuple[int, int]:
+def check_size(size_hw: Sequence[int]) -> tuple[int, int]:
+    """``size_hw`` as two positive ints (H, W); a ``ValueError`` naming the size otherwise."""
     if len(size_hw) != 2 or any(int(s) != s or s < 1 for s in size_hw):
         raise ValueError(f"input size must be two positive integers (H, W), got {size_hw!r}")
     return int(size_hw[0]), int(size_hw[1])
@@ -128,7 +118,7 @@ def stretch_resize(image: np.ndarray, size_hw: Sequence[int] = DEFAULT_INPUT_SIZ
         The resized uint8 image (size_hw + (3,)) and its ``ResizeInfo`` (no padding, ``scale=None``).
     """
     _check_image(image)
-    out_h, out_w = _check_size(size_hw)
+    out_h, out_w = check_size(size_hw)
     height, width = image.shape[:2]
     interpolation = cv2.INTER_AREA if out_w < width else cv2.INTER_CUBIC
     resized = cv2.resize(image, (out_w, out_h), interpolation=interpolation)
@@ -153,7 +143,7 @@ def letterbox(image: np.ndarray, size_hw: Sequence[int] = DEFAULT_INPUT_SIZE) ->
         The letterboxed uint8 image (size_hw + (3,)) and its ``ResizeInfo`` holding the padding to crop later.
     """
     _check_image(image)
-    out_h, out_w = _check_size(size_hw)
+    out_h, out_w = check_size(size_hw)
     height, width = image.shape[:2]
     scale = min(out_w / width, out_h / height)
     new_w = max(1, min(out_w, int(width * scale)))
@@ -260,110 +250,5 @@ def crop_padding(x: ArrayOrTensor, padding: Sequence[int]) -> ArrayOrTensor:
 
 def resize_bilinear(x: torch.Tensor, size_hw: Sequence[int]) -> torch.Tensor:
     """Bilinear resize of (B, C, h, w) to (B, C, H, W): align_corners=False, no antialias (reference rule)."""
-    out_h, out_w = _check_size(size_hw)
+    out_h, out_w = check_size(size_hw)
     return F.interpolate(x, size=(out_h, out_w), mode="bilinear", align_corners=False)
-
-
-def gaussian_kernel1d(
-    kernel_size: int, sigma: float, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
-) -> torch.Tensor:
-    """Normalised 1-D Gaussian with torchvision's sampling: taps at linspace(-(k-1)/2, (k-1)/2, k), in ``dtype``.
-
-    Computed on ``device`` like torchvision does: CUDA's exp can differ from the CPU's in the last bit.
-    """
-    half = (kernel_size - 1) * 0.5
-    taps = torch.linspace(-half, half, steps=kernel_size, dtype=dtype, device=device)
-    weights = torch.exp(-0.5 * (taps / sigma).pow(2))
-    return weights / weights.sum()
-
-
-def gaussian_blur(x: torch.Tensor, kernel_size: int = 3, sigma: float = 0.8, passes: int = 1) -> torch.Tensor:
-    """Depthwise 2-D Gaussian blur of (B, C, H, W) float, with torchvision ``gaussian_blur`` semantics.
-
-    The 2-D kernel is the outer product of two float 1-D kernels (``gaussian_kernel1d``); borders are
-    reflect-padded by ``kernel_size // 2`` (mirror without repeating the edge); one grouped conv per pass.
-    Implemented without torchvision so it adds no dependency (DENSE.md §4.5).
-    """
-    if kernel_size % 2 != 1 or kernel_size < 1:
-        raise ValueError(f"kernel_size must be a positive odd integer, got {kernel_size}")
-    if x.ndim != 4:
-        raise ValueError(f"gaussian_blur expects a (B, C, H, W) tensor, got shape {tuple(x.shape)}")
-    channels = x.shape[1]
-    if not x.is_floating_point():
-        raise ValueError(f"gaussian_blur needs a floating-point tensor, got {x.dtype}; convert with .float()")
-    kernel1d = gaussian_kernel1d(kernel_size, sigma, dtype=x.dtype, device=x.device)
-    kernel2d = torch.mm(kernel1d[:, None], kernel1d[None, :])  # (k, k), on x's device as in torchvision
-    kernel = kernel2d.expand(channels, 1, kernel_size, kernel_size)
-    half = kernel_size // 2
-    for _ in range(passes):
-        x = F.conv2d(F.pad(x, [half, half, half, half], mode="reflect"), kernel, groups=channels)
-    return x
-
-
-def resize_pointmap(x: torch.Tensor, size_hw: Sequence[int], smooth: bool = True) -> torch.Tensor:
-    """Resize a (B, 3, h, w) pointmap to (B, 3, H, W), pre-smoothing only when enlarging (DENSE.md §4.5 step 3).
-
-    If ``smooth`` and the target is larger than the input in either dimension, 4 passes of a 3x3 Gaussian blur
-    (sigma 0.8) run first, so bilinear upsampling does not stair-step depth edges; then bilinear resize.
-    """
-    out_h, out_w = _check_size(size_hw)
-    if smooth and (out_h > x.shape[-2] or out_w > x.shape[-1]):
-        x = gaussian_blur(x, POINTMAP_BLUR_KERNEL, POINTMAP_BLUR_SIGMA, passes=POINTMAP_BLUR_PASSES)
-    return resize_bilinear(x, (out_h, out_w))
-
-
-def implied_focal(scale_pred: float, info: ResizeInfo, canonical_focal: float) -> float:
-    """Focal length in original-image pixels implied by the pointmap's predicted scale (MODEL.md §2.5).
-
-    scale_pred estimates canonical_focal / f_in with f_in the focal length in network-input pixels, so
-    f_in = canonical_focal / scale_pred; the letterbox multiplied every image length by ``info.scale`` (the
-    realised width ratio for a stretch resize), so f_orig = f_in / that factor.
-    """
-    factor = info.scale if info.scale is not None else info.ratio_xy[0]
-    if scale_pred == 0 or not math.isfinite(scale_pred):
-        return math.nan
-    return canonical_focal / scale_pred / factor
-
-
-def as_output_batch(
-    raw: torch.Tensor | np.ndarray, meta: Sequence[ResizeInfo], channels: int | None, name: str
-) -> torch.Tensor:
-    """Check a raw (B, C, h, w) network output against its preprocessing meta; return it as a float32 tensor.
-
-    Half-precision outputs are upcast so post-processing always runs in float32 like the reference. The tensor
-    stays on its device.
-    """
-    if isinstance(raw, np.ndarray):
-        raw = torch.from_numpy(raw)
-    if not isinstance(raw, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or numpy array, got {type(raw).__name__}")
-    if raw.ndim != 4:
-        raise ValueError(f"{name} must have shape (B, C, H, W), got {tuple(raw.shape)}")
-    if raw.shape[0] != len(meta):
-        raise ValueError(
-            f"{name} holds {raw.shape[0]} images but meta describes {len(meta)}; pass the meta from preprocess"
-        )
-    if channels is not None and raw.shape[1] != channels:
-        raise ValueError(f"{name} must have {channels} channels, got {raw.shape[1]} (shape {tuple(raw.shape)})")
-    input_sizes = {tuple(info.input_hw) for info in meta}
-    if len(input_sizes) != 1:
-        raise ValueError(f"{name}: the images of one batch were preprocessed to different sizes {sorted(input_sizes)}")
-    (input_hw,) = input_sizes
-    raw = raw.float()
-    if tuple(raw.shape[-2:]) != input_hw:
-        # A head with fewer upsampling stages than the released ones (e.g. a custom fine-tune) predicts at a lower
-        # resolution: bring it to the network input first. Released heads predict at the input size (no-op).
-        if raw.shape[-2] > input_hw[0] or raw.shape[-1] > input_hw[1]:
-            raise ValueError(f"{name} is {tuple(raw.shape[-2:])}, larger than the network input {input_hw}")
-        raw = resize_bilinear(raw, input_hw)
-    return raw
-
-
-def check_paths(paths: Sequence[str | os.PathLike | None] | None, count: int) -> list[str | None]:
-    """Normalise the optional per-image source paths given to a post-processor."""
-    if paths is None:
-        return [None] * count
-    paths = list(paths)
-    if len(paths) != count:
-        raise ValueError(f"got {len(paths)} paths for {count} images; give one path (or None) per image")
-    return [None if path is None else os.fspath(path) for path in paths]

@@ -1,7 +1,8 @@
 """Dense tasks (seg, normal, pointmap, albedo, matting): official pre/post-processing and typed results.
 
 Each task module has ``preprocess(images_rgb, input_size) -> (tensor, meta)``, ``postprocess(raw, meta) -> results``
-and a frozen result dataclass; the networks live in ``sapiens2.models``.
+and a frozen result dataclass; ``postprocess`` runs the loop shared by all of them (``sapiens2.dense.common.each_image``)
+over a per-image function holding the task's own rule. The networks live in ``sapiens2.models``.
 """
 
 from sapiens2.dense import albedo, matting, normal, pointmap, seg

@@ -13,14 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sapiens2.data.transforms import (
-    ResizeInfo,
-    as_output_batch,
-    check_paths,
-    crop_padding,
-    letterbox_batch,
-    resize_bilinear,
-)
+from sapiens2.data.transforms import ResizeInfo, letterbox_batch
+from sapiens2.dense.common import as_output_batch, each_image, to_hwc, to_original_size
 
 __all__ = ["AlbedoResult", "postprocess", "preprocess"]
 
@@ -57,13 +51,12 @@ def postprocess(
     Per image: clamp to [0, 1], crop the letterbox padding, bilinear resize (align_corners=False), ×255 → uint8
     by truncation (the reference's ``astype(np.uint8)``).
     """
-    raw = as_output_batch(raw, meta, 3, "albedo output")
-    results = []
-    for index, (info, path) in enumerate(zip(meta, check_paths(paths, len(meta)), strict=True)):
-        albedo = raw[index : index + 1].clamp(0.0, 1.0)  # (1, 3, H_in, W_in)
-        albedo = resize_bilinear(crop_padding(albedo, info.padding), info.original_hw)
-        albedo_float = albedo[0].permute(1, 2, 0).contiguous().cpu().numpy()  # (H, W, 3) float32
-        # float32 * 255 then truncation toward zero, exactly the reference's numpy arithmetic.
-        albedo_u8 = (albedo_float * np.float32(255)).astype(np.uint8)
-        results.append(AlbedoResult(albedo_u8, albedo_float, path, info.original_hw))
-    return results
+    return each_image(as_output_batch(raw, meta, 3, "albedo output"), meta, paths, _albedo_image)
+
+
+def _albedo_image(output: torch.Tensor, info: ResizeInfo, path: str | None, _index: int) -> AlbedoResult:
+    """One image's (1, 3, H_in, W_in) output -> its ``AlbedoResult``."""
+    albedo_float = to_hwc(to_original_size(output.clamp(0.0, 1.0), info))  # (H, W, 3) float32
+    # float32 * 255 then truncation toward zero, exactly the reference's numpy arithmetic.
+    albedo_u8 = (albedo_float * np.float32(255)).astype(np.uint8)
+    return AlbedoResult(albedo_u8, albedo_float, path, info.original_hw)

@@ -14,14 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sapiens2.data.transforms import (
-    ResizeInfo,
-    as_output_batch,
-    check_paths,
-    crop_padding,
-    letterbox_batch,
-    resize_bilinear,
-)
+from sapiens2.data.transforms import ResizeInfo, letterbox_batch
+from sapiens2.dense.common import as_output_batch, each_image, to_hwc, to_original_size
 
 __all__ = ["MattingResult", "postprocess", "preprocess"]
 
@@ -93,12 +87,12 @@ def postprocess(
     Per image: crop the letterbox padding, bilinear resize (align_corners=False, no antialias), clamp to [0, 1]
     (MATTING.md "Outputs"). Channels 0-2 are the premultiplied RGB foreground, channel 3 alpha.
     """
-    raw = as_output_batch(raw, meta, 4, "matting output")
-    results = []
-    for index, (info, path) in enumerate(zip(meta, check_paths(paths, len(meta)), strict=True)):
-        output = resize_bilinear(crop_padding(raw[index : index + 1], info.padding), info.original_hw).clamp(0.0, 1.0)
-        output = output[0].permute(1, 2, 0).contiguous().cpu().numpy()  # (H, W, 4)
-        foreground = np.ascontiguousarray(output[..., :3])
-        alpha = np.ascontiguousarray(output[..., 3])
-        results.append(MattingResult(alpha, foreground, path, info.original_hw))
-    return results
+    return each_image(as_output_batch(raw, meta, 4, "matting output"), meta, paths, _matting_image)
+
+
+def _matting_image(output: torch.Tensor, info: ResizeInfo, path: str | None, _index: int) -> MattingResult:
+    """One image's (1, 4, H_in, W_in) output -> its ``MattingResult``."""
+    output = to_hwc(to_original_size(output, info).clamp(0.0, 1.0))  # (H, W, 4)
+    foreground = np.ascontiguousarray(output[..., :3])
+    alpha = np.ascontiguousarray(output[..., 3])
+    return MattingResult(alpha, foreground, path, info.original_hw)

@@ -9,6 +9,7 @@ default this module L2-normalises again after the resize so every returned norma
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,14 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sapiens2.data.transforms import (
-    ResizeInfo,
-    as_output_batch,
-    check_paths,
-    crop_padding,
-    letterbox_batch,
-    resize_bilinear,
-)
+from sapiens2.data.transforms import ResizeInfo, letterbox_batch
+from sapiens2.dense.common import as_output_batch, each_image, to_hwc, to_original_size
 
 __all__ = ["NORM_EPS", "NormalResult", "postprocess", "preprocess"]
 
@@ -79,13 +74,15 @@ def postprocess(
             the resize interpolates between network pixels.
     """
     raw = as_output_batch(raw, meta, 3, "normal output")
-    results = []
-    for index, (info, path) in enumerate(zip(meta, check_paths(paths, len(meta)), strict=True)):
-        normals = raw[index : index + 1]  # (1, 3, H_in, W_in)
-        normals = normals / torch.linalg.vector_norm(normals, dim=1, keepdim=True).clamp(min=NORM_EPS)
-        normals = resize_bilinear(crop_padding(normals, info.padding), info.original_hw)
-        if renormalize:
-            normals = _unit(normals)
-        array = normals[0].permute(1, 2, 0).contiguous().cpu().numpy()  # (H, W, 3)
-        results.append(NormalResult(array, path, info.original_hw))
-    return results
+    return each_image(raw, meta, paths, functools.partial(_normal_image, renormalize=renormalize))
+
+
+def _normal_image(
+    output: torch.Tensor, info: ResizeInfo, path: str | None, _index: int, *, renormalize: bool
+) -> NormalResult:
+    """One image's (1, 3, H_in, W_in) output -> its ``NormalResult``."""
+    normals = output / torch.linalg.vector_norm(output, dim=1, keepdim=True).clamp(min=NORM_EPS)
+    normals = to_original_size(normals, info)
+    if renormalize:
+        normals = _unit(normals)
+    return NormalResult(to_hwc(normals), path, info.original_hw)  # normals (H, W, 3)

@@ -10,6 +10,7 @@ bit-identical to resizing all logits at once, in about 10 bytes per output pixel
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,13 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sapiens2.data.transforms import (
-    ResizeInfo,
-    as_output_batch,
-    check_paths,
-    resize_bilinear,
-    stretch_batch,
-)
+from sapiens2.data.transforms import ResizeInfo, resize_bilinear, stretch_batch
+from sapiens2.dense.common import as_output_batch, each_image
 from sapiens2.metadata import seg_metadata
 
 __all__ = [
@@ -166,23 +162,37 @@ def postprocess(
     logits = as_output_batch(logits, meta, None, "seg logits")
     count = logits.shape[1]
     names = class_names() if count == len(class_names()) else tuple(f"class_{i}" for i in range(count))
-    results = []
-    for index, (info, path) in enumerate(zip(meta, check_paths(paths, len(meta)), strict=True)):
-        image_logits = logits[index : index + 1]  # (1, C, h, w)
-        height, width = info.original_hw
-        by_class = (
-            not return_probabilities
-            and classwise is not False
-            and (classwise or 4 * count * height * width > CLASSWISE_MIN_BYTES)
-            and classwise_is_exact(image_logits, info.original_hw)
-        )
-        probabilities = None
-        if by_class:
-            labels = argmax_of_resized(image_logits, info.original_hw).to(torch.uint8).cpu().numpy()
-        else:
-            resized = resize_bilinear(image_logits, info.original_hw)  # (1, C, H, W)
-            labels = resized.argmax(dim=1)[0].to(torch.uint8).cpu().numpy()
-            probabilities = resized[0].softmax(dim=0).cpu().numpy() if return_probabilities else None
-            del resized
-        results.append(SegResult(labels, names, path, info.original_hw, probabilities))
-    return results
+    per_image = functools.partial(
+        _seg_image, names=names, return_probabilities=return_probabilities, classwise=classwise
+    )
+    return each_image(logits, meta, paths, per_image)
+
+
+def _seg_image(
+    image_logits: torch.Tensor,
+    info: ResizeInfo,
+    path: str | None,
+    _index: int,
+    *,
+    names: tuple[str, ...],
+    return_probabilities: bool,
+    classwise: bool | None,
+) -> SegResult:
+    """One image's (1, C, h, w) logits -> its ``SegResult`` (the options of ``postprocess``)."""
+    count = image_logits.shape[1]
+    height, width = info.original_hw
+    by_class = (
+        not return_probabilities
+        and classwise is not False
+        and (classwise or 4 * count * height * width > CLASSWISE_MIN_BYTES)
+        and classwise_is_exact(image_logits, info.original_hw)
+    )
+    probabilities = None
+    if by_class:
+        labels = argmax_of_resized(image_logits, info.original_hw).to(torch.uint8).cpu().numpy()
+    else:
+        resized = resize_bilinear(image_logits, info.original_hw)  # (1, C, H, W)
+        labels = resized.argmax(dim=1)[0].to(torch.uint8).cpu().numpy()
+        probabilities = resized[0].softmax(dim=0).cpu().numpy() if return_probabilities else None
+        del resized
+    return SegResult(labels, names, path, info.original_hw, probabilities)
