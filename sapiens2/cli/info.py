@@ -1,13 +1,10 @@
-"""The ``sapiens2`` command: ``sapiens2 info | predict | train ...``. ``main(argv)`` returns the exit status."""
+"""``sapiens2 info``: the model zoo as a text table (arch, parameters, FLOPs, repos, released tasks)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Sequence
 
-from . import __version__
-from .models.zoo import ARCHS, PRETRAIN
+from ..models.zoo import ARCHS, PRETRAIN
 
 
 def _format_count(value: float, unit: str = "") -> str:
@@ -46,37 +43,12 @@ def info_table() -> str:
     return "\n".join(lines)
 
 
-def _cmd_info(args: argparse.Namespace) -> int:
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Add ``info`` (it takes no options)."""
+    parser = commands.add_parser("info", help="list the model zoo: sizes, parameters, FLOPs, repos, tasks")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
     print(info_table())
     return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sapiens2", description="Sapiens2 human-centric vision models.")
-    parser.add_argument("--version", action="version", version=f"sapiens2 {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    info = commands.add_parser("info", help="list the model zoo: sizes, parameters, FLOPs, repos, tasks")
-    info.set_defaults(func=_cmd_info)
-    from .predict.run import add_predict_parser
-    from .train.cli import add_train_parser
-
-    add_predict_parser(commands)
-    add_train_parser(commands)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import logging
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    # Warnings and errors on stderr; a command may show more (train: its step lines, in its own format).
-    logging.basicConfig(level=logging.WARNING, format=getattr(args, "log_format", "%(levelname)s: %(message)s"))
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
