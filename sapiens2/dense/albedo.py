@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ import torch
 from sapiens2.data.transforms import ResizeInfo, letterbox_batch
 from sapiens2.dense.common import as_output_batch, each_image, to_hwc, to_original_size
 
-__all__ = ["AlbedoResult", "postprocess", "preprocess"]
+__all__ = ["AlbedoResult", "REFERENCE_OPTIONS", "postprocess", "preprocess"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,6 +36,9 @@ class AlbedoResult:
     path: str | None
     size: tuple[int, int]
 
+
+REFERENCE_OPTIONS: dict[str, Any] = {}
+"""``postprocess`` options of ``Predictor(reference=True)``: none, the defaults are the official demo's."""
 
 # Images (paths, PIL or HxWx3 uint8 RGB arrays) -> (float32 (B, 3, H, W) network input, ResizeInfo per image).
 preprocess = letterbox_batch

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ import torch
 from sapiens2.data.transforms import ResizeInfo, letterbox_batch
 from sapiens2.dense.common import as_output_batch, each_image, to_hwc, to_original_size
 
-__all__ = ["MattingResult", "postprocess", "preprocess"]
+__all__ = ["MattingResult", "REFERENCE_OPTIONS", "postprocess", "preprocess"]
 
 # Below this alpha a pixel is treated as fully transparent when un-premultiplying (avoids dividing noise by ~0).
 _MIN_ALPHA = 1.0 / 512.0
@@ -71,6 +72,9 @@ class MattingResult:
         back = background.astype(np.float32) / np.float32(255)
         return _to_u8(self.foreground + (1.0 - self.alpha[..., None]) * back)
 
+
+REFERENCE_OPTIONS: dict[str, Any] = {}
+"""``postprocess`` options of ``Predictor(reference=True)``: none, the defaults are the official demo's."""
 
 # Images (paths, PIL or HxWx3 uint8 RGB arrays) -> (float32 (B, 3, H, W) network input, ResizeInfo per image).
 preprocess = letterbox_batch

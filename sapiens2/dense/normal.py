@@ -13,6 +13,7 @@ import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ import torch
 from sapiens2.data.transforms import ResizeInfo, letterbox_batch
 from sapiens2.dense.common import as_output_batch, each_image, to_hwc, to_original_size
 
-__all__ = ["NORM_EPS", "NormalResult", "postprocess", "preprocess"]
+__all__ = ["NORM_EPS", "NormalResult", "REFERENCE_OPTIONS", "postprocess", "preprocess"]
 
 NORM_EPS = 1e-8
 """Lower clamp of the per-pixel norm before dividing (reference value)."""
@@ -43,6 +44,9 @@ class NormalResult:
     path: str | None
     size: tuple[int, int]
 
+
+REFERENCE_OPTIONS: dict[str, Any] = {"renormalize": False}
+"""``postprocess`` options of ``Predictor(reference=True)``: the official demo's order (no second normalisation)."""
 
 # Images (paths, PIL or HxWx3 uint8 RGB arrays) -> (float32 (B, 3, H, W) network input, ResizeInfo per image).
 preprocess = letterbox_batch

@@ -24,6 +24,7 @@ from sapiens2.dense.common import as_output_batch, each_image, to_hwc, to_origin
 __all__ = [
     "CANONICAL_FOCAL",
     "PointmapResult",
+    "REFERENCE_OPTIONS",
     "gaussian_blur",
     "gaussian_kernel1d",
     "implied_focal",
@@ -65,6 +66,9 @@ class PointmapResult:
     path: str | None
     size: tuple[int, int]
 
+
+REFERENCE_OPTIONS: dict[str, Any] = {}
+"""``postprocess`` options of ``Predictor(reference=True)``: none, the defaults are the official demo's."""
 
 # Images (paths, PIL or HxWx3 uint8 RGB arrays) -> (float32 (B, 3, H, W) network input, ResizeInfo per image).
 preprocess = letterbox_batch

@@ -14,6 +14,7 @@ import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from sapiens2.metadata import seg_metadata
 
 __all__ = [
     "CLASSWISE_MIN_BYTES",
+    "REFERENCE_OPTIONS",
     "SegResult",
     "argmax_of_resized",
     "class_names",
@@ -71,6 +73,9 @@ class SegResult:
             name_or_id = self.class_names.index(name_or_id)
         return self.labels == int(name_or_id)
 
+
+REFERENCE_OPTIONS: dict[str, Any] = {}
+"""``postprocess`` options of ``Predictor(reference=True)``: none, the defaults are the official demo's."""
 
 # Images (paths, PIL or HxWx3 uint8 RGB arrays) -> (float32 (B, 3, H, W) network input, ResizeInfo per image).
 preprocess = stretch_batch

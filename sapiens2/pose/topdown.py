@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import cv2
 import numpy as np
@@ -31,8 +33,10 @@ __all__ = [
     "filter_detections",
     "flip_average",
     "heatmaps_to_image_keypoints",
+    "make_detector",
     "nms",
     "normalize",
+    "person_boxes",
     "udp_warp_matrix",
 ]
 
@@ -120,6 +124,77 @@ def filter_detections(
         height, width = image_size
         return np.array([[0, 0, width - 1, height - 1]], dtype=np.float32), np.ones(1, dtype=np.float32)
     return boxes[order], conf[order]
+
+
+Detector = Callable[[Sequence[np.ndarray]], Sequence[np.ndarray]]
+"""A person detector: RGB uint8 images -> per image an (N, 5) [x1, y1, x2, y2, score] array."""
+
+
+def make_detector(
+    detector: str | os.PathLike | Detector | None, device: torch.device | str | None = None
+) -> Detector | None:
+    """The detector ``Predictor("pose", detector=...)`` names: ``"rtmdet"`` (the official RTMDet-m, downloaded
+    once), a local ``rtmdet_m.pth`` path, a callable (returned as is) or ``None`` (no detector)."""
+    if detector is None or callable(detector):
+        return detector
+    from sapiens2.pose.detector import PersonDetector
+
+    path = None if detector == "rtmdet" else detector
+    return PersonDetector.from_checkpoint(path, device=device)
+
+
+def person_boxes(
+    images: Sequence[np.ndarray], boxes: Sequence[Any] | None = None, detector: Detector | None = None
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The person boxes and box scores of each image, as ``Predictor`` feeds them to :func:`estimate_pose`.
+
+    Given ``boxes`` (per image (N, 4) xyxy or (N, 5) with scores; scores default to 1) are used as given, and an
+    empty array means the whole image (0, 0, W-1, H-1). Otherwise ``detector`` runs on all images at once and its
+    detections go through the official demo's selection (:func:`filter_detections`: score > 0.3, NMS at IoU 0.3,
+    whole-image fallback); without a detector every image gets the whole-image box.
+
+    Args:
+        images: RGB uint8 (H, W, 3) arrays.
+        boxes: None, or one box array per image.
+        detector: called as ``detector(images)`` when ``boxes`` is None (see :func:`make_detector`).
+
+    Returns:
+        Per image, boxes (N_i, 4) float32 xyxy and scores (N_i,) float32.
+    """
+    boxes_per_image, scores_per_image = [], []
+    if boxes is not None:  # the user's boxes are used as given; an empty array means the whole image
+        for image, given in zip(images, boxes, strict=True):
+            given = _as_detections(given)
+            if not len(given):
+                height, width = image.shape[:2]
+                given = np.array([[0, 0, width - 1, height - 1, 1.0]], np.float32)
+            boxes_per_image.append(given[:, :4])
+            scores_per_image.append(given[:, 4])
+        return boxes_per_image, scores_per_image
+    if detector is not None:
+        detections = detector(images)
+    else:
+        detections = [np.zeros((0, 5), np.float32) for _ in images]
+    for image, found in zip(images, detections, strict=True):
+        # The official demo's selection: score > 0.3, NMS at IoU 0.3, whole-image fallback.
+        kept_boxes, kept_scores = filter_detections(found[:, :4], found[:, 4], image_size=image.shape[:2])
+        boxes_per_image.append(kept_boxes)
+        scores_per_image.append(kept_scores)
+    return boxes_per_image, scores_per_image
+
+
+def _as_detections(boxes: Any) -> np.ndarray:
+    """User boxes (N, 4) xyxy or (N, 5) with scores -> (N, 5) float32; boxes without scores get score 1."""
+    boxes = np.asarray(boxes, dtype=np.float32)
+    if boxes.size == 0:
+        return np.zeros((0, 5), np.float32)
+    if boxes.ndim == 1:
+        boxes = boxes[None]
+    if boxes.ndim != 2 or boxes.shape[1] not in (4, 5):
+        raise ValueError(f"boxes must be (N, 4) xyxy or (N, 5) xyxy+score, got shape {boxes.shape}")
+    if boxes.shape[1] == 4:
+        boxes = np.concatenate([boxes, np.ones((len(boxes), 1), np.float32)], axis=1)
+    return boxes
 
 
 def box_to_center_scale(box: np.ndarray, aspect: float = 0.75, padding: float = 1.25) -> tuple[np.ndarray, np.ndarray]:

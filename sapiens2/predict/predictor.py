@@ -6,6 +6,7 @@ own the official pre/post-processing. Each batch runs preprocess -> forward -> p
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -129,16 +130,12 @@ class Predictor:
         else:  # built on meta and materialised in place: no float32 copy on the host on the way to a GPU
             model = load_model(task, model, device=self.device, dtype=self.dtype)
         self.model = model.eval()
-        self.detector = self._make_detector(detector) if task == "pose" else None
+        self.detector = None
+        if task == "pose":
+            from ..pose.topdown import make_detector
+
+            self.detector = make_detector(detector, device=self.device)
         self.timings = Timings()
-
-    def _make_detector(self, detector: Any) -> Callable | None:
-        if detector is None or callable(detector):
-            return detector
-        from ..pose.detector import PersonDetector
-
-        path = None if detector == "rtmdet" else detector
-        return PersonDetector.from_checkpoint(path, device=self.device)
 
     # ---------------------------------------------------------------------------------------------- public API
 
@@ -206,39 +203,16 @@ class Predictor:
         module = DENSE_TASKS[self.task]
         x, meta = self._timed("preprocess", module.preprocess, arrays, self.input_size, device=self.device)
         raw = self._timed("inference", self.forward, x)
-        options = self._postprocess_options()
+        options = module.REFERENCE_OPTIONS if self.reference else {}
         return self._timed("postprocess", module.postprocess, raw, meta, paths=paths, **options)
-
-    def _postprocess_options(self) -> dict[str, Any]:
-        """Keyword arguments of the task's ``postprocess`` that select the official demo's order (``reference``)."""
-        if self.task == "normal":
-            return {"renormalize": not self.reference}
-        return {}
 
     def _predict_pose(
         self, arrays: list[np.ndarray], boxes: Sequence[Any] | None, paths: list[str | None]
     ) -> list[Any]:
-        from ..pose.topdown import estimate_pose, filter_detections
+        from ..pose.topdown import estimate_pose, person_boxes
 
-        boxes_per_image, scores_per_image = [], []
-        if boxes is not None:  # the user's boxes are used as given; an empty array means the whole image
-            for array, given in zip(arrays, boxes, strict=True):
-                given = _as_detections(given)
-                if not len(given):
-                    height, width = array.shape[:2]
-                    given = np.array([[0, 0, width - 1, height - 1, 1.0]], np.float32)
-                boxes_per_image.append(given[:, :4])
-                scores_per_image.append(given[:, 4])
-        else:
-            if self.detector is not None:
-                detections = self._timed("detection", self.detector, arrays)
-            else:
-                detections = [np.zeros((0, 5), np.float32) for _ in arrays]
-            for array, found in zip(arrays, detections, strict=True):
-                # The official demo's selection: score > 0.3, NMS at IoU 0.3, whole-image fallback.
-                kept_boxes, kept_scores = filter_detections(found[:, :4], found[:, 4], image_size=array.shape[:2])
-                boxes_per_image.append(kept_boxes)
-                scores_per_image.append(kept_scores)
+        detector = None if self.detector is None else functools.partial(self._timed, "detection", self.detector)
+        boxes_per_image, scores_per_image = person_boxes(arrays, boxes, detector)
         start = time.perf_counter()
         results = estimate_pose(
             arrays,
@@ -252,17 +226,3 @@ class Predictor:
         )
         self.timings.inference += time.perf_counter() - start  # crops, network and decoding of all people
         return results
-
-
-def _as_detections(boxes: Any) -> np.ndarray:
-    """User boxes (N, 4) xyxy or (N, 5) with scores -> (N, 5) float32; boxes without scores get score 1."""
-    boxes = np.asarray(boxes, dtype=np.float32)
-    if boxes.size == 0:
-        return np.zeros((0, 5), np.float32)
-    if boxes.ndim == 1:
-        boxes = boxes[None]
-    if boxes.ndim != 2 or boxes.shape[1] not in (4, 5):
-        raise ValueError(f"boxes must be (N, 4) xyxy or (N, 5) xyxy+score, got shape {boxes.shape}")
-    if boxes.shape[1] == 4:
-        boxes = np.concatenate([boxes, np.ones((len(boxes), 1), np.float32)], axis=1)
-    return boxes
