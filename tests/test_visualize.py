@@ -9,9 +9,9 @@ from conftest import DATA
 
 from sapiens2.data.io import read_image
 from sapiens2.metadata import keypoint_metadata
+from sapiens2.pose.keypoints import as_keypoint_format, skeleton_links
 from sapiens2.pose.topdown import PoseResult
 from sapiens2.predict.visualize import (
-    as_keypoint_format,
     colorize_depth,
     colorize_labels,
     colorize_normals,
@@ -21,7 +21,6 @@ from sapiens2.predict.visualize import (
     seg_overlay,
     seg_palette,
     side_by_side,
-    skeleton_links,
 )
 
 # --------------------------------------------------------------------------------------------------------------------

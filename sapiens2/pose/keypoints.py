@@ -1,5 +1,5 @@
-"""The 308-keypoint Sapiens2 format: conversions to other formats and flips (POSE.md §1; metadata in
-``sapiens2.metadata``).
+"""The 308-keypoint Sapiens2 format: conversions to other formats, flips, and the skeleton (links and colours) each
+format is drawn with (POSE.md §1, §7.2; metadata in ``sapiens2.metadata``).
 
 Keypoints are (x, y) pixels; conversions keep the frame of their input. Other formats: COCO-17 (body),
 COCO-WholeBody-133 and OpenPose BODY_25. A joint a target format has but the 308 format lacks is returned at (0, 0)
@@ -10,12 +10,26 @@ from __future__ import annotations
 
 import difflib
 import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
 
-__all__ = ["FORMATS", "convert_keypoints", "flip_keypoints", "format_keypoint_names"]
+if TYPE_CHECKING:
+    from sapiens2.pose.topdown import PoseResult
+
+__all__ = [
+    "FORMATS",
+    "SkeletonLayout",
+    "as_keypoint_format",
+    "convert_keypoints",
+    "flip_keypoints",
+    "format_keypoint_names",
+    "skeleton_layout",
+    "skeleton_links",
+]
 
 _COCO17_NAMES = (
     "nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder", "right_shoulder", "left_elbow",
@@ -178,3 +192,71 @@ def flip_keypoints(
     flipped[..., 0] = (image_width - 1) - flipped[..., 0]
     flipped_scores = None if scores is None else np.asarray(scores)[..., flip].copy()
     return flipped, flipped_scores
+
+
+@dataclass(frozen=True)
+class SkeletonLayout:
+    """The skeleton of one keypoint format, from the 308-format metadata (arrays indexed by the format's joints,
+    read-only; ``sapiens2.predict.visualize.draw_pose`` draws with it)."""
+
+    drawable: np.ndarray  # (J,) bool: the joint has a source in the 308 format
+    colors: np.ndarray  # (J, 3) uint8 RGB
+    links: np.ndarray  # (L, 2) int64 joint index pairs of this format
+    link_colors: np.ndarray  # (L, 3) uint8 RGB
+
+
+@functools.cache
+def skeleton_layout(fmt: str) -> SkeletonLayout:
+    """Map the 308 skeleton and colours onto ``fmt`` by converting the 308 ids themselves as x coordinates.
+
+    A joint converted from one 308 keypoint gets that keypoint's colour; a midpoint joint (OpenPose ``neck`` /
+    ``mid_hip``) gets the colour of its first source and no links; a 308 link is kept when both ends map.
+    """
+    meta = keypoint_metadata()
+    ids = np.zeros((1, NUM_KEYPOINTS, 2))
+    ids[0, :, 0] = np.arange(NUM_KEYPOINTS)
+    converted, present, _ = convert_keypoints(ids, np.ones((1, NUM_KEYPOINTS)), fmt)
+    source = converted[0, :, 0]
+    drawable = present[0] > 0
+    exact = drawable & (source == np.floor(source))
+    colors = meta.keypoint_colors[np.where(drawable, np.floor(source), 0).astype(np.int64)]
+    first_target = {}
+    for joint in np.flatnonzero(exact):
+        first_target.setdefault(int(source[joint]), int(joint))
+    links, link_colors = [], []
+    for (a, b), color in zip(meta.skeleton_links.tolist(), meta.skeleton_link_colors, strict=True):
+        if a in first_target and b in first_target:
+            links.append((first_target[a], first_target[b]))
+            link_colors.append(color)
+    layout = SkeletonLayout(
+        drawable=drawable,
+        colors=colors,
+        links=np.asarray(links, dtype=np.int64).reshape(-1, 2),
+        link_colors=np.asarray(link_colors, dtype=np.uint8).reshape(-1, 3),
+    )
+    for array in (layout.drawable, layout.colors, layout.links, layout.link_colors):
+        array.flags.writeable = False  # cached and shared by every caller
+    return layout
+
+
+def skeleton_links(fmt: str = "sapiens308") -> np.ndarray:
+    """(L, 2) int64 0-based joint index pairs of the skeleton drawn for ``fmt`` (the 308 links that map onto it)."""
+    format_keypoint_names(fmt)  # checks fmt
+    return skeleton_layout(fmt).links.copy()
+
+
+def as_keypoint_format(pose_result: PoseResult, fmt: str) -> PoseResult:
+    """``pose_result`` in keypoint format ``fmt``: itself if already in it, converted if it holds 308 keypoints.
+
+    Raises:
+        ValueError: unknown ``fmt`` (with a did-you-mean), or a result in another format that cannot be converted.
+    """
+    names = format_keypoint_names(fmt)  # checks fmt
+    if tuple(pose_result.keypoint_names) == names:
+        return pose_result
+    if len(pose_result.keypoint_names) == NUM_KEYPOINTS:
+        return pose_result.converted(fmt)
+    raise ValueError(
+        f"pose result has {len(pose_result.keypoint_names)} keypoints that are not the {fmt!r} format; only "
+        f"308-keypoint results can be converted (formats: {', '.join(FORMATS)})"
+    )

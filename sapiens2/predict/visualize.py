@@ -7,19 +7,15 @@ where this module departs from them on purpose (black backgrounds, sizes scaled 
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
 import cv2
 import numpy as np
 
-from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata, seg_metadata
-from sapiens2.pose.keypoints import FORMATS, convert_keypoints, format_keypoint_names
+from sapiens2.metadata import seg_metadata
+from sapiens2.pose.keypoints import as_keypoint_format, skeleton_layout
 from sapiens2.pose.topdown import PoseResult
 
 __all__ = [
     "apply_mask",
-    "as_keypoint_format",
     "colorize_depth",
     "colorize_labels",
     "colorize_normals",
@@ -29,7 +25,6 @@ __all__ = [
     "seg_overlay",
     "seg_palette",
     "side_by_side",
-    "skeleton_links",
 ]
 
 KEYPOINT_THRESHOLD = 0.3
@@ -272,70 +267,6 @@ def side_by_side(image: np.ndarray, picture: np.ndarray) -> np.ndarray:
 # Pose
 
 
-@dataclass(frozen=True)
-class _SkeletonLayout:
-    """How to draw one keypoint format with the 308-format metadata (arrays indexed by the format's joints)."""
-
-    drawable: np.ndarray  # (J,) bool: the joint has a source in the 308 format
-    colors: np.ndarray  # (J, 3) uint8 RGB
-    links: np.ndarray  # (L, 2) int64 joint index pairs of this format
-    link_colors: np.ndarray  # (L, 3) uint8 RGB
-
-
-@functools.cache
-def _skeleton_layout(fmt: str) -> _SkeletonLayout:
-    """Map the 308 skeleton and colours onto ``fmt`` by converting the 308 ids themselves as x coordinates.
-
-    A joint converted from one 308 keypoint gets that keypoint's colour; a midpoint joint (OpenPose ``neck`` /
-    ``mid_hip``) gets the colour of its first source and no links; a 308 link is kept when both ends map.
-    """
-    meta = keypoint_metadata()
-    ids = np.zeros((1, NUM_KEYPOINTS, 2))
-    ids[0, :, 0] = np.arange(NUM_KEYPOINTS)
-    converted, present, _ = convert_keypoints(ids, np.ones((1, NUM_KEYPOINTS)), fmt)
-    source = converted[0, :, 0]
-    drawable = present[0] > 0
-    exact = drawable & (source == np.floor(source))
-    colors = meta.keypoint_colors[np.where(drawable, np.floor(source), 0).astype(np.int64)]
-    first_target = {}
-    for joint in np.flatnonzero(exact):
-        first_target.setdefault(int(source[joint]), int(joint))
-    links, link_colors = [], []
-    for (a, b), color in zip(meta.skeleton_links.tolist(), meta.skeleton_link_colors, strict=True):
-        if a in first_target and b in first_target:
-            links.append((first_target[a], first_target[b]))
-            link_colors.append(color)
-    return _SkeletonLayout(
-        drawable=drawable,
-        colors=colors,
-        links=np.asarray(links, dtype=np.int64).reshape(-1, 2),
-        link_colors=np.asarray(link_colors, dtype=np.uint8).reshape(-1, 3),
-    )
-
-
-def skeleton_links(fmt: str = "sapiens308") -> np.ndarray:
-    """(L, 2) int64 0-based joint index pairs of the skeleton drawn for ``fmt`` (the 308 links that map onto it)."""
-    format_keypoint_names(fmt)  # checks fmt
-    return _skeleton_layout(fmt).links.copy()
-
-
-def as_keypoint_format(pose_result: PoseResult, fmt: str) -> PoseResult:
-    """``pose_result`` in keypoint format ``fmt``: itself if already in it, converted if it holds 308 keypoints.
-
-    Raises:
-        ValueError: unknown ``fmt`` (with a did-you-mean), or a result in another format that cannot be converted.
-    """
-    names = format_keypoint_names(fmt)  # checks fmt
-    if tuple(pose_result.keypoint_names) == names:
-        return pose_result
-    if len(pose_result.keypoint_names) == NUM_KEYPOINTS:
-        return pose_result.converted(fmt)
-    raise ValueError(
-        f"pose result has {len(pose_result.keypoint_names)} keypoints that are not the {fmt!r} format; only "
-        f"308-keypoint results can be converted (formats: {', '.join(FORMATS)})"
-    )
-
-
 def pose_sizes(image_size: tuple[int, int]) -> tuple[int, int]:
     """Keypoint radius and link thickness in pixels for an image of (H, W).
 
@@ -382,7 +313,7 @@ def draw_pose(
     canvas = _check_image(image).copy()
     height, width = canvas.shape[:2]
     pose = as_keypoint_format(pose_result, fmt)
-    layout = _skeleton_layout(fmt)
+    layout = skeleton_layout(fmt)
     auto_radius, auto_thickness = pose_sizes((height, width))
     radius = auto_radius if radius is None else int(radius)
     thickness = max(1, auto_thickness if thickness is None else int(thickness))

@@ -45,18 +45,16 @@ from sapiens2.dense.matting import MattingResult
 from sapiens2.dense.normal import NormalResult
 from sapiens2.dense.pointmap import PointmapResult
 from sapiens2.dense.seg import SegResult
-from sapiens2.pose.keypoints import FORMATS, format_keypoint_names
+from sapiens2.pose.keypoints import FORMATS, as_keypoint_format, format_keypoint_names, skeleton_links
 from sapiens2.pose.topdown import PoseResult
 from sapiens2.predict.visualize import (
     KEYPOINT_THRESHOLD,
     apply_mask,
-    as_keypoint_format,
     colorize_depth,
     colorize_normals,
     draw_pose,
     seg_overlay,
     side_by_side,
-    skeleton_links,
 )
 
 __all__ = [
