@@ -1,17 +1,18 @@
-"""``sapiens2 predict``: run one or several tasks over images, folders and globs, writing files per image.
+"""Run one or several tasks over images, folders and globs, writing files per image: ``predict_files(options)``.
 
-Each image is read once and shared by every task. A bad input costs one line on stderr, never the run; the exit
-status is 1 if anything failed. Outputs are written atomically, so an interrupted run can be resumed with
-``--skip-existing``.
+This is what ``sapiens2 predict`` does; the command only parses its flags into a ``PredictOptions``. Each image is
+read once and shared by every task. A bad input costs one line on stderr, never the run; the exit status is 1 if
+anything failed. Outputs are written atomically, so an interrupted run can be resumed with ``skip_existing``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
+import os
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 
 from ..data.io import ImageReadError, read_image
 from ..data.sources import InputItem, expand_inputs, usable
-from ..metadata import SAMPLE_IMAGE  # --sample: a public-domain photo shipped with the package
+from ..metadata import SAMPLE_IMAGE  # sample=True: a public-domain photo shipped with the package
 from ..models.task_model import TASKS, check_task
 
 logger = logging.getLogger(__name__)
@@ -38,88 +39,79 @@ MASKABLE = ("normal", "pointmap", "albedo")
 PATCH_SIZE = 16  # pixels per token side of every Sapiens2 backbone; the 4K tokenizer multiplies it by its window
 
 
-def add_predict_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "predict",
-        help="run tasks on images, folders or globs and write results",
-        description="Run Sapiens2 tasks on images. Example: sapiens2 predict --task seg,normal photos/ -o out/",
-    )
-    parser.add_argument("inputs", nargs="*", metavar="INPUT", help="image files, folders (recursive) or glob patterns")
-    parser.add_argument(
-        "--sample",
-        action="store_true",
-        help=f"(also) predict on a sample photo shipped with sapiens2, {SAMPLE_IMAGE.name}: a first run to try",
-    )
-    parser.add_argument("-o", "--output", required=True, type=Path, help="output folder (mirrors the input layout)")
-    parser.add_argument("--task", required=True, help=f"comma-separated tasks: {', '.join(TASKS)}")
-    model = parser.add_argument_group("model")
-    model.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        metavar="[TASK=]SOURCE",
-        help="size (0.4b, 0.8b, 1b, 5b), repo id, file or folder; 'seg=path' sets one task's model "
-        "(repeatable; default 1b)",
-    )
-    model.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    model.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")
-    model.add_argument("--batch-size", type=int, default=4, help="images (pose: person crops) per forward pass")
-    model.add_argument(
-        "--input-size",
-        type=int,
-        nargs=2,
-        default=(1024, 768),
-        metavar=("H", "W"),
-        help="network input height and width in pixels, multiples of 16 (of 64 for 4K models); default 1024 768, "
-        "the size of the released models (pointmap models take only the size their scale head was built for)",
-    )
-    model.add_argument(
-        "--reference",
-        action="store_true",
-        help="the official demo's post-processing where ours differs (normals not re-normalised after resizing)",
-    )
-    out = parser.add_argument_group("outputs")
-    out.add_argument("--mask-from", choices=("seg",), default=None, help="blank normal/pointmap/albedo background")
-    out.add_argument("--save-npy", action="store_true", help="also save raw arrays where optional (seg labels)")
-    out.add_argument("--skip-existing", action="store_true", help="skip images whose outputs already exist")
-    out.add_argument("--no-recursive", action="store_true", help="do not descend into subfolders")
-    pose = parser.add_argument_group("pose")
-    pose.add_argument(
-        "--detector",
-        default="rtmdet",
-        help="rtmdet (default: downloaded once), a local rtmdet_m.pth, or none (the whole image as one person)",
-    )
-    pose.add_argument("--boxes", type=Path, default=None, help="person boxes: COCO-style JSON (skips the detector)")
-    pose.add_argument(
-        "--keypoint-format",
-        default="sapiens308",
-        choices=("sapiens308", "coco17", "coco_wholebody133", "openpose25"),
-        help="keypoint set written to the JSON files",
-    )
-    pose.add_argument("--coco-results", type=Path, default=None, help="also write one COCO results file for the run")
-    pose.add_argument("--no-flip-test", action="store_true", help="skip the flip test (faster, less accurate)")
-    parser.set_defaults(func=run_predict)
+@dataclass(frozen=True, kw_only=True)
+class PredictOptions:
+    """Everything one ``predict_files`` run (one ``sapiens2 predict`` command) needs; the CLI flag is in brackets.
+
+    Args:
+        tasks: tasks to run on every image, e.g. ``("seg", "normal")`` [``--task seg,normal``].
+        output: output folder; it mirrors the input layout [``-o``].
+        inputs: image files, folders (recursive) and glob patterns [``INPUT ...``].
+        sample: also predict on the sample photo shipped with the package [``--sample``].
+        model: size (0.4b, 0.8b, 1b, 5b), repo id, file or folder for every task not in ``models`` [``--model``].
+        models: task -> model source for single tasks [``--model seg=PATH``].
+        device: cpu, cuda, cuda:1 ...; None: CUDA if available [``--device``].
+        dtype: inference precision, fp32, bf16 or fp16 [``--dtype``].
+        batch_size: images (pose: person crops) per forward pass [``--batch-size``].
+        input_size: network input (H, W) in pixels, multiples of 16 (of 64 for 4K models) [``--input-size H W``].
+        reference: the official demo's post-processing where ours differs [``--reference``].
+        mask_from: "seg" blanks the normal/pointmap/albedo background with its foreground [``--mask-from``].
+        save_npy: also save raw arrays where optional (seg labels) [``--save-npy``].
+        skip_existing: skip images whose outputs already exist [``--skip-existing``].
+        recursive: descend into subfolders [off: ``--no-recursive``].
+        detector: "rtmdet" (downloaded once), a local rtmdet_m.pth, or "none" (the whole image as one person)
+            [``--detector``].
+        boxes: person boxes, COCO-style JSON or {file name: [[x1, y1, x2, y2(, score)]]}; skips the detector
+            [``--boxes``].
+        keypoint_format: keypoint set written to the pose JSON files: sapiens308, coco17, coco_wholebody133 or
+            openpose25 [``--keypoint-format``].
+        coco_results: also write one COCO results file for the run [``--coco-results``].
+        flip_test: average with the horizontally flipped crop (pose) [off: ``--no-flip-test``].
+    """
+
+    tasks: Sequence[str]
+    output: str | os.PathLike
+    inputs: Sequence[str | os.PathLike] = ()
+    sample: bool = False
+    model: str | os.PathLike = "1b"
+    models: Mapping[str, str | os.PathLike] = field(default_factory=dict)
+    device: str | None = None
+    dtype: str = "fp32"
+    batch_size: int = 4
+    input_size: tuple[int, int] = (1024, 768)
+    reference: bool = False
+    mask_from: str | None = None
+    save_npy: bool = False
+    skip_existing: bool = False
+    recursive: bool = True
+    detector: str | os.PathLike = "rtmdet"
+    boxes: str | os.PathLike | None = None
+    keypoint_format: str = "sapiens308"
+    coco_results: str | os.PathLike | None = None
+    flip_test: bool = True
+
+    def __post_init__(self) -> None:  # one task or input may be given bare; paths as Path, sizes as tuples
+        set_field = object.__setattr__  # frozen: normalise once, here
+        set_field(self, "tasks", (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks))
+        single = isinstance(self.inputs, (str, os.PathLike))
+        set_field(self, "inputs", (self.inputs,) if single else tuple(self.inputs))
+        set_field(self, "output", Path(self.output))
+        set_field(self, "models", dict(self.models))
+        set_field(self, "input_size", tuple(self.input_size))
+        for name in ("boxes", "coco_results"):
+            if getattr(self, name) is not None:
+                set_field(self, name, Path(getattr(self, name)))
 
 
-def parse_tasks(text: str) -> list[str]:
-    tasks = [t.strip() for t in text.split(",") if t.strip()]
-    if not tasks:
-        raise ValueError("--task needs at least one task")
-    return [check_task(t) for t in dict.fromkeys(tasks)]
+# How a message names an option, e.g. ("device", "cuda") -> "device='cuda'" (Python) or "--device cuda" (the CLI).
+OptionText = Callable[..., str]
 
 
-def parse_models(values: list[str], tasks: list[str]) -> dict[str, str]:
-    """``["1b", "seg=./seg.safetensors"]`` -> {task: source}; the last plain value is the default for all tasks."""
-    default, per_task = "1b", {}
-    for value in values:
-        task, sep, source = value.partition("=")
-        if sep and task in TASKS:
-            per_task[task] = source
-        elif sep:
-            check_task(task)
-        else:
-            default = value
-    return {task: per_task.get(task, default) for task in tasks}
+def python_option(name: str, value: Any = None) -> str:
+    """A ``PredictOptions`` field as messages name it for Python callers: ``batch_size``, ``device='cuda'``."""
+    if value is None:
+        return name
+    return f"{name}={os.fspath(value) if isinstance(value, os.PathLike) else value!r}"
 
 
 def load_boxes(path: Path) -> dict[str, np.ndarray]:
@@ -166,8 +158,8 @@ class RunStats:
         print(f"error: {message}", file=sys.stderr)
 
 
-def check_device(text: str | None) -> None:
-    """Refuse a ``--device`` this machine does not have, in the CLI's words."""
+def check_device(text: str | None, option: OptionText = python_option) -> None:
+    """Refuse a device this machine does not have; ``option`` names the option in the caller's interface."""
     if text is None:
         return
     import torch
@@ -175,22 +167,28 @@ def check_device(text: str | None) -> None:
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError):
-        raise ValueError(f"--device {text}: not a device; use cpu, cuda or cuda:N") from None
+        raise ValueError(f"{option('device', text)}: not a device; use cpu, cuda or cuda:N") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {text}: CUDA is not available on this machine; use --device cpu")
+            raise ValueError(
+                f"{option('device', text)}: CUDA is not available on this machine; use {option('device', 'cpu')}"
+            )
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
-            raise ValueError(f"--device {text}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+            raise ValueError(
+                f"{option('device', text)}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+            )
 
 
-def check_input_size(size: tuple[int, int], step: int = PATCH_SIZE, why: str = "") -> None:
-    """``--input-size H W``: both positive multiples of ``step`` (the patch size; 64 for the 4K tokenizer)."""
+def check_input_size(
+    size: tuple[int, int], step: int = PATCH_SIZE, why: str = "", option: OptionText = python_option
+) -> None:
+    """Input (H, W): both positive multiples of ``step`` (the patch size; 64 for the 4K tokenizer)."""
     height, width = size
     if height < step or width < step or height % step or width % step:
         raise ValueError(
-            f"--input-size {height} {width}: height and width must be multiples of {step}{why}, e.g. 1024 768"
-            + ("" if step > PATCH_SIZE else "; 4K models need multiples of 64")
+            f"{option('input_size', (height, width))}: height and width must be multiples of {step}{why}, "
+            "e.g. 1024 768" + ("" if step > PATCH_SIZE else "; 4K models need multiples of 64")
         )
 
 
@@ -200,7 +198,7 @@ def _shrunk(length: int, convs: list[Any]) -> int:
     return length
 
 
-def check_model_input_size(size: tuple[int, int], model: Any) -> None:
+def check_model_input_size(size: tuple[int, int], model: Any, option: OptionText = python_option) -> None:
     """The rules a loaded model adds: the 4K tokenizer's window, and the pointmap scale head's fixed grid.
 
     The pointmap scale branch shrinks the token grid with stride-2 convolutions and flattens it into a Linear layer,
@@ -214,7 +212,8 @@ def check_model_input_size(size: tuple[int, int], model: Any) -> None:
     if getattr(backbone, "tokenizer", None) is not None:
         patch, window = backbone.patch_size, backbone.window_size
         step = patch * window
-        check_input_size(size, step, f" for this 4K model ({patch}-pixel patches in tokenizer windows of {window})")
+        why = f" for this 4K model ({patch}-pixel patches in tokenizer windows of {window})"
+        check_input_size(size, step, why, option)
     head = getattr(model, "decode_head", None)
     if not hasattr(head, "scale_conv_layers"):
         return
@@ -227,57 +226,61 @@ def check_model_input_size(size: tuple[int, int], model: Any) -> None:
     cell = step * 2 ** len(convs)  # pixels per cell side (stride-2 convolutions)
     rows = min((r for r in range(1, cells + 1) if cells % r == 0), key=lambda r: abs(r / (cells // r) - 4 / 3))
     raise ValueError(
-        f"--input-size {size[0]} {size[1]}: this pointmap model's scale head takes a grid of {cells} cells of "
-        f"{cell} pixels (ceil(H/{cell}) x ceil(W/{cell}) = {cells}) but this size gives {grid[0]}x{grid[1]}; "
-        f"use --input-size {rows * cell} {cells // rows * cell}"
+        f"{option('input_size', (size[0], size[1]))}: this pointmap model's scale head takes a grid of {cells} cells "
+        f"of {cell} pixels (ceil(H/{cell}) x ceil(W/{cell}) = {cells}) but this size gives {grid[0]}x{grid[1]}; "
+        f"use {option('input_size', (rows * cell, cells // rows * cell))}"
     )
 
 
-def _resolve_sources(args: argparse.Namespace, tasks: list[str]) -> tuple[dict[str, Any], Any]:
+def _resolve_sources(options: PredictOptions, tasks: list[str], option: OptionText) -> tuple[dict[str, Any], Any]:
     """Every model file and the person detector's, found (or downloaded) before any model is loaded.
 
-    A missing file fails at once, with how to pass a local one in the CLI's options.
+    A missing file fails at once, with how to pass a local one in the caller's options.
     """
     from ..checkpoints import resolve_checkpoint
     from ..pose.detector import DETECTOR_FILENAME, resolve_detector_checkpoint
 
-    models = parse_models(args.model, tasks)
+    for task in options.models:
+        if task not in TASKS:
+            check_task(task)
+    models = {task: options.models.get(task, options.model) for task in tasks}
     sources = {
-        task: resolve_checkpoint(models[task], task, local_hint=f"--model {task}=/path/to/{{filename}}")
+        task: resolve_checkpoint(models[task], task, local_hint=option("models", {task: "/path/to/{filename}"}))
         for task in tasks
     }
     detector = None
-    if "pose" in tasks and args.detector != "none" and not args.boxes:
-        if args.detector == "rtmdet":
-            hint = f"--detector /path/to/{DETECTOR_FILENAME} (or --detector none: the whole image as one person)"
+    if "pose" in tasks and options.detector != "none" and not options.boxes:
+        if options.detector == "rtmdet":
+            where, whole = option("detector", f"/path/to/{DETECTOR_FILENAME}"), option("detector", "none")
+            hint = f"{where} (or {whole}: the whole image as one person)"
             detector = resolve_detector_checkpoint(None, local_hint=hint)
-        elif Path(args.detector).expanduser().is_file():
-            detector = Path(args.detector).expanduser()
+        elif Path(options.detector).expanduser().is_file():
+            detector = Path(options.detector).expanduser()
         else:
             raise FileNotFoundError(
-                f"--detector {args.detector}: no such file; give a local {DETECTOR_FILENAME}, rtmdet (downloaded "
-                "once) or none (the whole image as one person)"
+                f"{option('detector', options.detector)}: no such file; give a local {DETECTOR_FILENAME}, rtmdet "
+                "(downloaded once) or none (the whole image as one person)"
             )
     return sources, detector
 
 
-def _make_predictors(args: argparse.Namespace, tasks: list[str]) -> dict[str, Any]:
+def _make_predictors(options: PredictOptions, tasks: list[str], option: OptionText) -> dict[str, Any]:
     from .predictor import Predictor
 
-    sources, detector = _resolve_sources(args, tasks)
+    sources, detector = _resolve_sources(options, tasks, option)
     predictors = {}
     for task in tasks:
         extra = {}
         if task == "pose":
-            extra = {"detector": detector, "flip_test": not args.no_flip_test}
+            extra = {"detector": detector, "flip_test": options.flip_test}
         predictors[task] = Predictor(
             task,
             model=sources[task],
-            device=args.device,
-            dtype=args.dtype,
-            input_size=tuple(args.input_size),
-            batch_size=args.batch_size,
-            reference=args.reference,
+            device=options.device,
+            dtype=options.dtype,
+            input_size=options.input_size,
+            batch_size=options.batch_size,
+            reference=options.reference,
             **extra,
         )
     return predictors
@@ -296,29 +299,60 @@ def _boxes_for(item: InputItem, boxes: dict[str, np.ndarray]) -> np.ndarray:
     return np.zeros((0, 5), np.float32)  # not listed: the whole image
 
 
-def run_predict(args: argparse.Namespace) -> int:
+@dataclass
+class _Run:
+    """What every batch of one run shares."""
+
+    options: PredictOptions
+    tasks: list[str]  # in run order: the mask source first
+    predictors: dict[str, Any]
+    boxes: dict[str, np.ndarray] | None
+    coco: Any  # a CocoResultsWriter, or None
+    stats: RunStats
+
+
+def predict_files(options: PredictOptions, *, option: OptionText = python_option) -> int:
+    """Run ``options.tasks`` over the inputs and write every image's files; returns the exit status.
+
+    Errors are reported one line each on stderr (``error: ...``), a summary on stdout. Returns 0 when everything
+    was written, 1 when an input, a model file or a write failed (the other images are still done), 2 for
+    invalid options (nothing is done).
+
+    Args:
+        options: what to run on which inputs, and where to write.
+        option: how messages name an option (default: as ``PredictOptions`` fields; the CLI passes its flags).
+
+    Example:
+        >>> from sapiens2.predict import PredictOptions, predict_files
+        >>> status = predict_files(PredictOptions(tasks=["seg"], inputs=["photos/"], output="out/"))
+    """
     from tqdm.auto import tqdm
 
     from .writers import CocoResultsWriter
 
     try:
-        tasks = parse_tasks(args.task)
-        if args.mask_from and args.mask_from not in tasks:
-            tasks = [args.mask_from, *tasks]  # the mask source runs first
-        if args.mask_from:
-            tasks = [args.mask_from, *[t for t in tasks if t != args.mask_from]]
-        boxes = load_boxes(args.boxes) if args.boxes else None
-        if args.batch_size < 1:
-            raise ValueError("--batch-size must be >= 1")
-        if not args.inputs and not args.sample:
-            raise ValueError("give INPUT images, folders or glob patterns, or --sample for the sample photo")
-        check_device(args.device)
-        check_input_size(tuple(args.input_size))
+        if not options.tasks:
+            raise ValueError(f"{option('tasks')} needs at least one task")
+        tasks = [check_task(t) for t in dict.fromkeys(options.tasks)]
+        if options.mask_from and options.mask_from not in tasks:
+            tasks = [options.mask_from, *tasks]  # the mask source runs first
+        if options.mask_from:
+            tasks = [options.mask_from, *[t for t in tasks if t != options.mask_from]]
+        boxes = load_boxes(options.boxes) if options.boxes else None
+        if options.batch_size < 1:
+            raise ValueError(f"{option('batch_size')} must be >= 1")
+        if not options.inputs and not options.sample:
+            raise ValueError(
+                f"give {option('inputs')} images, folders or glob patterns, or {option('sample', True)} "
+                "for the sample photo"
+            )
+        check_device(options.device, option)
+        check_input_size(options.input_size, option=option)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    inputs = [*args.inputs, *([SAMPLE_IMAGE] if args.sample else [])]
-    items = expand_inputs(inputs, args.output, recursive=not args.no_recursive)
+    inputs = [*options.inputs, *([SAMPLE_IMAGE] if options.sample else [])]
+    items = expand_inputs(inputs, options.output, recursive=options.recursive)
     stats = RunStats()
     for item in items:
         if not item.ok:
@@ -328,22 +362,25 @@ def run_predict(args: argparse.Namespace) -> int:
         print("error: no images to process", file=sys.stderr)
         return 1
     try:
-        predictors = _make_predictors(args, tasks)
+        predictors = _make_predictors(options, tasks, option)
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     try:
         for predictor in predictors.values():
-            check_model_input_size(tuple(args.input_size), predictor.model)
+            check_model_input_size(options.input_size, predictor.model, option)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    coco = CocoResultsWriter(args.coco_results, keypoint_format=args.keypoint_format) if args.coco_results else None
+    coco = None
+    if options.coco_results:
+        coco = CocoResultsWriter(options.coco_results, keypoint_format=options.keypoint_format)
+    run = _Run(options, tasks, predictors, boxes, coco, stats)
     start = time.perf_counter()
     progress = tqdm(total=len(work), unit="img", desc="predict", disable=None)
-    for offset in range(0, len(work), args.batch_size):
-        batch = work[offset : offset + args.batch_size]
-        _process_batch(batch, tasks, predictors, boxes, args, stats, coco)
+    for offset in range(0, len(work), options.batch_size):
+        batch = work[offset : offset + options.batch_size]
+        _process_batch(run, batch)
         progress.update(len(batch))
     progress.close()
     if coco is not None:
@@ -351,17 +388,18 @@ def run_predict(args: argparse.Namespace) -> int:
             coco.close()
             stats.written += 1
         except OSError as error:
-            stats.fail(f"{args.coco_results}: cannot write COCO results ({error})")
-    _print_summary(stats, predictors, time.perf_counter() - start, args.output)
+            stats.fail(f"{options.coco_results}: cannot write COCO results ({error})")
+    _print_summary(stats, predictors, time.perf_counter() - start, options.output)
     return 1 if stats.failed else 0
 
 
-def _process_batch(batch, tasks, predictors, boxes, args, stats, coco) -> None:
+def _process_batch(run: _Run, batch: list[InputItem]) -> None:
     from .writers import WriteOptions, write_result
 
+    options, stats = run.options, run.stats
     loaded: list[tuple[InputItem, np.ndarray, list[str]]] = []
     for item in batch:
-        pending = _pending_tasks(item, tasks, args.skip_existing)
+        pending = _pending_tasks(item, run.tasks, options.skip_existing)
         if not pending:
             stats.skipped += 1
             continue
@@ -372,37 +410,37 @@ def _process_batch(batch, tasks, predictors, boxes, args, stats, coco) -> None:
     if not loaded:
         return
     masks: dict[int, np.ndarray] = {}
-    for task in tasks:
-        members = [(i, entry) for i, entry in enumerate(loaded) if task in entry[2] or task == args.mask_from]
+    for task in run.tasks:
+        members = [(i, entry) for i, entry in enumerate(loaded) if task in entry[2] or task == options.mask_from]
         if not members:
             continue
         images = [entry[1] for _, entry in members]
         try:
             task_boxes = None
-            if task == "pose" and boxes is not None:
-                task_boxes = [_boxes_for(entry[0], boxes) for _, entry in members]
-            results = predictors[task].predict_batch(images, task_boxes)
+            if task == "pose" and run.boxes is not None:
+                task_boxes = [_boxes_for(entry[0], run.boxes) for _, entry in members]
+            results = run.predictors[task].predict_batch(images, task_boxes)
         except Exception as error:  # a model failure on one batch is reported per image, the run goes on
             for _, (item, _, _) in members:
                 stats.fail(f"{item.source}: {task} failed ({type(error).__name__}: {error})")
             continue
         for (index, (item, image, pending)), result in zip(members, results, strict=True):
-            if task == args.mask_from:
+            if task == options.mask_from:
                 masks[index] = result.foreground()
             if task not in pending:
                 continue
-            options = WriteOptions(
-                save_npy=args.save_npy,
-                keypoint_format=args.keypoint_format,
+            write_options = WriteOptions(
+                save_npy=options.save_npy,
+                keypoint_format=options.keypoint_format,
                 mask=masks.get(index) if task in MASKABLE else None,
             )
             try:
-                stats.written += len(write_result(task, result, item, image, options))
+                stats.written += len(write_result(task, result, item, image, write_options))
             except (OSError, ValueError) as error:
                 stats.fail(f"{item.source}: cannot write {task} outputs ({error})")
                 continue
-            if coco is not None and task == "pose":
-                coco.add(result, file_name=item.stem + item.source.suffix)
+            if run.coco is not None and task == "pose":
+                run.coco.add(result, file_name=item.stem + item.source.suffix)
     stats.images += len(loaded)
 
 

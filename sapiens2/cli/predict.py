@@ -1,0 +1,127 @@
+"""``sapiens2 predict``: the flags, parsed into a ``PredictOptions`` for ``sapiens2.predict.predict_files``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..metadata import SAMPLE_IMAGE
+from ..models.task_model import TASKS
+from ..predict.run import PredictOptions, predict_files
+
+# PredictOptions fields whose flag is not "--" + the field name with dashes.
+_FLAGS = {"tasks": "--task", "models": "--model", "inputs": "INPUT"}
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "predict",
+        help="run tasks on images, folders or globs and write results",
+        description="Run Sapiens2 tasks on images. Example: sapiens2 predict --task seg,normal photos/ -o out/",
+    )
+    parser.add_argument("inputs", nargs="*", metavar="INPUT", help="image files, folders (recursive) or glob patterns")
+    parser.add_argument(
+        "--sample",
+        action="store_true",
+        help=f"(also) predict on a sample photo shipped with sapiens2, {SAMPLE_IMAGE.name}: a first run to try",
+    )
+    parser.add_argument("-o", "--output", required=True, type=Path, help="output folder (mirrors the input layout)")
+    parser.add_argument("--task", required=True, help=f"comma-separated tasks: {', '.join(TASKS)}")
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="[TASK=]SOURCE",
+        help="size (0.4b, 0.8b, 1b, 5b), repo id, file or folder; 'seg=path' sets one task's model "
+        "(repeatable; default 1b)",
+    )
+    model.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    model.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")
+    model.add_argument("--batch-size", type=int, default=4, help="images (pose: person crops) per forward pass")
+    model.add_argument(
+        "--input-size",
+        type=int,
+        nargs=2,
+        default=(1024, 768),
+        metavar=("H", "W"),
+        help="network input height and width in pixels, multiples of 16 (of 64 for 4K models); default 1024 768, "
+        "the size of the released models (pointmap models take only the size their scale head was built for)",
+    )
+    model.add_argument(
+        "--reference",
+        action="store_true",
+        help="the official demo's post-processing where ours differs (normals not re-normalised after resizing)",
+    )
+    out = parser.add_argument_group("outputs")
+    out.add_argument("--mask-from", choices=("seg",), default=None, help="blank normal/pointmap/albedo background")
+    out.add_argument("--save-npy", action="store_true", help="also save raw arrays where optional (seg labels)")
+    out.add_argument("--skip-existing", action="store_true", help="skip images whose outputs already exist")
+    out.add_argument("--no-recursive", action="store_true", help="do not descend into subfolders")
+    pose = parser.add_argument_group("pose")
+    pose.add_argument(
+        "--detector",
+        default="rtmdet",
+        help="rtmdet (default: downloaded once), a local rtmdet_m.pth, or none (the whole image as one person)",
+    )
+    pose.add_argument("--boxes", type=Path, default=None, help="person boxes: COCO-style JSON (skips the detector)")
+    pose.add_argument(
+        "--keypoint-format",
+        default="sapiens308",
+        choices=("sapiens308", "coco17", "coco_wholebody133", "openpose25"),
+        help="keypoint set written to the JSON files",
+    )
+    pose.add_argument("--coco-results", type=Path, default=None, help="also write one COCO results file for the run")
+    pose.add_argument("--no-flip-test", action="store_true", help="skip the flip test (faster, less accurate)")
+    parser.set_defaults(func=run)
+
+
+def options_from_args(args: argparse.Namespace) -> PredictOptions:
+    """The parsed flags as a ``PredictOptions``; task names and model keys are checked by ``predict_files``."""
+    model, models = "1b", {}
+    for value in args.model:  # "[TASK=]SOURCE": the last plain SOURCE is the default for every task
+        task, sep, source = value.partition("=")
+        if sep:
+            models[task] = source
+        else:
+            model = value
+    return PredictOptions(
+        tasks=[t.strip() for t in args.task.split(",") if t.strip()],
+        output=args.output,
+        inputs=args.inputs,
+        sample=args.sample,
+        model=model,
+        models=models,
+        device=args.device,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        input_size=tuple(args.input_size),
+        reference=args.reference,
+        mask_from=args.mask_from,
+        save_npy=args.save_npy,
+        skip_existing=args.skip_existing,
+        recursive=not args.no_recursive,
+        detector=args.detector,
+        boxes=args.boxes,
+        keypoint_format=args.keypoint_format,
+        coco_results=args.coco_results,
+        flip_test=not args.no_flip_test,
+    )
+
+
+def cli_option(name: str, value: Any = None) -> str:
+    """A ``PredictOptions`` field as messages name it on the command line: ``--batch-size``, ``--input-size 512 384``,
+    ``--model seg=PATH``."""
+    flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+    if value is None or value is True:
+        return flag
+    if isinstance(value, dict):
+        value = " ".join(f"{key}={source}" for key, source in value.items())
+    elif isinstance(value, (tuple, list)):
+        value = " ".join(map(str, value))
+    return f"{flag} {value}"
+
+
+def run(args: argparse.Namespace) -> int:
+    return predict_files(options_from_args(args), option=cli_option)
