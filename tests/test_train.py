@@ -16,8 +16,7 @@ import pytest
 import torch
 import yaml
 
-from sapiens2 import load_model
-from sapiens2.train import cli
+from sapiens2 import cli, load_model
 from sapiens2.train.config import config_from_dict, load_config
 from sapiens2.train.demo_data import make_demo_dataset
 from sapiens2.train.trainer import Trainer, export_model, find_checkpoints, fit
@@ -291,7 +290,7 @@ def test_two_gloo_processes_match_one_process_on_the_same_global_batch(strategy,
     from sapiens2.train.config import save_config
 
     path = save_config(config, tmp_path / "two.yaml")
-    result = _torchrun(["-m", "sapiens2.train.cli", "train", str(path)], cwd=tmp_path)
+    result = _torchrun(["-m", "sapiens2", "train", str(path)], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     one, two = read_rows(tmp_path / "one" / "metrics.csv"), read_rows(tmp_path / "two" / "metrics.csv")
     assert len(one) == len(two) == 4
@@ -319,7 +318,7 @@ def test_sigkilled_cli_run_resumes_to_the_uninterrupted_losses(demo_root, tmp_pa
 
     path = save_config(config, tmp_path / "killed.yaml")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "sapiens2.train.cli", "train", str(path)]
+    command = [sys.executable, "-m", "sapiens2", "train", str(path)]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not find_checkpoints(tmp_path / "killed") and time.monotonic() < deadline:

@@ -14,15 +14,14 @@ from .. import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..train.cli import add_train_parser
-    from . import info, predict
+    from . import info, predict, train
 
     parser = argparse.ArgumentParser(prog="sapiens2", description="Sapiens2 human-centric vision models.")
     parser.add_argument("--version", action="version", version=f"sapiens2 {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     info.add_parser(commands)
     predict.add_parser(commands)
-    add_train_parser(commands)
+    train.add_parser(commands)
     return parser
 
 
