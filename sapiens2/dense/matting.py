@@ -74,7 +74,7 @@ class MattingResult:
 
 
 REFERENCE_OPTIONS: dict[str, Any] = {}
-"""``postprocess`` options of ``Predictor(reference=True)``: none, the defaults are the official demo's."""
+"""``postprocess`` options of ``Predictor(reference=True)``: none (no official demo to differ from)."""
 
 # Images (paths, PIL or HxWx3 uint8 RGB arrays) -> (float32 (B, 3, H, W) network input, ResizeInfo per image).
 preprocess = letterbox_batch

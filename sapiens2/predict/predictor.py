@@ -1,7 +1,9 @@
 """One inference API for every task: images in, typed results at the original resolution out.
 
-``Predictor`` owns the model, device and dtype; the task modules (``sapiens2.dense.*``, ``sapiens2.pose.topdown``)
-own the official pre/post-processing. Each batch runs preprocess -> forward -> postprocess, timed apart.
+``Predictor`` owns the model, device, dtype, batching and timings, and only dispatches: the task modules own the
+official pre/post-processing (``sapiens2.dense.*``: ``preprocess``, ``postprocess``, ``REFERENCE_OPTIONS``) and the
+pose pipeline (``sapiens2.pose.topdown``: ``make_detector``, ``person_boxes``, ``estimate_pose``). Each batch runs
+preprocess -> forward -> postprocess, timed apart.
 """
 
 from __future__ import annotations
