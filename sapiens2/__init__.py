@@ -7,7 +7,7 @@
 from .checkpoints import load_backbone, load_model
 from .models import ARCHS, Arch, Sapiens2, get_arch
 from .models.task_model import TaskModel, build_model
-from .predict.predictor import Predictor
+from .predict import PredictOptions, Predictor, predict_files
 from .transformers_format import save_transformers
 
 __version__ = "0.1.0"
@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ARCHS",
     "Arch",
+    "PredictOptions",
     "Predictor",
     "Sapiens2",
     "TaskModel",
@@ -23,5 +24,6 @@ __all__ = [
     "get_arch",
     "load_backbone",
     "load_model",
+    "predict_files",
     "save_transformers",
 ]

@@ -32,3 +32,18 @@ def test_console_script_and_module_entry_point_run():
 def test_no_command_prints_help_and_fails(capsys):
     assert main([]) == 2
     assert "info" in capsys.readouterr().out
+
+
+def test_train_flags_parse_into_train_options():
+    from sapiens2.cli import build_parser
+    from sapiens2.cli.train import train_options_from_args
+    from sapiens2.train import TrainOptions
+
+    def parse(*argv: str) -> TrainOptions:
+        return train_options_from_args(build_parser().parse_args(["train", "seg.yaml", *argv]))
+
+    assert parse() == TrainOptions("seg.yaml")
+    assert parse("--set", "steps=3", "--set", "optimizer.lr=1e-4", "--resume") == TrainOptions(
+        "seg.yaml", overrides=["steps=3", "optimizer.lr=1e-4"], resume=True
+    )
+    assert parse("--resume", "run/checkpoints/step_4.pt").resume == "run/checkpoints/step_4.pt"

@@ -313,3 +313,34 @@ def test_sample_offline_fails_in_one_line_naming_the_model_option(tmp_path):
     assert "facebook/sapiens2-seg-1b" in line and "HF_HUB_OFFLINE" in line, line
     assert "--model seg=/path/to/sapiens2_1b_seg.safetensors" in line, line
     assert "load_backbone" not in line and not (tmp_path / "out").exists(), line
+
+
+def test_flags_parse_into_predict_options_and_predict_files_writes_what_the_cli_writes(tiny_checkpoints, tmp_path):
+    from sapiens2 import PredictOptions, predict_files
+    from sapiens2.cli import build_parser
+    from sapiens2.cli.predict import options_from_args
+
+    argv = ["predict", "--task", "seg, normal,seg", str(PHOTO), "-o", str(tmp_path / "cli"), "--model", "0.4b",
+            "--model", "seg=a.safetensors", "--input-size", "64", "48", "--no-recursive", "--no-flip-test"]  # fmt: skip
+    options = options_from_args(build_parser().parse_args(argv))
+    assert options.tasks == ("seg", "normal", "seg") and options.inputs == (str(PHOTO),)
+    assert options.model == "0.4b" and options.models == {"seg": "a.safetensors"}
+    assert options.input_size == (64, 48) and not options.recursive and not options.flip_test
+    assert run(tiny_checkpoints, ["seg", "normal"], [PHOTO], tmp_path / "cli") == 0
+    models = {task: tiny_checkpoints[task] for task in ("seg", "normal")}
+    api = PredictOptions(tasks=["seg", "normal"], inputs=[PHOTO], output=tmp_path / "api", models=models,
+                         device="cpu", input_size=(64, 48))  # fmt: skip
+    assert predict_files(api) == 0
+    written = sorted(p.relative_to(tmp_path / "cli") for p in (tmp_path / "cli").rglob("*"))
+    assert written == sorted(p.relative_to(tmp_path / "api") for p in (tmp_path / "api").rglob("*"))
+    labels = [cv2.imread(str(tmp_path / side / "astronaut_seg.png"), cv2.IMREAD_UNCHANGED) for side in ("cli", "api")]
+    assert np.array_equal(*labels)
+
+
+def test_predict_files_names_python_options_in_its_messages(tmp_path, capsys):
+    from sapiens2 import PredictOptions, predict_files
+
+    assert predict_files(PredictOptions(tasks=["seg"], output=tmp_path, input_size=(100, 50), sample=True)) == 2
+    assert "error: input_size=(100, 50): height and width must be multiples of 16" in capsys.readouterr().err
+    assert predict_files(PredictOptions(tasks=["seg"], output=tmp_path, batch_size=0, sample=True)) == 2
+    assert capsys.readouterr().err == "error: batch_size must be >= 1\n"
