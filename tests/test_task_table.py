@@ -61,3 +61,16 @@ def test_unknown_task_names_get_a_suggestion():
     assert check_task("seg") == "seg"
     with pytest.raises(ValueError, match="Did you mean 'pointmap'"):
         check_task("pointmaps")
+
+
+def test_each_writer_writes_its_primary_file_last(tmp_path):
+    """``--skip-existing`` trusts ``TaskWriter.primary``: it must be the last file each writer writes."""
+    from test_visualize import astronaut_image
+    from test_writers import RESULTS
+
+    from sapiens2.predict.writers import WRITERS, write_result
+
+    assert set(RESULTS) == set(WRITERS)
+    for task, make in RESULTS.items():
+        written = write_result(task, make(), tmp_path / task / "img", astronaut_image())
+        assert written[-1].name == "img" + WRITERS[task].primary, (task, [p.name for p in written])

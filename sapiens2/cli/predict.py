@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from ..metadata import SAMPLE_IMAGE
-from ..models.task_model import TASKS
 from ..predict.run import PredictOptions, predict_files
+from ..tasks import TASKS
 
 # PredictOptions fields whose flag is not "--" + the field name with dashes.
 _FLAGS = {"tasks": "--task", "models": "--model", "inputs": "INPUT"}

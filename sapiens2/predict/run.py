@@ -22,20 +22,10 @@ import numpy as np
 from ..data.io import ImageReadError, read_image
 from ..data.sources import InputItem, expand_inputs, usable
 from ..metadata import SAMPLE_IMAGE  # sample=True: a public-domain photo shipped with the package
-from ..models.task_model import TASKS, check_task
+from ..tasks import TASKS, check_task
 
 logger = logging.getLogger(__name__)
 
-# The file each task writes last: when it exists, that task's outputs for the image are complete.
-PRIMARY_OUTPUT = {
-    "seg": "_seg.png",
-    "normal": "_normal.npy",
-    "pointmap": "_pointmap.npy",
-    "albedo": "_albedo.png",
-    "matting": "_alpha.png",
-    "pose": "_pose.json",
-}
-MASKABLE = ("normal", "pointmap", "albedo")
 PATCH_SIZE = 16  # pixels per token side of every Sapiens2 backbone; the 4K tokenizer multiplies it by its window
 
 
@@ -287,9 +277,11 @@ def _make_predictors(options: PredictOptions, tasks: list[str], option: OptionTe
 
 
 def _pending_tasks(item: InputItem, tasks: list[str], skip_existing: bool) -> list[str]:
+    from .writers import WRITERS
+
     if not skip_existing:
         return tasks
-    return [t for t in tasks if not item.output_path(PRIMARY_OUTPUT[t]).exists()]
+    return [t for t in tasks if not item.output_path(WRITERS[t].primary).exists()]
 
 
 def _boxes_for(item: InputItem, boxes: dict[str, np.ndarray]) -> np.ndarray:
@@ -394,7 +386,7 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
 
 
 def _process_batch(run: _Run, batch: list[InputItem]) -> None:
-    from .writers import WriteOptions, write_result
+    from .writers import WRITERS, WriteOptions, write_result
 
     options, stats = run.options, run.stats
     loaded: list[tuple[InputItem, np.ndarray, list[str]]] = []
@@ -432,7 +424,7 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
             write_options = WriteOptions(
                 save_npy=options.save_npy,
                 keypoint_format=options.keypoint_format,
-                mask=masks.get(index) if task in MASKABLE else None,
+                mask=masks.get(index) if WRITERS[task].maskable else None,
             )
             try:
                 stats.written += len(write_result(task, result, item, image, write_options))

@@ -59,6 +59,7 @@ from sapiens2.predict.visualize import (
 
 __all__ = [
     "WRITERS",
+    "TaskWriter",
     "CocoResultsWriter",
     "WriteOptions",
     "instance_score",
@@ -330,13 +331,31 @@ def write_pose(
     return written
 
 
-WRITERS: dict[str, tuple[type, Callable[..., list[Path]]]] = {
-    "pose": (PoseResult, write_pose),
-    "seg": (SegResult, write_seg),
-    "normal": (NormalResult, write_normal),
-    "pointmap": (PointmapResult, write_pointmap),
-    "albedo": (AlbedoResult, write_albedo),
-    "matting": (MattingResult, write_matting),
+@dataclass(frozen=True)
+class TaskWriter:
+    """How one task's results are written.
+
+    Attributes:
+        result_type: the result dataclass the writer takes.
+        write: ``write(result, destination, image_rgb, options) -> paths written``.
+        primary: suffix of the file written last: when it exists, the task's outputs for the image are complete
+            (what ``--skip-existing`` checks).
+        maskable: honours ``WriteOptions.mask`` (the background blanked).
+    """
+
+    result_type: type
+    write: Callable[..., list[Path]]
+    primary: str
+    maskable: bool = False
+
+
+WRITERS: dict[str, TaskWriter] = {
+    "pose": TaskWriter(PoseResult, write_pose, "_pose.json"),
+    "seg": TaskWriter(SegResult, write_seg, "_seg.png"),
+    "normal": TaskWriter(NormalResult, write_normal, "_normal.npy", maskable=True),
+    "pointmap": TaskWriter(PointmapResult, write_pointmap, "_pointmap.npy", maskable=True),
+    "albedo": TaskWriter(AlbedoResult, write_albedo, "_albedo.png", maskable=True),
+    "matting": TaskWriter(MattingResult, write_matting, "_alpha.png"),
 }
 
 
@@ -370,7 +389,7 @@ def write_result(
     """
     if task not in WRITERS:
         raise ValueError(f"unknown task {task!r}; choose from {', '.join(WRITERS)}")
-    result_type, writer = WRITERS[task]
+    result_type, writer = WRITERS[task].result_type, WRITERS[task].write
     if not isinstance(result, result_type):
         raise ValueError(f"task {task!r} needs a {result_type.__name__}, got {type(result).__name__}")
     if image_rgb is not None:
