@@ -42,9 +42,10 @@ import numpy as np
 import torch
 
 from sapiens2.data.io import read_image
+from sapiens2.data.labelled import LabelledSet, fit_intrinsics, label_map_table
 from sapiens2.data.transforms import normalize_to_tensor
 from sapiens2.dense.pointmap import CANONICAL_FOCAL
-from sapiens2.metadata import NUM_KEYPOINTS, seg_metadata
+from sapiens2.metadata import NUM_KEYPOINTS
 from sapiens2.pose.codec import encode_heatmaps
 from sapiens2.pose.keypoints import convert_keypoints
 from sapiens2.train import augment as aug
@@ -57,12 +58,12 @@ __all__ = [
     "SegDataset",
     "TASK_DATASETS",
     "build_dataset",
+    "fit_intrinsics",
     "label_map_table",
 ]
 
 logger = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 MAX_TRIES = 10
 PathLike = str | os.PathLike
 
@@ -71,57 +72,6 @@ def _check_input_size(size: Any) -> tuple[int, int]:
     if len(size) != 2 or any(int(v) != v or v < 8 for v in size):
         raise ValueError(f"input_size must be (H, W) with two integers >= 8, got {size!r}")
     return int(size[0]), int(size[1])
-
-
-def _read_single_channel(path: Path, what: str) -> np.ndarray:
-    """A PNG as (H, W) uint8: single channel, or channel 0 of a colour file."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} file {str(path)!r} does not exist; every image needs one ({what})")
-    array = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
-    if array is None:
-        raise ValueError(f"cannot read {what} file {str(path)!r}: not a decodable image")
-    if array.dtype != np.uint8:
-        raise ValueError(f"{what} file {str(path)!r} is {array.dtype}; save it as an 8-bit PNG")
-    return np.ascontiguousarray(array[..., 0] if array.ndim == 3 else array)
-
-
-def _read_npy(path: Path, shape_tail: tuple[int, ...], what: str) -> np.ndarray:
-    try:
-        array = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what} file {str(path)!r} does not exist") from None
-    except (ValueError, OSError) as error:
-        raise ValueError(f"cannot read {what} file {str(path)!r}: {error}") from None
-    if array.ndim != 2 + len(shape_tail) or array.shape[2:] != shape_tail:
-        raise ValueError(f"{what} file {str(path)!r} has shape {array.shape}; expected (H, W{', 3' * len(shape_tail)})")
-    return array.astype(np.float32)
-
-
-def _check_same_size(array: np.ndarray, image: np.ndarray, path: Path, what: str) -> None:
-    if array.shape[:2] != image.shape[:2]:
-        raise ValueError(f"{what} file {str(path)!r} is {array.shape[:2]} but its image is {image.shape[:2]} (H, W)")
-
-
-def label_map_table(label_map: Mapping[int, int] | str | None) -> np.ndarray | None:
-    """A 256-entry uint8 lookup from source ids to the 29 classes (unmapped -> 255), or None for identity.
-
-    Args:
-        label_map: a dict {source id: target id}, or a ``source_mappings`` name from ``seg29.json``
-            (``dome34_to_29``, ``shutterstock52_to_29``, ``internal33_to_29``).
-    """
-    if label_map is None:
-        return None
-    if isinstance(label_map, str):
-        tables = seg_metadata().label_maps
-        if label_map not in tables:
-            raise ValueError(f"unknown label_map {label_map!r}; give a dict or one of {sorted(tables)}")
-        label_map = tables[label_map]
-    table = np.full(256, 255, dtype=np.uint8)
-    for source, target in label_map.items():
-        if not (0 <= int(source) < 256 and 0 <= int(target) < 256):
-            raise ValueError(f"label_map entry {source} -> {target} is outside 0..255")
-        table[int(source)] = int(target)
-    return table
 
 
 class _TaskDataset(torch.utils.data.Dataset, abc.ABC):
@@ -160,29 +110,6 @@ class _TaskDataset(torch.utils.data.Dataset, abc.ABC):
     def generator(self, index: int) -> np.random.Generator:
         """The random source of sample ``index`` in the current epoch."""
         return np.random.default_rng((self.seed, self.epoch, int(index)))
-
-    def _find_names(self, images_dir: Path) -> list[str]:
-        if not images_dir.is_dir():
-            raise FileNotFoundError(f"image folder {str(images_dir)!r} does not exist; put images in root/images/")
-        paths: dict[str, Path] = {}
-        for path in sorted(images_dir.iterdir()):
-            if path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith("."):
-                if path.stem in paths:
-                    raise ValueError(f"two images share the name {path.stem!r}: {paths[path.stem]} and {path}")
-                paths[path.stem] = path
-        self._image_paths = paths
-        names = sorted(paths)
-        split_file = self.root / f"{self.split}.txt"
-        if split_file.is_file():
-            listed = [line.strip() for line in split_file.read_text().splitlines() if line.strip()]
-            listed = [Path(n).stem if Path(n).suffix.lower() in IMAGE_SUFFIXES else n for n in listed]
-            missing = [n for n in listed if n not in paths]
-            if missing:
-                raise FileNotFoundError(f"{split_file} lists {missing[:3]} with no image in {images_dir}")
-            names = listed
-        if not names:
-            raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) found in {str(images_dir)!r}")
-        return names
 
     def __len__(self) -> int:
         return len(self.names)
@@ -231,27 +158,14 @@ class _TaskDataset(torch.utils.data.Dataset, abc.ABC):
 
 
 class _DenseDataset(_TaskDataset):
-    """Image + per-pixel target folders + optional masks."""
+    """Image + per-pixel target folders + optional masks, read by ``sapiens2.data.labelled.LabelledSet``."""
 
-    def __init__(self, root: PathLike, **kwargs: Any) -> None:
+    task = ""
+
+    def __init__(self, root: PathLike, *, labelled: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(root, **kwargs)
-        self.names = self._find_names(self.root / "images")
-
-    def _target_path(self, folder: str, name: str, suffixes: tuple[str, ...]) -> Path:
-        for suffix in suffixes:
-            path = self.root / folder / f"{name}{suffix}"
-            if path.is_file():
-                return path
-        wanted = " or ".join(f"{folder}/{name}{s}" for s in suffixes)
-        raise FileNotFoundError(f"image {name!r} has no target: expected {wanted} under {str(self.root)!r}")
-
-    def _load_mask(self, name: str, image: np.ndarray, default: np.ndarray) -> np.ndarray:
-        path = self.root / "masks" / f"{name}.png"
-        if not path.is_file():
-            return default
-        mask = _read_single_channel(path, "mask") > 0
-        _check_same_size(mask, image, path, "mask")
-        return mask & default
+        self.labelled = LabelledSet(self.task, self.root, split=self.split, **(labelled or {}))
+        self.names = self.labelled.names
 
     def _keep_valid(self, mask: np.ndarray) -> bool:
         valid = int(mask.sum())
@@ -287,6 +201,8 @@ class SegDataset(_DenseDataset):
         split, input_size, augment, seed: see :func:`build_dataset`.
     """
 
+    task = "seg"
+
     def __init__(
         self,
         root: PathLike,
@@ -296,29 +212,16 @@ class SegDataset(_DenseDataset):
         background_dir: PathLike | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(root, **kwargs)
-        self.label_table = label_map_table(label_map)
+        labelled = {"label_map": label_map, "num_classes": num_classes}
+        super().__init__(root, labelled=labelled, **kwargs)
+        self.label_table = self.labelled.label_table
         self.num_classes = num_classes
         self.backgrounds = sorted(Path(background_dir).glob("*.jpg")) if background_dir else []
         if background_dir and not self.backgrounds:
             raise FileNotFoundError(f"background_dir {str(background_dir)!r} holds no .jpg files")
 
     def load(self, index: int) -> aug.Sample:
-        name = self.names[index]
-        image = read_image(self._image_paths[name])
-        path = self._target_path("labels", name, (".png",))
-        labels = _read_single_channel(path, "labels")
-        _check_same_size(labels, image, path, "labels")
-        if self.label_table is not None:
-            labels = self.label_table[labels]
-        bad = (labels >= self.num_classes) & (labels != 255)
-        if bad.any():
-            ids = sorted(set(labels[bad].tolist()))[:5]
-            raise ValueError(
-                f"labels file {str(path)!r} holds ids {ids} outside 0..{self.num_classes - 1} and 255; "
-                "pass label_map= to remap them"
-            )
-        return {"image": image, "labels": labels}
+        return self.labelled.read(self.names[index])
 
     def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
         out_h, out_w = self.input_size
@@ -360,32 +263,13 @@ class SegDataset(_DenseDataset):
         return {"labels": torch.from_numpy(sample["labels"].astype(np.int64))}
 
 
-def _read_normals(path: Path) -> np.ndarray:
-    if path.suffix == ".npy":
-        return _read_npy(path, (3,), "normals")
-    raw = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
-    if raw is None or raw.ndim != 3 or raw.shape[2] != 3 or raw.dtype not in (np.uint8, np.uint16):
-        raise ValueError(f"normals file {str(path)!r} must be a 3-channel 8- or 16-bit PNG (n = 2 v / max - 1)")
-    top = 65535.0 if raw.dtype == np.uint16 else 255.0
-    rgb = raw[..., ::-1].astype(np.float32)
-    normals = rgb * np.float32(2.0 / top) - 1.0
-    normals[(raw == 0).all(axis=2)] = np.nan  # an all-zero pixel stores "no normal"
-    return normals
-
-
 class NormalDataset(_DenseDataset):
     """Surface normals: ``images/`` + ``normals/<name>.{npy,png}`` (+ ``masks/``) (DENSE.md §3.2 pipeline)."""
 
+    task = "normal"
+
     def load(self, index: int) -> aug.Sample:
-        name = self.names[index]
-        image = read_image(self._image_paths[name])
-        path = self._target_path("normals", name, (".npy", ".png"))
-        normals = _read_normals(path)
-        _check_same_size(normals, image, path, "normals")
-        finite = np.isfinite(normals).all(axis=2)
-        normals = np.where(finite[..., None], normals, 0.0).astype(np.float32)  # NaN normals -> invalid (§3.1)
-        valid = finite & (np.abs(normals).sum(axis=2) > 0)
-        return {"image": image, "normal": normals, "mask": self._load_mask(name, image, valid)}
+        return self.labelled.read(self.names[index])
 
     def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
         if not self.augment:
@@ -410,49 +294,6 @@ class NormalDataset(_DenseDataset):
         return {"gt_normal": gt, "mask": self._mask_tensor(sample)}
 
 
-def fit_intrinsics(points: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Least-squares pinhole K of a camera-frame pointmap: u = fx X/Z + cx, v = fy Y/Z + cy over valid pixels.
-
-    Args:
-        points: (H, W, 3) metres, OpenCV camera frame.
-        mask: (H, W) bool, pixels to fit (Z > 0 required).
-
-    Returns:
-        (3, 3) float64 K, and raises ValueError if fewer than 3 pixels are valid or the fit is off by > 0.5 px RMS.
-    """
-    rows, cols = np.nonzero(mask & (points[..., 2] > 0))
-    if rows.size < 3:
-        raise ValueError("need at least 3 valid pixels to fit intrinsics to a pointmap")
-    p = points[rows, cols].astype(np.float64)
-    intrinsics = np.eye(3)
-    errors = []
-    for axis, pixels in ((0, cols), (1, rows)):
-        design = np.stack([p[:, axis] / p[:, 2], np.ones(rows.size)], axis=1)
-        (focal, centre), *_ = np.linalg.lstsq(design, pixels.astype(np.float64), rcond=None)
-        intrinsics[axis, axis], intrinsics[axis, 2] = focal, centre
-        errors.append(design @ np.array([focal, centre]) - pixels)
-    rms = float(np.sqrt(np.mean(np.concatenate(errors) ** 2)))
-    if not rms <= 0.5:
-        raise ValueError(f"the pointmap is not a pinhole projection (fit error {rms:.2f} px RMS)")
-    return intrinsics
-
-
-def _read_intrinsics(path: Path) -> np.ndarray:
-    try:
-        data = json.loads(path.read_text())
-        if "K" in data:
-            intrinsics = np.asarray(data["K"], dtype=np.float64).reshape(3, 3)
-        else:
-            intrinsics = np.array(
-                [[data["fx"], 0, data["cx"]], [0, data["fy"], data["cy"]], [0, 0, 1]], dtype=np.float64
-            )
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"intrinsics file {str(path)!r} must be JSON with fx, fy, cx, cy (pixels): {error}") from None
-    if not (intrinsics[0, 0] > 0 and intrinsics[1, 1] > 0):
-        raise ValueError(f"intrinsics file {str(path)!r} has non-positive focal lengths")
-    return intrinsics
-
-
 class PointmapDataset(_DenseDataset):
     """Pointmap: ``images/`` + ``pointmaps/<name>.npy`` or ``depth/<name>.npy`` + ``intrinsics/<name>.json``.
 
@@ -460,36 +301,15 @@ class PointmapDataset(_DenseDataset):
     image by construction. Option ``canonical_focal`` (default 768 pixels at the network input).
     """
 
+    task = "pointmap"
+
     def __init__(self, root: PathLike, *, canonical_focal: float = CANONICAL_FOCAL, **kwargs: Any) -> None:
         super().__init__(root, **kwargs)
         self.canonical_focal = float(canonical_focal)
 
     def load(self, index: int) -> aug.Sample:
-        name = self.names[index]
-        image = read_image(self._image_paths[name])
-        intrinsics_path = self.root / "intrinsics" / f"{name}.json"
-        pointmap_path = self.root / "pointmaps" / f"{name}.npy"
-        if pointmap_path.is_file():
-            points = _read_npy(pointmap_path, (3,), "pointmap")
-            _check_same_size(points, image, pointmap_path, "pointmap")
-            depth = points[..., 2]
-        else:
-            depth_path = self._target_path("depth", name, (".npy",))
-            depth = _read_npy(depth_path, (), "depth")
-            _check_same_size(depth, image, depth_path, "depth")
-        valid = np.isfinite(depth) & (depth > 0)  # NaN depth -> invalid (DENSE.md §4.1)
-        mask = self._load_mask(name, image, valid)
-        if intrinsics_path.is_file():
-            intrinsics = _read_intrinsics(intrinsics_path)
-        elif pointmap_path.is_file():
-            try:
-                intrinsics = fit_intrinsics(np.nan_to_num(points), mask)
-            except ValueError as error:
-                raise ValueError(f"{pointmap_path}: {error}; add intrinsics/{name}.json") from None
-        else:
-            raise FileNotFoundError(f"depth for {name!r} needs intrinsics: {intrinsics_path} does not exist")
-        depth = np.where(mask, depth, 0.0).astype(np.float32)
-        return {"image": image, "depth": depth, "mask": mask, "K": intrinsics}
+        sample = self.labelled.read(self.names[index])
+        return {key: sample[key] for key in ("image", "depth", "mask", "K")}  # points are regenerated from depth + K
 
     def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
         if not self.augment:
@@ -514,18 +334,17 @@ class PointmapDataset(_DenseDataset):
 class AlbedoDataset(_DenseDataset):
     """Albedo: ``images/`` + ``albedo/<name>.png`` (+ ``masks/``) (DENSE.md §5.2 pipeline; no colour jitter)."""
 
+    task = "albedo"
+
     def load(self, index: int) -> aug.Sample | None:
         name = self.names[index]
-        image = read_image(self._image_paths[name])
-        path = self._target_path("albedo", name, (".png",))
-        albedo = read_image(path).astype(np.float32) / np.float32(255.0)
-        _check_same_size(albedo, image, path, "albedo")
-        mask = self._load_mask(name, image, albedo.max(axis=2) > 0)
+        sample = self.labelled.read(name)
+        albedo, mask = sample["albedo"], sample["mask"]
         # Loader rejection: near-uniform albedo inside the mask (DENSE.md §5.1) -> redraw in training.
         if self.augment and (mask.sum() < 16 or albedo[mask].std(axis=0).max() < 0.02):
             logger.debug("albedo sample %s rejected: too few valid pixels or near-uniform albedo", name)
             return None
-        return {"image": image, "albedo": albedo, "mask": mask}
+        return sample
 
     def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
         if not self.augment:
