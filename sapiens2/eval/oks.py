@@ -459,3 +459,43 @@ def _summarize(precision: np.ndarray, recall: np.ndarray) -> dict[str, float]:
         mean(recall[:, :, large]),
     )
     return dict(zip(STAT_NAMES, values, strict=True))
+
+
+def oks_nms(
+    keypoints: np.ndarray, scores: np.ndarray, areas: np.ndarray, sigmas: np.ndarray, threshold: float = 0.9
+) -> np.ndarray:
+    """The reference evaluator's per-image OKS-NMS (POSE.md §6.2).
+
+    Visits predictions by descending score (the reference's reversed ``argsort`` order for ties), keeps the best
+    and drops every remaining one whose OKS with it is > ``threshold``. The OKS here is symmetric in scale:
+    ``mean_k exp(-d_k² / (2σ_k)² / ((area_a + area_b) / 2 + eps) / 2)`` over all K keypoints, no visibility.
+
+    Args:
+        keypoints: (N, K, 2) or (N, K, 3) predicted keypoints of one image; only x, y are read.
+        scores: (N,) instance scores.
+        areas: (N,) areas (the reference: the extent of all predicted keypoints).
+        sigmas: (K,) OKS constants.
+        threshold: OKS above which the lower-scored prediction is dropped.
+
+    Returns:
+        (M,) int64 indices of the kept predictions, best first.
+    """
+    xy = np.asarray(keypoints, dtype=np.float64)[..., :2]
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+    areas = np.asarray(areas, dtype=np.float64).reshape(-1)
+    variances = (np.asarray(sigmas, dtype=np.float64) * 2) ** 2
+    if xy.ndim != 3 or xy.shape[0] != scores.size or areas.size != scores.size or xy.shape[1] != variances.size:
+        raise ValueError(
+            f"oks_nms needs (N, K, 2) keypoints with N scores and areas and K sigmas, got {xy.shape}, "
+            f"{scores.shape}, {areas.shape}, {variances.shape}"
+        )
+    order = np.argsort(scores)[::-1]
+    keep = []
+    while order.size > 0:
+        best, rest = order[0], order[1:]
+        keep.append(best)
+        squared = ((xy[rest] - xy[best]) ** 2).sum(axis=2)  # (R, K)
+        e = squared / variances / ((areas[best] + areas[rest])[:, None] / 2 + np.spacing(1)) / 2
+        similarity = np.exp(-e).sum(axis=1) / e.shape[1]
+        order = rest[similarity <= threshold]
+    return np.asarray(keep, dtype=np.int64)

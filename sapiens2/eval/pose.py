@@ -1,0 +1,417 @@
+"""Pose evaluation on a labelled set: the full ``Predictor("pose")`` path, then COCO OKS AP/AR per keypoint group.
+
+``evaluate_pose`` streams over a COCO-style pose folder (``docs/data_formats.md``: ``images/`` + ``annotations.json``,
+the optional ``<split>.txt``), predicts every image with the same pre/post-processing as ``sapiens2 predict`` (person
+boxes from the ground truth or from the detector), keeps the reference evaluator's per-image OKS-NMS (POSE.md §6.2)
+and scores the predictions with :func:`sapiens2.eval.oks.evaluate_sapiens308` (POSE.md §6.4: equal to pycocotools /
+xtcocotools) on body-17, feet, face, each hand, both hands and all 308 keypoints.
+
+The ground truth is read into the 308 ids whatever the file's ``keypoint_format``; ids the format lacks are
+unlabelled, so their groups report -1 (no ground truth). A person's OKS scale is the annotation's ``area``; files
+without one (such as the demo datasets) use the ``bbox`` area, else the area of the labelled keypoints' extent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from sapiens2.data.io import ImageReadError, read_image, save_png
+from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
+from sapiens2.pose.keypoints import convert_keypoints
+from sapiens2.pose.topdown import PoseResult
+
+from .oks import STAT_NAMES, evaluate_sapiens308, oks_nms
+
+__all__ = [
+    "GROUPS",
+    "PoseEvaluation",
+    "PoseLabels",
+    "draw_group_ap_chart",
+    "evaluate_pose",
+    "format_to_308_ids",
+    "pose_metrics",
+    "read_pose_labels",
+]
+
+logger = logging.getLogger(__name__)
+
+# Report name -> subset of evaluate_sapiens308, in report order.
+GROUPS = {
+    "body17": "body",
+    "foot": "foot",
+    "face": "face",
+    "lefthand": "lefthand",
+    "righthand": "righthand",
+    "hands": "hand",
+    "all308": "all",
+}
+KEYPOINT_FORMATS = ("sapiens308", "coco17", "coco_wholebody133")
+OKS_NMS_THRESHOLD = 0.9  # POSE.md §6.2
+
+
+def format_to_308_ids(keypoint_format: str) -> np.ndarray:
+    """For each joint of ``keypoint_format``, its 308 id (-1 = none), read off ``convert_keypoints``."""
+    if keypoint_format not in KEYPOINT_FORMATS:
+        raise ValueError(f"keypoint_format {keypoint_format!r} cannot be evaluated; use {', '.join(KEYPOINT_FORMATS)}")
+    probe = np.zeros((1, NUM_KEYPOINTS, 2))
+    probe[0, :, 0] = np.arange(NUM_KEYPOINTS)  # x carries the id through the conversion
+    points, scores, _ = convert_keypoints(probe, np.ones((1, NUM_KEYPOINTS)), keypoint_format)
+    return np.where(scores[0] > 0, np.rint(points[0, :, 0]), -1).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class PoseLabels:
+    """A pose folder's ground truth for one split, checked and in the 308 ids.
+
+    Attributes:
+        annotations_path: the annotations file.
+        images: per image of the split: ``id``, ``file_name``, ``path`` (under ``root/images``).
+        gt: COCO ground truth over those images: annotations with 308 triplets, ``area``, ``bbox``, ``iscrowd``.
+        people: image id -> (N, 4) xywh boxes of the people a ground-truth-box run predicts (non-crowd, labelled,
+            positive size).
+    """
+
+    annotations_path: Path
+    images: list[dict]
+    gt: dict
+    people: dict[int, np.ndarray]
+
+
+def _tight_box(keypoints: np.ndarray) -> list[float] | None:
+    labelled = keypoints[keypoints[:, 2] > 0, :2]
+    if labelled.size == 0:
+        return None
+    (x0, y0), (x1, y1) = labelled.min(axis=0), labelled.max(axis=0)
+    return [float(x0), float(y0), float(x1 - x0), float(y1 - y0)]
+
+
+def read_pose_labels(
+    root: str | os.PathLike,
+    split: str = "val",
+    *,
+    keypoint_format: str = "sapiens308",
+    annotations: str = "annotations.json",
+) -> PoseLabels:
+    """Read and check ``root/annotations.json`` (all of it, before any compute) and select ``split``.
+
+    Raises:
+        FileNotFoundError: no annotations file, or a split file naming an image the annotations lack.
+        ValueError: not COCO-style JSON, an annotation with unknown ``image_id``, keypoints of the wrong length,
+            or nothing to evaluate in the split; every message names the file.
+    """
+    root = Path(root)
+    path = root / annotations
+    ids = format_to_308_ids(keypoint_format)
+    try:
+        data = json.loads(path.read_text())
+        images = [{"id": image["id"], "file_name": str(image["file_name"])} for image in data["images"]]
+        records = list(data["annotations"])
+    except FileNotFoundError:
+        raise FileNotFoundError(f"pose annotations {str(path)!r} do not exist") from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"{path} is not COCO-style JSON with 'images' (id, file_name) and 'annotations': {error}"
+        ) from None
+    known = {image["id"] for image in images}
+    expected = 3 * len(ids)
+    for number, record in enumerate(records):
+        if not isinstance(record, Mapping) or record.get("image_id") not in known:
+            image_id = record.get("image_id") if isinstance(record, Mapping) else None
+            raise ValueError(f"{path}: annotation {number} refers to unknown image_id {image_id!r}")
+        size = np.asarray(record.get("keypoints", []), dtype=np.float64).size
+        if size != expected:
+            raise ValueError(
+                f"{path}: annotation {number} has {size} keypoint numbers, expected {expected} "
+                f"({len(ids)} x (x, y, v) for keypoint_format={keypoint_format!r})"
+            )
+    split_file = root / f"{split}.txt"
+    if split_file.is_file():
+        listed = [line.strip() for line in split_file.read_text().splitlines() if line.strip()]
+        by_name = {}
+        for image in images:
+            by_name[image["file_name"]] = image
+            by_name.setdefault(Path(image["file_name"]).stem, image)
+        missing = [name for name in listed if name not in by_name]
+        if missing:
+            raise FileNotFoundError(f"{split_file} lists {missing[:3]} that {path} has no image for")
+        chosen = {by_name[name]["id"] for name in listed}
+        images = [image for image in images if image["id"] in chosen]
+    if not images:
+        raise ValueError(f"{path} lists no image in split {split!r}")
+    chosen = {image["id"] for image in images}
+    gt_annotations, people = [], {image["id"]: [] for image in images}
+    mapped = ids >= 0
+    for number, record in enumerate(records):
+        if record["image_id"] not in chosen:
+            continue
+        raw = np.asarray(record["keypoints"], dtype=np.float64).reshape(-1, 3)
+        keypoints = np.zeros((NUM_KEYPOINTS, 3))
+        keypoints[ids[mapped]] = raw[mapped]
+        keypoints[keypoints[:, 2] <= 0] = 0.0
+        bbox = record.get("bbox")
+        box = [float(v) for v in bbox] if bbox is not None and len(bbox) == 4 else _tight_box(keypoints)
+        crowd = bool(record.get("iscrowd", 0))
+        if box is None:
+            box = [0.0, 0.0, 0.0, 0.0]  # no box and no labelled keypoint: an ignored ground truth
+        area = float(record["area"]) if "area" in record else box[2] * box[3]
+        gt_annotations.append(
+            {
+                "id": number + 1,
+                "image_id": record["image_id"],
+                "category_id": 1,
+                "iscrowd": int(crowd),
+                "keypoints": keypoints.reshape(-1).tolist(),
+                "num_keypoints": int((keypoints[:, 2] > 0).sum()),
+                "bbox": box,
+                "area": area,
+            }
+        )
+        if not crowd and (keypoints[:, 2] > 0).any() and box[2] > 0 and box[3] > 0:
+            people[record["image_id"]].append(box)
+    if not gt_annotations:
+        raise ValueError(f"{path} holds no annotation in split {split!r}; there is nothing to evaluate against")
+    for image in images:
+        image["path"] = root / "images" / image["file_name"]
+    gt = {
+        "images": [{"id": image["id"], "file_name": image["file_name"]} for image in images],
+        "annotations": gt_annotations,
+        "categories": [{"id": 1, "name": "person"}],
+    }
+    boxes = {key: np.asarray(value, dtype=np.float64).reshape(-1, 4) for key, value in people.items()}
+    return PoseLabels(annotations_path=path, images=images, gt=gt, people=boxes)
+
+
+def _clip_xyxy(boxes_xywh: np.ndarray, height: int, width: int) -> np.ndarray:
+    """xywh -> xyxy clipped to the image, as the reference's validation reads ``bbox`` (POSE.md §5)."""
+    x, y, w, h = boxes_xywh.T
+    corners = np.stack([x, y, x + w, y + h], axis=1)
+    return np.clip(corners, 0, [width - 1, height - 1, width - 1, height - 1])
+
+
+def image_results(
+    image_id: int, keypoints: np.ndarray, scores: np.ndarray, box_scores: np.ndarray | None = None
+) -> tuple[list[dict], np.ndarray]:
+    """One image's 308-keypoint predictions as COCO result records after the reference's OKS-NMS (POSE.md §6.1-6.3).
+
+    Args:
+        image_id: the ground truth's image id.
+        keypoints: (N, 308, 2) image pixels.
+        scores: (N, 308) keypoint scores.
+        box_scores: (N,) person box scores (default 1, as the reference gives every instance).
+
+    Returns:
+        Result dicts (``image_id``, ``category_id``, ``keypoints`` [x, y, score] * 308, ``score`` =
+        ``instance_score``), best first, and the (M,) indices of the people kept. Non-finite keypoints become
+        (0, 0, 0), as ``CocoResultsWriter`` writes them.
+    """
+    from sapiens2.predict.writers import instance_score
+
+    keypoints = np.asarray(keypoints, dtype=np.float64).reshape(-1, NUM_KEYPOINTS, 2)
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1, NUM_KEYPOINTS)
+    box_scores = np.ones(len(keypoints)) if box_scores is None else np.asarray(box_scores, dtype=np.float64)
+    if len(keypoints) == 0:
+        return [], np.zeros(0, dtype=np.int64)
+    usable = np.isfinite(keypoints).all(axis=2) & np.isfinite(scores)
+    triplets = np.where(usable[..., None], np.concatenate([keypoints, scores[..., None]], axis=2), 0.0)
+    person_scores = np.array([instance_score(b, s) for s, b in zip(scores, box_scores, strict=True)])
+    extent = triplets[..., :2].max(axis=1) - triplets[..., :2].min(axis=1)  # all 308, whatever their score
+    keep = oks_nms(triplets, person_scores, extent[:, 0] * extent[:, 1], keypoint_metadata().sigmas, OKS_NMS_THRESHOLD)
+    records = [
+        {
+            "image_id": image_id,
+            "category_id": 1,
+            "keypoints": triplets[i].reshape(-1).tolist(),
+            "score": float(person_scores[i]),
+        }
+        for i in keep
+    ]
+    return records, keep
+
+
+def pose_metrics(gt: dict, results: list[dict]) -> tuple[dict[str, float], list[dict]]:
+    """OKS AP/AR of 308-keypoint results per group: ``({"body17/AP": ..., ...}, rows)``, one row per group."""
+    subsets = evaluate_sapiens308(gt, results, subsets=tuple(GROUPS.values()))
+    metrics, rows = {}, []
+    for name, subset in GROUPS.items():
+        stats = subsets[subset]
+        metrics |= {f"{name}/{stat}": float(stats[stat]) for stat in STAT_NAMES}
+        rows.append({"group": name, **{stat: float(stats[stat]) for stat in STAT_NAMES}})
+    return metrics, rows
+
+
+@dataclass(frozen=True)
+class PoseEvaluation:
+    """What :func:`evaluate_pose` measured, as plain data.
+
+    Attributes:
+        metrics: ``"<group>/<stat>"`` -> value (groups ``GROUPS``, stats AP AP50 AP75 APm APl AR AR50 AR75 ARm ARl;
+            -1.0 where the group has no labelled ground truth).
+        tables: ``{"oks": rows}``, one row per group: ``{"group": name, "AP": ..., ...}``.
+        counts: ``images`` (evaluated), ``people`` (predicted, after OKS-NMS), ``ground_truth`` (annotations),
+            ``skipped`` (unreadable images).
+        skipped: one line per skipped image.
+        files: files written (results JSON, chart).
+    """
+
+    metrics: dict[str, float]
+    tables: dict[str, list[dict]]
+    counts: dict[str, int]
+    skipped: list[str] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+
+def evaluate_pose(
+    predictor: Callable[..., Any],
+    root: str | os.PathLike,
+    split: str = "val",
+    *,
+    boxes: str = "gt",
+    keypoint_format: str = "sapiens308",
+    annotations: str = "annotations.json",
+    progress: bool = True,
+    results_path: str | os.PathLike | None = None,
+    output: str | os.PathLike | None = None,
+) -> PoseEvaluation:
+    """Predict every image of a labelled pose folder and compute COCO OKS AP/AR per keypoint group.
+
+    Example:
+        >>> from sapiens2.predict import Predictor
+        >>> report = evaluate_pose(Predictor("pose", model="1b"), "data/val_pose", boxes="detector")
+        >>> report.metrics["body17/AP"]
+
+    Args:
+        predictor: a ``Predictor("pose", ...)`` (or any callable ``predictor(image, boxes=None) -> PoseResult`` with
+            308 keypoints); it runs the same pre/post-processing as ``sapiens2 predict``.
+        root: the pose folder (``images/`` + ``annotations``, docs/data_formats.md).
+        split: ``root/<split>.txt`` lists the images to use, if it exists; otherwise every image is used.
+        boxes: ``"gt"``: the annotations' people (``bbox`` clipped to the image, else the labelled keypoints'
+            extent); ``"detector"``: the predictor's own person boxes (its detector, or the whole image without one).
+        keypoint_format: layout of the annotations' ``keypoints``.
+        annotations: annotations file name under ``root``.
+        progress: show a progress bar (only when stderr is a terminal).
+        results_path: also write the predictions as a COCO results file (``CocoResultsWriter``, 308 keypoints,
+            image ids of the annotations).
+        output: a folder for the per-group AP chart (``pose_group_ap.png``).
+
+    Returns:
+        A :class:`PoseEvaluation`.
+
+    Raises:
+        ValueError / FileNotFoundError: bad annotations (before any prediction), naming the file; bad ``boxes``.
+    """
+    if boxes not in ("gt", "detector"):
+        raise ValueError(f"boxes must be 'gt' or 'detector', got {boxes!r}")
+    labels = read_pose_labels(root, split, keypoint_format=keypoint_format, annotations=annotations)
+    writer = None
+    if results_path is not None:
+        from sapiens2.predict.writers import CocoResultsWriter
+
+        writer = CocoResultsWriter(results_path, keypoint_format="sapiens308")
+    from tqdm.auto import tqdm
+
+    results: list[dict] = []
+    skipped: list[str] = []
+    unreadable: set = set()
+    images = tqdm(labels.images, unit="img", desc="eval pose", disable=not (progress and sys.stderr.isatty()))
+    for image in images:
+        try:
+            array = read_image(image["path"])
+        except ImageReadError as error:
+            skipped.append(str(error))
+            unreadable.add(image["id"])
+            logger.warning("skipped: %s", error)
+            continue
+        if boxes == "gt":
+            people = labels.people[image["id"]]
+            if len(people) == 0:
+                continue  # nobody to predict: an empty box list would mean the whole image
+            pose = predictor(array, boxes=_clip_xyxy(people, *array.shape[:2]))
+        else:
+            pose = predictor(array)
+        if len(pose.keypoint_names) != NUM_KEYPOINTS:
+            raise ValueError(f"the predictor returned {len(pose.keypoint_names)} keypoints; evaluation needs the 308")
+        found, keep = image_results(image["id"], pose.keypoints, pose.scores, pose.box_scores)
+        results.extend(found)
+        if writer is not None:  # the people that were evaluated, in the same order
+            kept = PoseResult(pose.boxes[keep], pose.box_scores[keep], pose.keypoints[keep], pose.scores[keep],
+                              pose.path, pose.image_size, pose.keypoint_names)  # fmt: skip
+            writer.add(kept, image["file_name"], image_id=image["id"])
+    # Unreadable images leave the evaluation with their ground truth (they are counted and reported instead).
+    evaluated = {image["id"] for image in labels.images} - unreadable
+    gt = dict(
+        labels.gt,
+        images=[image for image in labels.gt["images"] if image["id"] in evaluated],
+        annotations=[a for a in labels.gt["annotations"] if a["image_id"] in evaluated],
+    )
+    if not gt["annotations"]:
+        raise ValueError(f"no readable image of {labels.annotations_path} has a ground-truth person to evaluate")
+    metrics, rows = pose_metrics(gt, results)
+    files = []
+    if writer is not None:
+        files.append(writer.write())
+    if output is not None:
+        files.append(draw_group_ap_chart(metrics, Path(output) / "pose_group_ap.png"))
+    counts = {
+        "images": len(labels.images) - len(skipped),
+        "images_with_people": len({r["image_id"] for r in results}),
+        "people": len(results),
+        "ground_truth": len(labels.gt["annotations"]),
+        "skipped": len(skipped),
+    }
+    return PoseEvaluation(metrics=metrics, tables={"oks": rows}, counts=counts, skipped=skipped, files=files)
+
+
+def draw_group_ap_chart(
+    metrics: Mapping[str, float], path: str | os.PathLike, title: str = "OKS AP by keypoint group"
+) -> Path:
+    """Bar chart (OpenCV, PNG) of AP, AP50 and AP75 per keypoint group; groups without ground truth say n/a."""
+    stats = (("AP", (52, 101, 164)), ("AP50", (120, 170, 215)), ("AP75", (230, 140, 60)))
+    groups = [name for name in GROUPS if f"{name}/AP" in metrics]
+    width, height, left, top, bottom = 120 + 110 * len(groups), 420, 60, 60, 60
+    canvas = np.full((height, width, 3), 255, np.uint8)
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    plot_h = height - top - bottom
+    cv2.putText(canvas, title, (left, 30), font, 0.7, (0, 0, 0), 2, cv2.LINE_AA)
+    for tick in range(0, 11, 2):
+        y = top + plot_h - int(round(plot_h * tick / 10))
+        cv2.line(canvas, (left, y), (width - 20, y), (225, 225, 225), 1)
+        cv2.putText(canvas, f"{tick / 10:.1f}", (left - 40, y + 5), font, 0.45, (80, 80, 80), 1, cv2.LINE_AA)
+    cv2.line(canvas, (left, top), (left, top + plot_h), (0, 0, 0), 1)
+    bar = 26
+    for g, name in enumerate(groups):
+        x0 = left + 20 + g * 110
+        for s, (stat, colour) in enumerate(stats):
+            value = float(metrics.get(f"{name}/{stat}", -1.0))
+            x = x0 + s * bar
+            if value < 0:
+                continue
+            y = top + plot_h - int(round(plot_h * min(value, 1.0)))
+            cv2.rectangle(canvas, (x, y), (x + bar - 3, top + plot_h), colour, -1)
+        value = float(metrics.get(f"{name}/AP", -1.0))
+        label = "n/a" if value < 0 else f"{value:.3f}"
+        cv2.putText(
+            canvas,
+            label,
+            (x0, top + plot_h - 6 if value < 0 else top + plot_h - int(round(plot_h * min(value, 1.0))) - 6),
+            font,
+            0.45,
+            (0, 0, 0),
+            1,
+            cv2.LINE_AA,
+        )
+        cv2.putText(canvas, name, (x0, top + plot_h + 22), font, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
+    for s, (stat, colour) in enumerate(stats):
+        x = left + 20 + s * 90
+        cv2.rectangle(canvas, (x, height - 24), (x + 14, height - 10), colour, -1)
+        cv2.putText(canvas, stat, (x + 20, height - 11), font, 0.45, (0, 0, 0), 1, cv2.LINE_AA)
+    return save_png(path, canvas)

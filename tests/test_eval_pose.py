@@ -1,0 +1,239 @@
+"""Pose evaluation on a labelled folder: evaluate_pose's OKS numbers equal pycocotools on the predictions it wrote;
+a perfect predictor scores 1; ground-truth vs detector boxes; corrupt images skipped and counted; bad annotations
+fail before any prediction, naming the file."""
+
+from __future__ import annotations
+
+import json
+
+import cv2
+import numpy as np
+import pytest
+from conftest import require_module
+
+from sapiens2.eval.oks import STAT_NAMES
+from sapiens2.eval.pose import GROUPS, evaluate_pose, read_pose_labels
+from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
+from sapiens2.pose.topdown import PoseResult
+from sapiens2.predict import Predictor
+from sapiens2.train.demo_data import make_demo_dataset
+
+require_module("pycocotools")
+from test_oks import SIGMAS, SUBSET_IDS, coco_eval, has_positive_score, slice_dataset  # noqa: E402
+
+SUBSET_OF = {"body17": "body", "foot": "foot", "face": "face", "lefthand": "lefthand", "righthand": "righthand",
+             "hands": "hand", "all308": "all"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """A 6-image pose demo set; two more people are added to image 0 (one crowd) and a copy of image 1's person."""
+    root = make_demo_dataset("pose", tmp_path_factory.mktemp("pose_eval"), num_images=6)
+    data = json.loads((root / "annotations.json").read_text())
+    first = data["annotations"][0]
+    crowd = dict(first, id=100, iscrowd=1, keypoints=[0.0] * 3 * NUM_KEYPOINTS, bbox=[0, 0, 40, 40])
+    shifted = np.asarray(first["keypoints"]).reshape(-1, 3).copy()
+    shifted[shifted[:, 2] > 0, 0] += 30  # a second, overlapping person in image 0
+    x, y, w, h = first["bbox"]
+    second = dict(first, id=101, keypoints=shifted.ravel().tolist(), bbox=[x + 30, y, w, h])
+    data["annotations"] += [crowd, second]
+    (root / "annotations.json").write_text(json.dumps(data))
+    return root
+
+
+@pytest.fixture(scope="module")
+def predictor(tiny_checkpoints):
+    return Predictor("pose", tiny_checkpoints["pose"], device="cpu", input_size=(64, 48), detector=None)
+
+
+def _truth_predictor(root, noise: float, seed: int = 0, false_people: bool = False):
+    """A predictor callable that returns the ground truth of each image moved by ``noise`` x the person size per
+    person (box order), with random scores, and optionally a false person; images are recognised by their pixels."""
+    from sapiens2.data.io import read_image
+
+    labels = read_pose_labels(root, "val")
+    rng = np.random.default_rng(seed)
+    spread = rng.uniform(-0.3, 0.3, (NUM_KEYPOINTS, 2))
+    people = {}
+    for image in labels.images:
+        annotations = [a for a in labels.gt["annotations"] if a["image_id"] == image["id"] and not a["iscrowd"]]
+        people[read_image(image["path"]).tobytes()] = [np.asarray(a["keypoints"]).reshape(-1, 3) for a in annotations]
+
+    def predict(image, boxes=None):
+        truth = people[image.tobytes()]
+        assert boxes is None or len(boxes) == len(truth)
+        keypoints, scores = [], []
+        for person in truth:
+            labelled = person[:, 2] > 0
+            size = np.ptp(person[labelled, :2], axis=0).max()
+            # Unlabelled ids go around the person's centre (a model predicts all 308), so OKS-NMS tells people apart.
+            xy = np.where(labelled[:, None], person[:, :2], person[labelled, :2].mean(axis=0) + spread * size)
+            keypoints.append(xy + rng.normal(size=(NUM_KEYPOINTS, 2)) * noise * rng.uniform(0, 2) * size)
+            scores.append(rng.uniform(0.1, 1.0, NUM_KEYPOINTS))
+        if false_people and rng.random() < 0.5:
+            keypoints.append(rng.uniform(0, min(image.shape[:2]), (NUM_KEYPOINTS, 2)))
+            scores.append(rng.uniform(0.1, 1.0, NUM_KEYPOINTS))
+        n = len(keypoints)
+        boxes = np.zeros((n, 4)) if boxes is None or len(boxes) != n else np.asarray(boxes, float)
+        return PoseResult(boxes, np.ones(n), np.stack(keypoints), np.stack(scores), None, image.shape[:2],
+                          keypoint_metadata().names)  # fmt: skip
+
+    return predict
+
+
+def _oracle(gt_file_root, results_path):
+    """pycocotools per group on the written results, with xtcocotools' subset rules (as tests/test_oks.py)."""
+    labels = read_pose_labels(gt_file_root, "val")
+    gt = labels.gt
+    written = json.loads(results_path.read_text())
+    results = [{k: r[k] for k in ("image_id", "category_id", "keypoints", "score")} for r in written["annotations"]]
+    body = SUBSET_IDS["body"]
+    expected = {}
+    for name, subset in SUBSET_OF.items():
+        ids = SUBSET_IDS[subset]
+        kept = [r for r in results if has_positive_score(r, ids)]
+        areas = []
+        for r in kept:
+            xy = np.asarray(r["keypoints"]).reshape(-1, 3)[body, :2]
+            width, height = xy.max(axis=0) - xy.min(axis=0)
+            areas.append(width * height)
+        sliced_gt, sliced = slice_dataset(gt, kept, ids)
+        if not any(a["num_keypoints"] > 0 and not a["iscrowd"] for a in sliced_gt["annotations"]):
+            expected[name] = np.full(len(STAT_NAMES), -1.0)  # no labelled ground truth in this group
+            continue
+        expected[name] = coco_eval(sliced_gt, sliced, SIGMAS[ids], dt_areas=areas).stats
+    return expected, gt
+
+
+def _assert_equal_to_oracle(report, root, results_path):
+    expected, gt = _oracle(root, results_path)
+    for name in GROUPS:
+        got = np.array([report.metrics[f"{name}/{stat}"] for stat in STAT_NAMES])
+        np.testing.assert_allclose(got, expected[name], rtol=0, atol=1e-12, err_msg=name)
+    return expected, gt
+
+
+def test_tiny_model_run_equals_pycocotools(demo, predictor, tmp_path):
+    """The real Predictor path (tiny random model, 64x48 crops): numbers and counts of what was written."""
+    results_path = tmp_path / "results.json"
+    report = evaluate_pose(predictor, demo, boxes="gt", progress=False, results_path=results_path)
+    _, gt = _assert_equal_to_oracle(report, demo, results_path)
+    written = json.loads(results_path.read_text())["annotations"]
+    assert report.counts == {"images": 6, "images_with_people": 6, "people": len(written), "ground_truth": 8,
+                             "skipped": 0}  # fmt: skip
+    # 7 people are predicted; a random model gives both people of image 0 the same pose, which OKS-NMS merges.
+    assert len(written) in (6, 7)
+    assert [row["group"] for row in report.tables["oks"]] == list(GROUPS)
+    assert report.files == [results_path]
+
+
+@pytest.mark.parametrize("noise", [0.02, 0.08])
+def test_noisy_predictions_equal_pycocotools(demo, tmp_path, noise):
+    results_path = tmp_path / "results.json"
+    predict = _truth_predictor(demo, noise, seed=1, false_people=True)
+    report = evaluate_pose(predict, demo, boxes="detector", progress=False, results_path=results_path)
+    expected, _ = _assert_equal_to_oracle(report, demo, results_path)
+    for name in ("body17", "all308"):
+        assert 0.05 < expected[name][0] < 0.98, (name, expected[name])  # informative, not 0 or saturated
+    # Only body keypoints are labelled in the demo: face and hands have no ground truth.
+    assert report.metrics["face/AP"] == -1.0 and report.metrics["hands/AP"] == -1.0
+
+
+def test_perfect_predictor_scores_one(demo, tmp_path):
+    report = evaluate_pose(_truth_predictor(demo, 0.0), demo, progress=False, output=tmp_path)
+    for name in ("body17", "all308"):
+        assert report.metrics[f"{name}/AP"] == pytest.approx(1.0, abs=1e-12)
+        assert report.metrics[f"{name}/AR"] == 1.0
+    assert report.counts["people"] == 7
+    chart = cv2.imread(str(tmp_path / "pose_group_ap.png"))
+    assert report.files == [tmp_path / "pose_group_ap.png"]
+    assert chart is not None and chart.shape[1] > 400 and (chart < 250).any()
+
+
+def test_detector_boxes_come_from_the_predictor(demo, predictor, tmp_path):
+    from sapiens2.data.io import read_image
+
+    labels = read_pose_labels(demo, "val")
+    boxes, sizes = {}, {}
+    for image in labels.images:
+        array = read_image(image["path"])
+        height, width = sizes[image["id"]] = array.shape[:2]
+        x, y, w, h = labels.people[image["id"]].T
+        xyxy = np.clip(np.stack([x, y, x + w, y + h], 1), 0, [width - 1, height - 1] * 2)
+        boxes[array.tobytes()] = np.concatenate([xyxy, np.ones((len(xyxy), 1))], axis=1).astype(np.float32)
+    calls = []
+
+    def gt_detector(images):
+        """The annotations' people as detections (score 1)."""
+        calls.append(len(images))
+        return [boxes[image.tobytes()] for image in images]
+
+    gt_run = evaluate_pose(predictor, demo, boxes="gt", progress=False)
+    predictor.detector = gt_detector
+    try:
+        same = evaluate_pose(predictor, demo, boxes="detector", progress=False, results_path=tmp_path / "det.json")
+    finally:
+        predictor.detector = None
+    # No detector: one whole-image box per image.
+    whole = evaluate_pose(predictor, demo, boxes="detector", progress=False, results_path=tmp_path / "whole.json")
+    assert sum(calls) == 6
+    # The two people of image 0 overlap by IoU > 0.3, so the detector path's box NMS keeps one of them.
+    assert same.counts["people"] == 6 and gt_run.counts["people"] >= 6
+    for record in json.loads((tmp_path / "det.json").read_text())["annotations"]:
+        x, y, w, h = labels.people[record["image_id"]].T
+        height, width = sizes[record["image_id"]]
+        given = np.clip(np.stack([x, y, x + w, y + h], 1), 0, [width - 1, height - 1] * 2)
+        given[:, 2:] -= given[:, :2]
+        assert np.isclose(given, record["bbox"], atol=1e-3).all(axis=1).any()
+    assert whole.counts["people"] == 6
+    for record in json.loads((tmp_path / "whole.json").read_text())["annotations"]:
+        height, width = sizes[record["image_id"]]
+        assert record["bbox"] == [0, 0, width - 1, height - 1]
+
+
+def test_corrupt_image_is_skipped_and_counted(demo, predictor, tmp_path):
+    root = tmp_path / "copy"
+    make_demo_dataset("pose", root, num_images=3)
+    (root / "images" / "demo_001.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    report = evaluate_pose(predictor, root, progress=False)
+    assert report.counts["skipped"] == 1 and report.counts["images"] == 2
+    assert len(report.skipped) == 1 and "demo_001.png" in report.skipped[0] and "\n" not in report.skipped[0]
+    assert report.counts["ground_truth"] == 3 and report.counts["people"] == 2
+
+
+def test_bad_annotations_fail_before_any_prediction(tmp_path):
+    root = make_demo_dataset("pose", tmp_path / "bad", num_images=2)
+    path = root / "annotations.json"
+    data = json.loads(path.read_text())
+
+    def never(*args, **kwargs):
+        raise AssertionError("the predictor must not run on a bad annotations file")
+
+    short = json.loads(json.dumps(data))
+    short["annotations"][1]["keypoints"] = short["annotations"][1]["keypoints"][:-3]
+    path.write_text(json.dumps(short))
+    with pytest.raises(ValueError, match=r"annotations\.json: annotation 1 has 921 keypoint numbers, expected 924"):
+        evaluate_pose(never, root, progress=False)
+    with pytest.raises(ValueError, match="expected 51"):
+        evaluate_pose(never, root, keypoint_format="coco17", progress=False)
+    unknown = json.loads(json.dumps(data))
+    unknown["annotations"][0]["image_id"] = 77
+    path.write_text(json.dumps(unknown))
+    with pytest.raises(ValueError, match=r"annotations\.json: annotation 0 refers to unknown image_id 77"):
+        evaluate_pose(never, root, progress=False)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=r"annotations\.json is not COCO-style JSON"):
+        evaluate_pose(never, root, progress=False)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="boxes must be"):
+        evaluate_pose(never, root, boxes="oracle", progress=False)
+
+
+def test_split_file_selects_images(demo, predictor, tmp_path):
+    root = make_demo_dataset("pose", tmp_path / "split", num_images=4)
+    (root / "val.txt").write_text("demo_002\ndemo_000.png\n")
+    report = evaluate_pose(predictor, root, progress=False)
+    assert report.counts["images"] == 2 and report.counts["ground_truth"] == 2
+    (root / "val.txt").write_text("demo_009\n")
+    with pytest.raises(FileNotFoundError, match=r"val\.txt lists \['demo_009'\]"):
+        evaluate_pose(predictor, root, progress=False)
