@@ -5,6 +5,7 @@
 """
 
 from .checkpoints import load_backbone, load_model
+from .eval.run import EvalOptions, EvalReport, evaluate
 from .models import ARCHS, Arch, Sapiens2, get_arch
 from .models.task_model import TaskModel, build_model
 from .predict import PredictOptions, Predictor, predict_files
@@ -15,12 +16,15 @@ __version__ = "0.1.0"
 __all__ = [
     "ARCHS",
     "Arch",
+    "EvalOptions",
+    "EvalReport",
     "PredictOptions",
     "Predictor",
     "Sapiens2",
     "TaskModel",
     "__version__",
     "build_model",
+    "evaluate",
     "get_arch",
     "load_backbone",
     "load_model",

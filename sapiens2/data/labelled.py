@@ -30,6 +30,7 @@ __all__ = [
     "fit_intrinsics",
     "label_map_table",
     "list_images",
+    "points_from_depth",
     "read_intrinsics",
     "read_normals",
     "read_npy",
@@ -151,6 +152,15 @@ def read_intrinsics(path: Path) -> np.ndarray:
     if not (intrinsics[0, 0] > 0 and intrinsics[1, 1] > 0):
         raise ValueError(f"intrinsics file {str(path)!r} has non-positive focal lengths")
     return intrinsics
+
+
+def points_from_depth(depth: np.ndarray, intrinsics: np.ndarray) -> np.ndarray:
+    """(H, W, 3) float32 camera-frame points of a (H, W) Z-depth map: ((u - cx) Z / fx, (v - cy) Z / fy, Z)."""
+    rows, cols = np.indices(depth.shape, dtype=np.float64)
+    depth = depth.astype(np.float64)
+    x = (cols - intrinsics[0, 2]) * depth / intrinsics[0, 0]
+    y = (rows - intrinsics[1, 2]) * depth / intrinsics[1, 1]
+    return np.stack([x, y, depth], axis=2).astype(np.float32)
 
 
 def list_images(root: Path, split: str) -> tuple[list[str], dict[str, Path]]:

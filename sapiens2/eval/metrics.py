@@ -92,20 +92,38 @@ class SegMetrics:
             if label.dim() != 2:
                 raise ValueError(f"each label map must be (H, W), got {tuple(label.shape)}")
             label = label.to(image_logits.device).long()
-            pred = _resize_to(image_logits[None], tuple(label.shape))[0].argmax(dim=0)
-            valid = label != self.ignore_index
-            pred, label = pred[valid], label[valid]
-            if bool(((label < 0) | (label >= self.num_classes)).any()):
-                raise ValueError(f"labels must be in [0, {self.num_classes}) or {self.ignore_index} (ignore)")
-            counts = [
-                torch.bincount(values, minlength=self.num_classes) for values in (label[pred == label], pred, label)
-            ]
-            if self._intersect is None:
-                self._intersect, self._pred, self._label = counts
-            else:
-                self._intersect += counts[0]
-                self._pred += counts[1]
-                self._label += counts[2]
+            self._add(_resize_to(image_logits[None], tuple(label.shape))[0].argmax(dim=0), label)
+
+    def update_labels(self, pred: Tensor, labels: Tensor) -> None:
+        """Add predicted class ids instead of logits (what ``Predictor`` returns): pred and labels ``(B, H, W)``."""
+        if pred.shape != labels.shape or pred.dim() != 3:
+            raise ValueError(
+                f"pred and labels must both be (B, H, W), got {tuple(pred.shape)} and {tuple(labels.shape)}"
+            )
+        if bool(((pred < 0) | (pred >= self.num_classes)).any()):
+            raise ValueError(f"predicted ids must be in [0, {self.num_classes})")
+        for image_pred, label in zip(pred, labels, strict=True):
+            self._add(image_pred.to(label.device).long(), label.long())
+
+    def _add(self, pred: Tensor, label: Tensor) -> None:
+        """Accumulate one image's (H, W) predicted and labelled ids."""
+        valid = label != self.ignore_index
+        pred, label = pred[valid], label[valid]
+        if bool(((label < 0) | (label >= self.num_classes)).any()):
+            raise ValueError(f"labels must be in [0, {self.num_classes}) or {self.ignore_index} (ignore)")
+        counts = [torch.bincount(values, minlength=self.num_classes) for values in (label[pred == label], pred, label)]
+        if self._intersect is None:
+            self._intersect, self._pred, self._label = counts
+        else:
+            self._intersect += counts[0]
+            self._pred += counts[1]
+            self._label += counts[2]
+
+    def label_areas(self) -> Tensor:
+        """Labelled pixels per class, int64 ``(C,)`` (ignored pixels excluded)."""
+        if self._label is None:
+            raise RuntimeError("SegMetrics.label_areas() called before any update(); feed at least one batch")
+        return self._label.clone()
 
     def class_scores(self) -> dict[str, Tensor]:
         """Per-class ``IoU`` and ``Acc`` (fractions, float64 ``(C,)``; NaN where undefined, before ``nan_to_num``)."""
@@ -166,6 +184,13 @@ class NormalMetrics:
             self._sums += sums
             self._within += within
             self._histogram += histogram
+
+    def histogram(self) -> Tensor:
+        """Valid pixels per angular-error bin, int64 ``(num_bins,)``: bin i counts [i, i + 1) x ``bin_width_deg``
+        degrees (the last bin also holds everything above)."""
+        if self._histogram is None:
+            raise RuntimeError("NormalMetrics.histogram() called before any update(); feed at least one batch")
+        return self._histogram.clone()
 
     def compute(self) -> dict[str, float]:
         """The pooled statistics (see the class docstring); NaN everywhere when no valid pixel was seen."""
@@ -289,6 +314,64 @@ class PointmapMetrics:
         names += [_within_deg_name(t) for t in NORMAL_THRESHOLDS_DEG]
         for name, hits in zip(names, self._within.tolist(), strict=True):
             result[name] = hits / count_or_nan
+        return result
+
+
+DEPTH_RATIO_THRESHOLDS = (1.25, 1.25**2, 1.25**3)
+
+
+class DepthMetrics:
+    """Monocular-depth errors over all valid pixels of a dataset, without scale alignment (the usual definitions):
+
+    ``abs_rel`` = mean |d - d*| / d*, ``sq_rel`` = mean (d - d*)² / d*, ``rmse`` = sqrt(mean (d - d*)²) (metres),
+    ``log10`` = mean |log10 d - log10 d*|, and ``delta_1``/``delta_2``/``delta_3`` = **fraction** of pixels with
+    max(d / d*, d* / d) < 1.25, 1.25², 1.25³. d is the prediction, d* the ground truth; pixels need d* > 0 (those
+    outside are ignored) and a prediction d <= 0 counts as a miss for the δ terms and is floored at 1e-6 for log10.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every batch seen so far."""
+        self._sums: Tensor | None = None  # float64: count, Σ|e|/d*, Σe²/d*, Σe², Σ|Δlog10|
+        self._within: Tensor | None = None  # int64 per ratio threshold
+
+    def update(self, pred: Tensor, target: Tensor, mask: Tensor) -> None:
+        """Add one batch: pred ``(B, 1, h, w)`` and target ``(B, 1, H, W)`` depth (one unit), mask ``(B, 1, H, W)``."""
+        pred, target, mask = _check_batch(pred, target, mask, 1, "DepthMetrics")
+        mask = mask.to(pred.device) & (target[:, 0] > 0)
+        predicted, truth = pred[:, 0][mask].double(), target[:, 0][mask].double()
+        error = predicted - truth
+        ratio = torch.maximum(predicted / truth, truth / predicted.clamp(min=1e-12))
+        hits = predicted > 0
+        log_error = (torch.log10(predicted.clamp(min=1e-6)) - torch.log10(truth)).abs()
+        sums = torch.stack(
+            [
+                error.new_tensor(error.numel()),
+                (error.abs() / truth).sum(),
+                (error.pow(2) / truth).sum(),
+                error.pow(2).sum(),
+                log_error.sum(),
+            ]
+        )
+        within = torch.stack([(hits & (ratio < t)).sum() for t in DEPTH_RATIO_THRESHOLDS])
+        if self._sums is None:
+            self._sums, self._within = sums, within
+        else:
+            self._sums += sums
+            self._within += within
+
+    def compute(self) -> dict[str, float]:
+        """The pooled statistics (see the class docstring); NaN when no valid pixel was seen."""
+        if self._sums is None:
+            raise RuntimeError("DepthMetrics.compute() called before any update(); feed at least one batch")
+        count, abs_rel, sq_rel, squared, log10 = self._sums.tolist()
+        count = count if count > 0 else math.nan
+        result = {"abs_rel": abs_rel / count, "sq_rel": sq_rel / count, "rmse": math.sqrt(squared / count)}
+        result["log10"] = log10 / count
+        for number, hits in enumerate(self._within.tolist(), start=1):
+            result[f"delta_{number}"] = hits / count
         return result
 
 
