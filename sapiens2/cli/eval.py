@@ -1,0 +1,74 @@
+"""``sapiens2 eval``: the flags, parsed into an ``EvalOptions`` for ``sapiens2.eval.run.evaluate``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..checkpoints import CheckpointMismatchError, CheckpointNotFoundError
+from ..eval.run import TASK_EVALUATORS, EvalOptions, evaluate
+
+# Problems with the user's data, model or flags: one line on stderr, exit status 2 (no traceback).
+_USER_ERRORS = (CheckpointNotFoundError, CheckpointMismatchError, FileNotFoundError, ValueError)
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "eval",
+        help="measure a model on a labelled data set (the paper's metrics), or compare two",
+        description="Evaluate a model on labelled data (layouts: docs/data_formats.md). "
+        "Example: sapiens2 eval --task seg --model 1b --data val_seg/ -o eval_seg/",
+    )
+    parser.add_argument("--task", required=True, choices=tuple(TASK_EVALUATORS), help="the task to evaluate")
+    parser.add_argument("--data", required=True, type=Path, help="the labelled dataset folder")
+    parser.add_argument(
+        "--model",
+        default="1b",
+        help="size (0.4b, 0.8b, 1b, 5b), repo id, weight file, folder (a finished training run) or training "
+        "checkpoint (default 1b)",
+    )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        default=None,
+        help="evaluate two model sources on the same data and print A, B and B - A (instead of --model)",
+    )
+    parser.add_argument("--split", default="val", help="DATA/<split>.txt lists the images if it exists (default val)")
+    parser.add_argument("-o", "--output", type=Path, default=None, help="folder for report.json, report.md, charts")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")
+    parser.add_argument("--batch-size", type=int, default=4, help="images per forward pass")
+    parser.add_argument(
+        "--input-size", type=int, nargs=2, default=(1024, 768), metavar=("H", "W"), help="network input (1024 768)"
+    )
+    parser.add_argument("--label-map", default=None, help="seg: remap stored ids with a seg29.json table")
+    parser.set_defaults(func=run)
+
+
+def options_from_args(args: argparse.Namespace) -> EvalOptions:
+    """The parsed flags as an ``EvalOptions``."""
+    return EvalOptions(
+        task=args.task,
+        data=args.data,
+        model=args.model,
+        split=args.split,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        device=args.device,
+        input_size=tuple(args.input_size),
+        output=args.output,
+        compare=tuple(args.compare) if args.compare else None,
+        label_map=args.label_map,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = evaluate(options_from_args(args))
+    except _USER_ERRORS as error:
+        print(f"sapiens2 eval: {error}", file=sys.stderr)
+        return 2
+    print(report.to_markdown(), end="")
+    return 0
