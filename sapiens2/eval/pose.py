@@ -39,6 +39,7 @@ __all__ = [
     "draw_group_ap_chart",
     "evaluate_pose",
     "format_to_308_ids",
+    "group_ap_figure",
     "pose_metrics",
     "read_pose_labels",
 ]
@@ -374,7 +375,12 @@ def evaluate_pose(
 def draw_group_ap_chart(
     metrics: Mapping[str, float], path: str | os.PathLike, title: str = "OKS AP by keypoint group"
 ) -> Path:
-    """Bar chart (OpenCV, PNG) of AP, AP50 and AP75 per keypoint group; groups without ground truth say n/a."""
+    """Write :func:`group_ap_figure` as a PNG; returns its path."""
+    return save_png(path, group_ap_figure(metrics, title))
+
+
+def group_ap_figure(metrics: Mapping[str, float], title: str = "OKS AP by keypoint group") -> np.ndarray:
+    """Bar chart (OpenCV-drawn, (H, W, 3) uint8 RGB) of AP, AP50, AP75 per keypoint group; no ground truth: n/a."""
     stats = (("AP", (52, 101, 164)), ("AP50", (120, 170, 215)), ("AP75", (230, 140, 60)))
     groups = [name for name in GROUPS if f"{name}/AP" in metrics]
     width, height, left, top, bottom = 120 + 110 * len(groups), 420, 60, 60, 60
@@ -414,4 +420,4 @@ def draw_group_ap_chart(
         x = left + 20 + s * 90
         cv2.rectangle(canvas, (x, height - 24), (x + 14, height - 10), colour, -1)
         cv2.putText(canvas, stat, (x + 20, height - 11), font, 0.45, (0, 0, 0), 1, cv2.LINE_AA)
-    return save_png(path, canvas)
+    return canvas
