@@ -27,7 +27,7 @@ import numpy as np
 
 from sapiens2.data.io import ImageReadError, read_image, save_png
 from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
-from sapiens2.pose.keypoints import convert_keypoints
+from sapiens2.pose.keypoints import FORMATS_INTO_308, format_to_308_ids
 from sapiens2.pose.topdown import PoseResult
 
 from .oks import STAT_NAMES, evaluate_sapiens308, oks_nms
@@ -56,18 +56,8 @@ GROUPS = {
     "hands": "hand",
     "all308": "all",
 }
-KEYPOINT_FORMATS = ("sapiens308", "coco17", "coco_wholebody133")
+KEYPOINT_FORMATS = FORMATS_INTO_308  # the annotation layouts that can be evaluated
 OKS_NMS_THRESHOLD = 0.9  # POSE.md §6.2
-
-
-def format_to_308_ids(keypoint_format: str) -> np.ndarray:
-    """For each joint of ``keypoint_format``, its 308 id (-1 = none), read off ``convert_keypoints``."""
-    if keypoint_format not in KEYPOINT_FORMATS:
-        raise ValueError(f"keypoint_format {keypoint_format!r} cannot be evaluated; use {', '.join(KEYPOINT_FORMATS)}")
-    probe = np.zeros((1, NUM_KEYPOINTS, 2))
-    probe[0, :, 0] = np.arange(NUM_KEYPOINTS)  # x carries the id through the conversion
-    points, scores, _ = convert_keypoints(probe, np.ones((1, NUM_KEYPOINTS)), keypoint_format)
-    return np.where(scores[0] > 0, np.rint(points[0, :, 0]), -1).astype(np.int64)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ __all__ = [
     "convert_keypoints",
     "flip_keypoints",
     "format_keypoint_names",
+    "format_to_308_ids",
     "skeleton_layout",
     "skeleton_links",
 ]
@@ -63,6 +64,9 @@ _OPENPOSE25_MIDPOINTS = {"neck": ("left_shoulder", "right_shoulder"), "mid_hip":
 
 FORMATS = ("sapiens308", "coco17", "coco_wholebody133", "openpose25")
 """Names accepted by :func:`convert_keypoints`."""
+FORMATS_INTO_308 = ("sapiens308", "coco17", "coco_wholebody133")
+"""Formats whose every joint is one 308 keypoint or none (:func:`format_to_308_ids`): annotations in them read into
+the 308 ids. OpenPose's neck and mid-hip are midpoints, so ``openpose25`` is not one of them."""
 
 
 @functools.cache
@@ -114,6 +118,23 @@ def format_keypoint_names(fmt: str) -> tuple[str, ...]:
         "coco_wholebody133": _COCO_WHOLEBODY_NAMES,
         "openpose25": _OPENPOSE25_NAMES,
     }[fmt]
+
+
+def format_to_308_ids(fmt: str) -> np.ndarray:
+    """For each joint of ``fmt``, its 308 id (-1 = none): how the training datasets and the evaluation read
+    annotations in ``fmt`` into the 308 keypoints (the mapping of :func:`convert_keypoints`, read backwards).
+
+    Returns:
+        (J,) int64, read-only.
+
+    Raises:
+        ValueError: ``fmt`` is not one of :data:`FORMATS_INTO_308`.
+    """
+    if fmt not in FORMATS_INTO_308:
+        raise ValueError(
+            f"keypoint_format {fmt!r} cannot be mapped into the 308 keypoints; use {', '.join(FORMATS_INTO_308)}"
+        )
+    return _source_ids(fmt)[0]
 
 
 def convert_keypoints(

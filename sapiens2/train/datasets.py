@@ -47,7 +47,7 @@ from sapiens2.data.transforms import normalize_to_tensor
 from sapiens2.dense.pointmap import CANONICAL_FOCAL
 from sapiens2.metadata import NUM_KEYPOINTS
 from sapiens2.pose.codec import encode_heatmaps
-from sapiens2.pose.keypoints import convert_keypoints
+from sapiens2.pose.keypoints import format_to_308_ids
 from sapiens2.train import augment as aug
 
 __all__ = [
@@ -362,19 +362,6 @@ class AlbedoDataset(_DenseDataset):
         return {"gt_albedo": gt, "mask": self._mask_tensor(sample)}
 
 
-def _format_ids(keypoint_format: str) -> np.ndarray:
-    """For each joint of ``keypoint_format``, its 308 id (-1 = none), read off :func:`convert_keypoints`."""
-    if keypoint_format not in ("sapiens308", "coco17", "coco_wholebody133"):
-        raise ValueError(
-            f"keypoint_format {keypoint_format!r} cannot be mapped into the 308 keypoints; "
-            "use sapiens308, coco17 or coco_wholebody133"
-        )
-    probe = np.zeros((1, NUM_KEYPOINTS, 2))
-    probe[0, :, 0] = np.arange(NUM_KEYPOINTS)  # x carries the id through the conversion
-    points, scores, _ = convert_keypoints(probe, np.ones((1, NUM_KEYPOINTS)), keypoint_format)
-    return np.where(scores[0] > 0, np.rint(points[0, :, 0]), -1).astype(np.int64)
-
-
 class PoseDataset(_TaskDataset):
     """Top-down 308-keypoint pose: ``annotations.json`` (COCO style) + ``images/``; one sample per person.
 
@@ -407,7 +394,7 @@ class PoseDataset(_TaskDataset):
         if box not in ("auto", "bbox", "keypoints"):
             raise ValueError(f"box must be 'auto', 'bbox' or 'keypoints', got {box!r}")
         self.box = box
-        self.ids = _format_ids(keypoint_format)
+        self.ids = format_to_308_ids(keypoint_format)
         path = self.root / annotations
         try:
             data = json.loads(path.read_text())
