@@ -30,6 +30,7 @@ class Task:
         dense: a per-pixel map of the whole image (else top-down keypoints per person box).
         published: arch sizes whose weights Meta published (``facebook/sapiens2-{name}-{size}``).
         trainable: a released training recipe (loss) exists, so ``sapiens2 train`` offers it.
+        evaluable: a documented labelled layout and the paper's metrics exist, so ``sapiens2 eval`` offers it.
     """
 
     name: str
@@ -37,6 +38,7 @@ class Task:
     dense: bool
     published: tuple[str, ...]
     trainable: bool = True
+    evaluable: bool = True
 
 
 _SIZES = ("0.4b", "0.8b", "1b", "5b")
@@ -49,8 +51,8 @@ TASKS: dict[str, Task] = {
         Task("normal", "surface normals", dense=True, published=_SIZES),
         Task("pointmap", "3D points in metres, depth and focal length", dense=True, published=_SIZES),
         Task("albedo", "albedo (diffuse colour)", dense=True, published=()),
-        # Released after the reference snapshot, without a training recipe (MATTING.md).
-        Task("matting", "alpha matte and foreground", dense=True, published=("1b",), trainable=False),
+        # Released after the reference snapshot, without a training recipe, labelled layout or metrics (MATTING.md).
+        Task("matting", "alpha matte and foreground", dense=True, published=("1b",), trainable=False, evaluable=False),
     )
 }
 

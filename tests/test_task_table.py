@@ -17,10 +17,12 @@ from sapiens2.transformers_format import TRANSFORMERS_CLASSES
 ALL = set(TASKS)
 DENSE = {name for name, task in TASKS.items() if task.dense}
 TRAINABLE = {name for name, task in TASKS.items() if task.trainable}
+EVALUABLE = {name for name, task in TASKS.items() if task.evaluable}
 
 
 def _mappings() -> dict[str, tuple[set, set]]:
     """name -> (keys of the mapping, the tasks it must cover)."""
+    from sapiens2.eval.run import TASK_EVALUATORS
     from sapiens2.predict.predictor import DENSE_TASKS
     from sapiens2.predict.writers import WRITERS
     from sapiens2.train.trainer import EVAL_TARGETS
@@ -36,6 +38,7 @@ def _mappings() -> dict[str, tuple[set, set]]:
         "train.config.TRAIN_TASKS": (set(TRAIN_TASKS), TRAINABLE),
         "train.trainer.EVAL_TARGETS": (set(EVAL_TARGETS), TRAINABLE & DENSE),
         "eval.metrics.DENSE_METRICS": (set(DENSE_METRICS), TRAINABLE & DENSE),
+        "eval.run.TASK_EVALUATORS": (set(TASK_EVALUATORS), EVALUABLE),
         # transformers has no albedo model; "pretrain" is its bare backbone.
         "transformers_format.TRANSFORMERS_CLASSES": (set(TRANSFORMERS_CLASSES), (ALL - {"albedo"}) | {PRETRAIN}),
     }
@@ -55,6 +58,11 @@ def test_published_weights_and_known_head_widths_are_separate_facts():
     assert "matting" in published_tasks("1b") and ARCHS["sapiens2_1b"].head_config("matting") is None
     assert ARCHS["sapiens2_0.1b"].released_tasks == (PRETRAIN,)
     assert all(set(arch.head_widths) <= ALL for arch in ARCHS.values())
+
+
+def test_evaluable_tasks():
+    # Matting has published weights but no labelled layout, metric or reference evaluator to reproduce.
+    assert EVALUABLE == ALL - {"matting"}
 
 
 def test_unknown_task_names_get_a_suggestion():

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..checkpoints import CheckpointMismatchError, CheckpointNotFoundError
+from ..eval.pose import KEYPOINT_FORMATS
 from ..eval.run import TASK_EVALUATORS, EvalOptions, evaluate
 
 # Problems with the user's data, model or flags: one line on stderr, exit status 2 (no traceback).
@@ -18,7 +19,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "eval",
         help="measure a model on a labelled data set (the paper's metrics), or compare two",
         description="Evaluate a model on labelled data (layouts: docs/data_formats.md). "
-        "Example: sapiens2 eval --task seg --model 1b --data val_seg/ -o eval_seg/",
+        "Example: sapiens2 eval --task seg --model 1b --data val_seg/ -o eval_seg/; "
+        "sapiens2 eval --task pose --model 1b --data val_pose/ --boxes detector -o eval_pose/",
     )
     parser.add_argument("--task", required=True, choices=tuple(TASK_EVALUATORS), help="the task to evaluate")
     parser.add_argument("--data", required=True, type=Path, help="the labelled dataset folder")
@@ -44,6 +46,25 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--input-size", type=int, nargs=2, default=(1024, 768), metavar=("H", "W"), help="network input (1024 768)"
     )
     parser.add_argument("--label-map", default=None, help="seg: remap stored ids with a seg29.json table")
+    pose = parser.add_argument_group("pose")
+    pose.add_argument(
+        "--boxes",
+        default="gt",
+        choices=("gt", "detector"),
+        help="person boxes: the annotations' (gt, default) or the person detector's",
+    )
+    pose.add_argument(
+        "--keypoint-format",
+        default="sapiens308",
+        choices=KEYPOINT_FORMATS,
+        help="keypoint layout of the annotations (default sapiens308)",
+    )
+    pose.add_argument(
+        "--detector",
+        default="rtmdet",
+        help="with --boxes detector: rtmdet (default: downloaded once), a local rtmdet_m.pth, or none (whole image)",
+    )
+    pose.add_argument("--no-flip-test", action="store_true", help="skip the flip test (faster, less accurate)")
     parser.set_defaults(func=run)
 
 
@@ -61,6 +82,10 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
         output=args.output,
         compare=tuple(args.compare) if args.compare else None,
         label_map=args.label_map,
+        boxes=args.boxes,
+        keypoint_format=args.keypoint_format,
+        detector=args.detector,
+        flip_test=not args.no_flip_test,
     )
 
 

@@ -8,6 +8,10 @@ sample whose files cannot be read costs one error line and is counted in the rep
 outside 0..28 and 255, targets of the wrong size or shape, missing targets, no images) is refused before the model is
 loaded, naming the file. Pointmaps are compared in metres at the original resolution (the predicted scale divided
 out, as ``Predictor`` returns them), so ``within_05_cm`` means within 5 cm; depth is their Z.
+
+Pose goes through :func:`sapiens2.eval.pose.evaluate_pose` (ground-truth or detector boxes, OKS AP/AR per keypoint
+group equal to pycocotools); its annotations are read and checked before the model is loaded, and with an output
+folder the predictions are written there as a COCO results file.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +35,12 @@ from ..data.io import atomic_write, save_json, save_png
 from ..data.labelled import LabelledSet, points_from_depth
 from ..metadata import seg_metadata
 from ..predict.predictor import Predictor
+from ..tasks import TASKS
 from .metrics import AlbedoMetrics, DepthMetrics, NormalMetrics, PointmapMetrics, SegMetrics
 from .plots import bar_chart, histogram_chart
+from .pose import GROUPS, KEYPOINT_FORMATS, evaluate_pose, group_ap_figure
 
-__all__ = ["TASK_EVALUATORS", "EvalOptions", "EvalReport", "evaluate", "evaluate_dense"]
+__all__ = ["TASK_EVALUATORS", "EvalOptions", "EvalReport", "evaluate", "evaluate_dense", "evaluate_pose_set"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +52,7 @@ class EvalOptions:
     """One evaluation (``sapiens2 eval --task T --model M --data DIR ...``); each field is the flag of that name.
 
     Args:
-        task: ``seg``, ``normal``, ``pointmap`` or ``albedo``.
+        task: ``seg``, ``normal``, ``pointmap``, ``albedo`` or ``pose``.
         model: anything ``Predictor`` loads: a size (``"1b"``), a repo id, a weight file, a folder holding one (a
             finished training run folder holds ``model.safetensors``), a training checkpoint
             ``checkpoints/step_<N>.pt``, or an ``nn.Module``.
@@ -59,6 +67,12 @@ class EvalOptions:
             is B's with A's as its ``baseline``, and B − A beside them.
         label_map: seg only: remap of the stored ids (a ``seg29.json`` table name such as ``dome34_to_29``).
         progress: show a progress bar; None: only when stderr is a terminal.
+        boxes: pose only: ``"gt"`` (the annotations' person boxes) or ``"detector"`` (the person detector's).
+        keypoint_format: pose only: the layout of the annotations' keypoints (``sapiens308``, ``coco17``,
+            ``coco_wholebody133``).
+        detector: pose with ``boxes="detector"``: ``"rtmdet"`` (the official RTMDet-m, downloaded once), a local
+            ``rtmdet_m.pth``, a callable, or ``"none"`` (the whole image as one person).
+        flip_test: pose only: average with the horizontally flipped crop (the official setting).
     """
 
     task: str
@@ -73,6 +87,10 @@ class EvalOptions:
     compare: tuple[ModelSource, ModelSource] | None = None
     label_map: str | None = None
     progress: bool | None = None
+    boxes: str = "gt"
+    keypoint_format: str = "sapiens308"
+    detector: str | os.PathLike | Callable | None = "rtmdet"
+    flip_test: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_size", (int(self.input_size[0]), int(self.input_size[1])))
@@ -82,6 +100,12 @@ class EvalOptions:
             object.__setattr__(self, "compare", tuple(self.compare))
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.boxes not in ("gt", "detector"):
+            raise ValueError(f"boxes must be 'gt' or 'detector', got {self.boxes!r}")
+        if self.keypoint_format not in KEYPOINT_FORMATS:
+            raise ValueError(
+                f"keypoint_format {self.keypoint_format!r} cannot be evaluated; use {', '.join(KEYPOINT_FORMATS)}"
+            )
 
 
 @dataclass
@@ -96,6 +120,11 @@ class EvalReport:
         skipped: one ``"<file>: <problem>"`` line per skipped sample.
         plots: chart name -> PNG path, once written.
         figures: chart name -> (H, W, 3) uint8 RGB picture still to be written (not serialised).
+        files: other written files by name, e.g. pose ``pose_results`` (the COCO results JSON).
+        pending: name -> a finished file in a temporary place, moved into the output folder (and into ``files``)
+            by :func:`write_report` (not serialised).
+        headline: the metrics of the Markdown metric table (empty: all of them; pose lists each group's AP there
+            and every statistic in its ``oks`` table). ``to_dict`` always holds all.
         baseline: with ``compare=(A, B)``: A's report (this one is B's).
     """
 
@@ -109,6 +138,9 @@ class EvalReport:
     skipped: list[str] = field(default_factory=list)
     plots: dict[str, str] = field(default_factory=dict)
     figures: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    files: dict[str, str] = field(default_factory=dict)
+    pending: dict[str, Path] = field(default_factory=dict, repr=False)
+    headline: tuple[str, ...] = ()
     baseline: EvalReport | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,6 +155,7 @@ class EvalReport:
             "counts": self.counts,
             "skipped": self.skipped,
             "plots": self.plots,
+            "files": self.files,
         }
         if self.baseline is not None:
             data["baseline"] = self.baseline.to_dict()
@@ -135,14 +168,15 @@ class EvalReport:
         for letter, report in zip("AB" if self.baseline else " ", reports, strict=False):
             tag = f"{letter}: " if self.baseline else ""
             lines.append(f"- {tag}model `{report.model}`: {_count_line(report)}")
-        lines += [f"- data `{self.data}`, split `{self.split}`", ""]
+        lines += [f"- data `{self.data}`" + (f", split `{self.split}`" if self.split else ""), ""]
+        shown = {name: self.metrics[name] for name in self.headline} if self.headline else self.metrics
         if self.baseline is None:
-            lines += _markdown_table([{"metric": name, "value": value} for name, value in self.metrics.items()])
+            lines += _markdown_table([{"metric": name, "value": value} for name, value in shown.items()])
         else:
             rows = [
                 {"metric": name, "A": self.baseline.metrics.get(name, math.nan), "B": value,
                  "B − A": value - self.baseline.metrics.get(name, math.nan)}
-                for name, value in self.metrics.items()
+                for name, value in shown.items()
             ]  # fmt: skip
             lines += _markdown_table(rows)
         for name, rows in self.tables.items():
@@ -152,9 +186,10 @@ class EvalReport:
         for report in reports:
             if report.skipped:
                 lines += ["", f"## skipped ({report.model})", ""] + [f"- {line}" for line in report.skipped]
-        plots = {**(self.baseline.plots if self.baseline else {}), **self.plots}
-        if plots:
-            lines += ["", "## plots", ""] + [f"- {name}: `{path}`" for name, path in plots.items()]
+        for title, attribute in (("plots", "plots"), ("files", "files")):
+            written = [(name, path) for report in reports for name, path in getattr(report, attribute).items()]
+            if written:
+                lines += ["", f"## {title}", ""] + [f"- {name}: `{path}`" for name, path in written]
         return "\n".join(lines) + "\n"
 
 
@@ -384,8 +419,98 @@ def evaluate_dense(options: EvalOptions, model: ModelSource) -> EvalReport:
     )
 
 
-# The one dispatch point: task -> function(options, model source) -> EvalReport. A task plugs in with one entry.
+# ------------------------------------------------------------------------------------------------ pose
+
+
+class _PredictorOnFirstUse:
+    """``Predictor("pose", ...)`` built on the first call, so ``evaluate_pose`` checks the annotations (all of them,
+    naming the file) before the model and the detector are loaded or downloaded."""
+
+    def __init__(self, make: Callable[[], Predictor]) -> None:
+        self.make = make
+        self.predictor: Predictor | None = None
+
+    def __call__(self, image: np.ndarray, boxes: Any = None) -> Any:
+        if self.predictor is None:
+            self.predictor = self.make()
+        return self.predictor(image, boxes=boxes)
+
+
+def pose_source(data: str | os.PathLike) -> tuple[Path, str]:
+    """(pose folder, annotations file name in it) of ``--data``: a folder holding ``annotations.json``, or a COCO
+    JSON file, read as that folder's annotations (images in ``<its folder>/images/<file_name>``)."""
+    path = Path(data)
+    if path.is_file():
+        if path.suffix.lower() != ".json":
+            raise ValueError(
+                f"{path}: pose data is a folder (images/ + annotations.json) or a COCO-style JSON file; "
+                "text manifests are read for the dense tasks only"
+            )
+        return path.parent, path.name
+    if not path.is_dir():
+        raise FileNotFoundError(f"pose data {str(path)!r} is neither a folder nor a COCO-style JSON file")
+    return path, "annotations.json"
+
+
+def evaluate_pose_set(options: EvalOptions, model: ModelSource) -> EvalReport:
+    """Evaluate one pose model on a labelled pose folder (or COCO JSON file) through
+    :func:`sapiens2.eval.pose.evaluate_pose`; see :func:`evaluate`."""
+    root, annotations = pose_source(options.data)
+    detector = options.detector if options.boxes == "detector" else None
+    detector = None if detector == "none" else detector
+
+    def make() -> Predictor:
+        return Predictor(
+            "pose",
+            model,
+            device=options.device,
+            dtype=options.dtype,
+            input_size=options.input_size,
+            batch_size=options.batch_size,
+            detector=detector,
+            flip_test=options.flip_test,
+        )
+
+    results_path = None
+    if options.output is not None:  # written here, moved to its final name by write_report
+        Path(options.output).mkdir(parents=True, exist_ok=True)
+        handle, results_path = tempfile.mkstemp(prefix=".pose_results-", suffix=".json", dir=options.output)
+        os.close(handle)
+    try:
+        found = evaluate_pose(
+            _PredictorOnFirstUse(make),
+            root,
+            options.split,
+            boxes=options.boxes,
+            keypoint_format=options.keypoint_format,
+            annotations=annotations,
+            progress=options.progress is not False,  # evaluate_pose shows it on a terminal only
+            results_path=results_path,
+        )
+    except BaseException:
+        if results_path is not None:
+            Path(results_path).unlink(missing_ok=True)
+        raise
+    name = model_name(model)
+    return EvalReport(
+        task="pose",
+        model=name,
+        data=os.fspath(options.data),
+        split=options.split,
+        metrics=found.metrics,
+        tables=found.tables,
+        counts=found.counts,
+        skipped=found.skipped,
+        figures={"pose_group_ap": group_ap_figure(found.metrics, f"OKS AP by keypoint group - {name}")},
+        pending={} if results_path is None else {"pose_results": Path(results_path)},
+        headline=tuple(f"{group}/AP" for group in GROUPS),
+    )
+
+
+# The one dispatch point: task -> function(options, model source) -> EvalReport. A task plugs in with one entry;
+# tests/test_task_table.py checks the keys are the tasks sapiens2.tasks marks evaluable.
 TASK_EVALUATORS: dict[str, Callable[[EvalOptions, ModelSource], EvalReport]] = {
+    "pose": evaluate_pose_set,
     "seg": evaluate_dense,
     "normal": evaluate_dense,
     "pointmap": evaluate_dense,
@@ -400,8 +525,12 @@ def evaluate(options: EvalOptions) -> EvalReport:
     ``normal_median_deg``, ``normal_rmse`` (degrees) and ``within_<t>_deg`` (percent below 5, 11.25, 22.5, 30°);
     pointmap: distances in metres (``l2_mean``, ``x/y/z_mae``, ``rmse``, fractions ``within_05/10/20_cm``), Sobel
     normal errors, and ``depth_abs_rel``, ``depth_delta_1`` (fraction with max(d/d*, d*/d) < 1.25) and the rest of
-    :class:`~sapiens2.eval.metrics.DepthMetrics`; albedo: ``mae``, ``rmse``, ``psnr`` (dB), ``ssim``, ``grad_l1``.
-    With ``options.output`` the report is written there (``report.json``, ``report.md``, charts).
+    :class:`~sapiens2.eval.metrics.DepthMetrics`; albedo: ``mae``, ``rmse``, ``psnr`` (dB), ``ssim``, ``grad_l1``;
+    pose: ``<group>/<stat>`` for the groups body17, foot, face, lefthand, righthand, hands, all308 and the COCO stats
+    AP, AP50, AP75, APm, APl, AR, AR50, AR75, ARm, ARl (fractions; -1 where the data labels no keypoint of the
+    group), and an ``oks`` table with one row per group.
+    With ``options.output`` the report is written there (``report.json``, ``report.md``, charts; pose: also
+    ``pose_results.json``, the predictions as a COCO results file that ``pycocotools`` loads).
 
     Example:
         >>> report = evaluate(EvalOptions("seg", "data/val_seg", model="1b", output="eval_out"))
@@ -412,12 +541,19 @@ def evaluate(options: EvalOptions) -> EvalReport:
             model is loaded; model sources as ``sapiens2.load_model`` raises them.
     """
     if options.task not in TASK_EVALUATORS:
-        raise ValueError(f"cannot evaluate task {options.task!r}; choose one of {', '.join(TASK_EVALUATORS)}")
+        known = TASKS.get(options.task)
+        why = f" (it has no labelled layout or metrics: {known.summary})" if known and not known.evaluable else ""
+        raise ValueError(f"cannot evaluate task {options.task!r}{why}; choose one of {', '.join(TASK_EVALUATORS)}")
     evaluator = TASK_EVALUATORS[options.task]
     if options.compare is None:
         report = evaluator(options, options.model)
     else:
-        first, second = (evaluator(options, model) for model in options.compare)
+        first = evaluator(options, options.compare[0])
+        try:
+            second = evaluator(options, options.compare[1])
+        except BaseException:
+            _drop_pending(first)
+            raise
         second.baseline = first
         report = second
     if options.output is not None:
@@ -428,7 +564,7 @@ def evaluate(options: EvalOptions) -> EvalReport:
 def write_report(report: EvalReport, output: str | os.PathLike) -> Path:
     """Write the charts (PNG), ``report.json`` and ``report.md`` into ``output``; returns the JSON path.
 
-    With a baseline, charts end in ``_A`` (baseline) and ``_B``.
+    With a baseline, charts and files end in ``_A`` (baseline) and ``_B``. Pending files (pose results) are moved in.
     """
     folder = Path(output)
     folder.mkdir(parents=True, exist_ok=True)
@@ -437,5 +573,16 @@ def write_report(report: EvalReport, output: str | os.PathLike) -> Path:
         for name, picture in one.figures.items():
             one.plots[name] = os.fspath(save_png(folder / f"{name}{suffix}.png", picture))
         one.figures = {}
+        for name, path in one.pending.items():
+            target = folder / f"{name}{suffix}{path.suffix}"
+            one.files[name] = os.fspath(shutil.move(path, target))
+        one.pending = {}
     atomic_write(folder / "report.md", report.to_markdown().encode("utf-8"))
     return save_json(folder / "report.json", report.to_dict())
+
+
+def _drop_pending(report: EvalReport) -> None:
+    """Remove the temporary files of a report that will not be written (the other model of a comparison failed)."""
+    for path in report.pending.values():
+        path.unlink(missing_ok=True)
+    report.pending = {}
