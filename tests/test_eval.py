@@ -219,3 +219,83 @@ def test_cli_eval_writes_the_report_and_compares_two_model_sources(tmp_path, dem
         "normal_angular_error_A.png",
         "normal_angular_error_B.png",
     }
+
+
+def _copy_sample(source: Path, name: str, target: Path, new_name: str) -> None:
+    """One seg sample (image + labels) of ``source`` copied into ``target`` under another name."""
+    for folder in ("images", "labels"):
+        (target / folder).mkdir(parents=True, exist_ok=True)
+        shutil.copy(source / folder / f"{name}.png", target / folder / f"{new_name}.png")
+
+
+def test_a_manifest_mixes_roots_and_equals_the_same_images_in_one_folder(tmp_path, tiny_checkpoints, capsys):
+    first = make_demo_dataset("seg", tmp_path / "data" / "first", num_images=3)
+    second = make_demo_dataset("seg", tmp_path / "elsewhere" / "second", num_images=2)
+    labels = cv2.imread(str(second / "labels" / "demo_000.png"), cv2.IMREAD_UNCHANGED)
+    cv2.imwrite(str(second / "labels" / "demo_000.png"), np.where(labels == 0, 255, labels).astype(np.uint8))
+    # The same name in two roots: each image's targets come from its own root.
+    manifest = tmp_path / "data" / "val_list.txt"
+    manifest.write_text(
+        f"first/images/demo_000.png\n\n# a comment\n{second / 'images' / 'demo_000.png'}\n  first/images/demo_002.png\n"
+    )
+    joined = tmp_path / "joined"
+    for source, name, new_name in ((first, "demo_000", "a0"), (second, "demo_000", "b0"), (first, "demo_002", "a2")):
+        _copy_sample(source, name, joined, new_name)
+    by_manifest = evaluate(_options("seg", manifest, tiny_checkpoints["seg"]))
+    by_folder = evaluate(_options("seg", joined, tiny_checkpoints["seg"]))
+    assert by_manifest.metrics == by_folder.metrics
+    assert by_manifest.to_dict()["tables"] == by_folder.to_dict()["tables"]  # NaN -> None: comparable
+    assert by_manifest.counts == {"images": 3, "skipped": 0}
+    with_first_labels = tmp_path / "wrong"  # had the second root's image been scored on the first root's labels
+    for source, name, new_name in ((first, "demo_000", "a0"), (first, "demo_000", "b0"), (first, "demo_002", "a2")):
+        _copy_sample(source, name, with_first_labels, new_name)
+    wrong = evaluate(_options("seg", with_first_labels, tiny_checkpoints["seg"]))
+    assert wrong.to_dict()["tables"] != by_manifest.to_dict()["tables"]
+    assert (by_manifest.data, by_manifest.split) == (str(manifest), "")
+    assert f"- data `{manifest}`\n" in by_manifest.to_markdown()  # a manifest has no split
+    size = [str(v) for v in _size("seg")]
+    assert main(["eval", "--task", "seg", "--data", str(manifest), "--input-size", *size, "--device", "cpu",
+                 "--model", str(tiny_checkpoints["seg"])]) == 0  # fmt: skip
+    assert f"| mIoU | {by_folder.metrics['mIoU']:.4f} |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("lines", "error", "message"),
+    [
+        (["first/images/demo_000.png", "first/images/nothing.png"], FileNotFoundError,
+         r"list\.txt:2: image 'first/images/nothing\.png' does not exist"),
+        (["first/labels/demo_000.png"], ValueError, r"list\.txt:1: 'first/labels/demo_000\.png' is not in an images/"),
+        (["#", "first/val.txt"], ValueError, r"list\.txt:2: 'first/val\.txt' is not an image"),
+        (["first/images/demo_001.png", "", "first/../first/images/demo_001.png"], ValueError,
+         r"list\.txt:3: .* repeats line 1"),
+        (["first/images/demo_001.png", "first/images/demo_001.jpg"], ValueError,
+         r"list\.txt:2: .* has the name of line 1's image in the same root"),
+        (["# nothing", ""], ValueError, r"manifest .*list\.txt' lists no images"),
+    ],
+)  # fmt: skip
+def test_bad_manifest_lines_fail_before_the_model_loads(tmp_path, lines, error, message, capsys):
+    root = make_demo_dataset("seg", tmp_path / "first", num_images=2)
+    cv2.imwrite(str(root / "images" / "demo_001.jpg"), cv2.imread(str(root / "images" / "demo_001.png")))
+    (root / "val.txt").write_text("demo_000\n")
+    manifest = tmp_path / "list.txt"
+    manifest.write_text("\n".join(lines) + "\n")
+    missing_model = tmp_path / "no_such_model.safetensors"
+    with pytest.raises(error, match=message):
+        evaluate(_options("seg", manifest, missing_model))
+    assert main(["eval", "--task", "seg", "--data", str(manifest), "--model", str(missing_model)]) == 2
+    printed = capsys.readouterr().err
+    assert printed.count("\n") == 1 and "list.txt" in printed
+
+
+def test_a_manifest_image_without_targets_fails_naming_its_root(tmp_path):
+    root = make_demo_dataset("normal", tmp_path / "normal", num_images=2)
+    (root / "normals" / "demo_001.png").unlink()
+    manifest = tmp_path / "list.txt"
+    manifest.write_text("normal/images/demo_000.png\nnormal/images/demo_001.png\n")
+    with pytest.raises(FileNotFoundError, match=r"'demo_001' has no target: expected normals/demo_001\.npy or "):
+        evaluate(_options("normal", manifest, tmp_path / "no_such_model.safetensors"))
+    (tmp_path / "pose.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"pose\.json: a JSON file is pose data; normal reads a dataset folder"):
+        evaluate(_options("normal", tmp_path / "pose.json", "unused"))
+    with pytest.raises(FileNotFoundError, match="is neither a folder nor a manifest file"):
+        evaluate(_options("normal", tmp_path / "nowhere", "unused"))

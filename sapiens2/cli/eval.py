@@ -23,7 +23,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "sapiens2 eval --task pose --model 1b --data val_pose/ --boxes detector -o eval_pose/",
     )
     parser.add_argument("--task", required=True, choices=tuple(TASK_EVALUATORS), help="the task to evaluate")
-    parser.add_argument("--data", required=True, type=Path, help="the labelled dataset folder")
+    parser.add_argument(
+        "--data",
+        required=True,
+        type=Path,
+        help="the labelled dataset folder, or a manifest: a text file of image paths (each in some ROOT/images/); "
+        "pose: a COCO-style JSON file (images in its folder's images/)",
+    )
     parser.add_argument(
         "--model",
         default="1b",

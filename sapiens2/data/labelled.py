@@ -4,7 +4,8 @@ image's targets (seg labels, normals, pointmap/depth + intrinsics, albedo, mask)
 Nothing here resizes or augments. Every array has the image's (H, W); points are in the OpenCV camera frame (X right,
 Y down, Z forward, metres) with pixel centres on integer (u, v). A missing or unreadable file raises
 ``FileNotFoundError`` / ``ValueError`` whose message names it; :meth:`LabelledSet.check` reads every target once to
-refuse a mislabelled set before any compute.
+refuse a mislabelled set before any compute. A set is one dataset folder, or a manifest: a text file listing images
+of any number of such folders (:func:`read_manifest`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "label_map_table",
     "list_images",
     "points_from_depth",
+    "read_manifest",
     "read_intrinsics",
     "read_normals",
     "read_npy",
@@ -195,6 +197,51 @@ def list_images(root: Path, split: str) -> tuple[list[str], dict[str, Path]]:
     return names, paths
 
 
+def read_manifest(path: PathLike) -> list[Path]:
+    """The images a manifest lists, each in the ``images/`` folder of a dataset root (docs/data_formats.md).
+
+    One image path per line, absolute or relative to the manifest's folder; blank lines and lines starting with ``#``
+    are ignored. The targets of ``<root>/images/<name>.png`` are found in ``<root>`` by the task's layout, so one
+    manifest may mix roots.
+
+    Raises:
+        FileNotFoundError: a listed image does not exist.
+        ValueError: a line that is not an image file directly in an ``images/`` folder, a repeated image, two images
+            of one root sharing a name, or no image at all. Every message names the manifest and the line.
+    """
+    manifest = Path(path)
+    try:
+        text = manifest.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"manifest {str(manifest)!r} is not a UTF-8 text file (one image path per line)") from None
+    images: list[Path] = []
+    seen: dict[Path, int] = {}
+    names: dict[tuple[Path, str], int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        entry = line.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        where = f"{manifest}:{number}"
+        image = manifest.parent / entry
+        if not image.is_file():
+            raise FileNotFoundError(f"{where}: image {entry!r} does not exist (paths are relative to the manifest)")
+        if image.suffix.lower() not in IMAGE_SUFFIXES:
+            raise ValueError(f"{where}: {entry!r} is not an image ({', '.join(IMAGE_SUFFIXES)})")
+        if image.parent.name != "images":
+            raise ValueError(f"{where}: {entry!r} is not in an images/ folder; list <root>/images/<name> files")
+        resolved = image.resolve()
+        if resolved in seen:
+            raise ValueError(f"{where}: {entry!r} repeats line {seen[resolved]}")
+        key = (resolved.parent.parent, image.stem)
+        if key in names:
+            raise ValueError(f"{where}: {entry!r} has the name of line {names[key]}'s image in the same root")
+        seen[resolved], names[key] = number, number
+        images.append(image)
+    if not images:
+        raise ValueError(f"manifest {str(manifest)!r} lists no images")
+    return images
+
+
 def image_size(path: Path) -> tuple[int, int] | None:
     """(H, W) from a PNG or baseline/progressive JPEG header without decoding; None if the header is not parsed.
 
@@ -242,7 +289,8 @@ class LabelledSet:
 
     Args:
         task: ``seg``, ``normal``, ``pointmap`` or ``albedo``.
-        root: the dataset folder (layouts in docs/data_formats.md).
+        root: the dataset folder (layouts in docs/data_formats.md), or a manifest file listing images of such
+            folders (:func:`read_manifest`; then ``names`` are the listed image paths and ``split`` is not used).
         split: name of an optional ``root/<split>.txt`` list of image names.
         label_map: seg only: remap of the stored ids (see :func:`label_map_table`).
         num_classes: seg only: ids must be below it or 255.
@@ -266,28 +314,49 @@ class LabelledSet:
             raise ValueError(f"no labelled dense layout for task {task!r}; choose one of {', '.join(DENSE_TARGETS)}")
         self.task = task
         self.root = Path(root)
-        if not self.root.is_dir():
-            raise FileNotFoundError(f"dataset root {str(self.root)!r} is not a folder")
         self.split = split
         self.label_table = label_map_table(label_map)
         self.num_classes = int(num_classes)
-        self.names, self.image_paths = list_images(self.root, split)
+        self.manifest: Path | None = None
+        if self.root.is_file():
+            if self.root.suffix.lower() == ".json":
+                raise ValueError(
+                    f"{self.root}: a JSON file is pose data; {task} reads a dataset folder or a text manifest "
+                    "(one image path per line)"
+                )
+            self.manifest = self.root
+            images = read_manifest(self.root)
+            self.names = [os.fspath(image) for image in images]
+            self.image_paths = dict(zip(self.names, images, strict=True))
+            # name -> (dataset root, file stem): the image's targets are found there by the task's layout
+            self.places = {name: (image.parent.parent, image.stem) for name, image in self.image_paths.items()}
+        elif self.root.is_dir():
+            self.names, self.image_paths = list_images(self.root, split)
+            self.places = {name: (self.root, name) for name in self.image_paths}
+        else:
+            raise FileNotFoundError(f"dataset {str(self.root)!r} is neither a folder nor a manifest file")
 
     def __len__(self) -> int:
         return len(self.names)
 
+    def file(self, folder: str, name: str, suffix: str) -> Path:
+        """``<root>/<folder>/<stem><suffix>`` for the image ``name`` (its own root in a manifest)."""
+        root, stem = self.places[name]
+        return root / folder / f"{stem}{suffix}"
+
     def target_path(self, folder: str, name: str, suffixes: tuple[str, ...]) -> Path:
         """The first existing ``root/folder/name<suffix>``; FileNotFoundError naming every candidate otherwise."""
         for suffix in suffixes:
-            path = self.root / folder / f"{name}{suffix}"
+            path = self.file(folder, name, suffix)
             if path.is_file():
                 return path
-        wanted = " or ".join(f"{folder}/{name}{s}" for s in suffixes)
-        raise FileNotFoundError(f"image {name!r} has no target: expected {wanted} under {str(self.root)!r}")
+        root, stem = self.places[name]
+        wanted = " or ".join(f"{folder}/{stem}{s}" for s in suffixes)
+        raise FileNotFoundError(f"image {stem!r} has no target: expected {wanted} under {str(root)!r}")
 
     def read_mask(self, name: str, image_hw: tuple[int, int], default: np.ndarray) -> np.ndarray:
         """``default`` AND ``masks/<name>.png`` channel 0 > 0 when that file exists (a mask never adds pixels)."""
-        path = self.root / "masks" / f"{name}.png"
+        path = self.file("masks", name, ".png")
         if not path.is_file():
             return default
         mask = read_single_channel(path, "mask") > 0
@@ -327,8 +396,8 @@ class LabelledSet:
         return {"normal": normals, "mask": self.read_mask(name, image_hw, valid)}
 
     def _read_pointmap(self, name: str, image_hw: tuple[int, int]) -> dict[str, Any]:
-        intrinsics_path = self.root / "intrinsics" / f"{name}.json"
-        pointmap_path = self.root / "pointmaps" / f"{name}.npy"
+        intrinsics_path = self.file("intrinsics", name, ".json")
+        pointmap_path = self.file("pointmaps", name, ".npy")
         points = None
         if pointmap_path.is_file():
             points = read_npy(pointmap_path, (3,), "pointmap")
@@ -346,7 +415,7 @@ class LabelledSet:
             try:
                 intrinsics = fit_intrinsics(np.nan_to_num(points), mask)
             except ValueError as error:
-                raise ValueError(f"{pointmap_path}: {error}; add intrinsics/{name}.json") from None
+                raise ValueError(f"{pointmap_path}: {error}; add {intrinsics_path}") from None
         else:
             raise FileNotFoundError(f"depth for {name!r} needs intrinsics: {intrinsics_path} does not exist")
         sample = {"depth": np.where(mask, depth, 0.0).astype(np.float32), "mask": mask, "K": intrinsics}
@@ -370,7 +439,7 @@ class LabelledSet:
         for name in self.names:
             image_hw = image_size(self.image_paths[name])
             sizes = [self._check_target(name)]
-            mask_path = self.root / "masks" / f"{name}.png"
+            mask_path = self.file("masks", name, ".png")
             header = _png_header(mask_path) if mask_path.is_file() else None
             sizes.append((header[:2] if header else None, mask_path, "mask"))
             for target_hw, path, what in sizes:
@@ -380,12 +449,13 @@ class LabelledSet:
     def _check_target(self, name: str) -> tuple[tuple[int, int] | None, Path, str]:
         """(target (H, W) or None if it cannot be decoded here, its path, what it is) after its content rules."""
         if self.task == "pointmap":
-            path = self.root / "pointmaps" / f"{name}.npy"
+            path = self.file("pointmaps", name, ".npy")
             folder = "pointmap"
             if not path.is_file():
                 path, folder = self.target_path("depth", name, (".npy",)), "depth"
-                if not (self.root / "intrinsics" / f"{name}.json").is_file():
-                    raise FileNotFoundError(f"depth file {str(path)!r} needs intrinsics/{name}.json beside it")
+                intrinsics = self.file("intrinsics", name, ".json")
+                if not intrinsics.is_file():
+                    raise FileNotFoundError(f"depth file {str(path)!r} needs {intrinsics}")
             shape = read_npy(path, (3,) if folder == "pointmap" else (), folder, mmap=True).shape
             return (shape[0], shape[1]), path, folder
         ((folder, suffixes),) = DENSE_TARGETS[self.task]

@@ -56,8 +56,11 @@ class EvalOptions:
         model: anything ``Predictor`` loads: a size (``"1b"``), a repo id, a weight file, a folder holding one (a
             finished training run folder holds ``model.safetensors``), a training checkpoint
             ``checkpoints/step_<N>.pt``, or an ``nn.Module``.
-        data: the labelled dataset folder.
-        split: ``data/<split>.txt`` lists the images if it exists; otherwise every image is used.
+        data: the labelled dataset folder, or a manifest: dense tasks, a text file listing images of any dataset
+            folders (one path per line, relative to its folder or absolute, each in a ``<root>/images/`` folder);
+            pose, a COCO-style JSON file read as its folder's annotations (docs/data_formats.md).
+        split: ``data/<split>.txt`` lists the images if it exists; otherwise every image is used (not used with a
+            text manifest, which is the list).
         dtype: ``fp32``, ``bf16`` or ``fp16``.
         batch_size: images per forward pass.
         device: ``cpu``, ``cuda``, ... (default: CUDA if available).
@@ -410,7 +413,7 @@ def evaluate_dense(options: EvalOptions, model: ModelSource) -> EvalReport:
         task=options.task,
         model=name,
         data=os.fspath(options.data),
-        split=options.split,
+        split=options.split if labelled.manifest is None else "",
         metrics=score.metrics(),
         tables=score.tables(),
         counts={"images": evaluated, "skipped": len(skipped)},
