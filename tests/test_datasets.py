@@ -34,6 +34,8 @@ EXPECTED = {
     "albedo": {"gt_albedo": ((3, 64, 48), torch.float32), "mask": ((1, 64, 48), torch.float32)},
     "pose": {"heatmaps": ((308, 16, 12), torch.float32), "keypoint_weights": ((308,), torch.float32)},
 }
+# Un-augmented (validation) pose items also carry what maps the crop back to the image.
+POSE_VALIDATION = {"center": ((2,), torch.float32), "scale": ((2,), torch.float32), "annotation": ((), torch.int64)}
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +58,9 @@ def test_samples_have_the_interface_shapes_and_collate(demo_roots, task, augment
     batch = next(iter(DataLoader(dataset, batch_size=4)))
     assert batch["image"].shape == (4, 3, *SIZE) and batch["image"].dtype == torch.float32
     assert batch["index"].tolist() == [0, 1, 2, 3] and batch["index"].dtype == torch.int64
-    assert set(batch) == {"image", "index", *EXPECTED[task]}
-    for key, (shape, dtype) in EXPECTED[task].items():
+    expected = EXPECTED[task] | (POSE_VALIDATION if task == "pose" and not augment else {})
+    assert set(batch) == {"image", "index", *expected}
+    for key, (shape, dtype) in expected.items():
         assert batch[key].shape == (4, *shape) and batch[key].dtype == dtype, key
         assert torch.isfinite(batch[key]).all(), key
     assert -3 < batch["image"].mean() < 3  # normalised, not 0-255
@@ -254,6 +257,30 @@ def test_pose_heatmaps_decode_to_the_transformed_keypoints(demo_roots):
             checked += int(inside.sum())
             assert np.all(sample["keypoint_weights"][sample["visible"] == 0] == 0)
     assert checked > 20
+
+
+def test_pose_validation_items_map_the_crop_back_to_the_image(demo_roots):
+    from sapiens2.pose.topdown import box_to_center_scale, heatmaps_to_image_keypoints
+
+    size = (256, 192)
+    dataset = build_dataset("pose", demo_roots["pose"], input_size=size, augment=False)
+    annotations = json.loads((demo_roots["pose"] / "annotations.json").read_text())["annotations"]
+    for index in range(len(dataset)):
+        item = dataset[index]
+        record = annotations[int(item["annotation"])]
+        x, y, w, h = record["bbox"]
+        center, scale = box_to_center_scale(np.array([x, y, x + w, y + h]), aspect=size[1] / size[0])
+        np.testing.assert_allclose(item["center"].numpy(), center, rtol=1e-6)
+        np.testing.assert_allclose(item["scale"].numpy(), scale, rtol=1e-6)
+        # The target heatmaps decode, through centre and scale, to the annotated keypoints in the image.
+        keypoints, _ = heatmaps_to_image_keypoints(
+            item["heatmaps"][None].numpy(), item["center"][None].numpy(), item["scale"][None].numpy(), input_size=size
+        )
+        truth = np.asarray(record["keypoints"]).reshape(-1, 3)
+        labelled = truth[:, 2] > 0
+        np.testing.assert_allclose(keypoints[0, labelled], truth[labelled, :2], atol=0.5)
+    labels = dataset.labels()
+    assert sorted(n for numbers in labels.people_annotations.values() for n in numbers) == list(range(len(dataset)))
 
 
 def test_pose_keypoints_follow_the_image_content_through_the_pipeline(demo_roots):

@@ -237,3 +237,45 @@ def test_split_file_selects_images(demo, predictor, tmp_path):
     (root / "val.txt").write_text("demo_009\n")
     with pytest.raises(FileNotFoundError, match=r"val\.txt lists \['demo_009'\]"):
         evaluate_pose(predictor, root, progress=False)
+
+
+def test_gt_box_predictions_score_as_evaluate_pose(demo):
+    """evaluate_gt_box_predictions (the training validation's scoring) on the people evaluate_pose predicted, given
+    by annotation position in any order, with repeats and extra people, gives evaluate_pose's numbers."""
+    from sapiens2.data.io import read_image
+    from sapiens2.eval.pose import evaluate_gt_box_predictions
+
+    labels = read_pose_labels(demo, "val")
+    first = labels.images[0]["id"]
+    # Image 0: its person, then the added second one (position 7); the crowd region (6) is not predicted.
+    assert labels.people_annotations[first].tolist() == [0, 7]
+    predict = _truth_predictor(demo, 0.05, seed=3)
+    made = {}
+
+    def recording(image, boxes=None):
+        made[image.tobytes()] = result = predict(image, boxes)
+        return result
+
+    report = evaluate_pose(recording, demo, boxes="gt", progress=False)
+    positions, keypoints, scores = [], [], []
+    for image in labels.images:
+        result = made[read_image(image["path"]).tobytes()]
+        positions += labels.people_annotations[image["id"]].tolist()
+        keypoints.append(result.keypoints)
+        scores.append(result.scores)
+    keypoints, scores = np.concatenate(keypoints), np.concatenate(scores)
+    order = np.random.default_rng(0).permutation(len(positions))
+    positions = np.asarray(positions)[order]
+    keypoints, scores = keypoints[order], scores[order]
+    metrics, rows = evaluate_gt_box_predictions(labels, positions, keypoints, scores)
+    assert metrics == report.metrics and rows == report.tables["oks"]
+    assert 0.05 < metrics["all308/AP"] < 0.98
+    # A repeated position counts once (the first); a crowd region's prediction is not scored.
+    again, _ = evaluate_gt_box_predictions(
+        labels, np.r_[positions, positions[0], 6], np.r_[keypoints, keypoints[1:3]], np.r_[scores, scores[1:3]]
+    )
+    assert again == metrics
+    with pytest.raises(ValueError, match="no prediction for annotation"):
+        evaluate_gt_box_predictions(labels, positions[1:], keypoints[1:], scores[1:])
+    with pytest.raises(ValueError, match="one annotation position per prediction"):
+        evaluate_gt_box_predictions(labels, positions, keypoints[1:], scores)

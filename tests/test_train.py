@@ -116,11 +116,12 @@ def test_every_task_loss_falls_on_a_tiny_model(task, demo_root, tmp_path):
     assert (tmp_path / "run" / "config.yaml").is_file() and summary["model"].is_file()
 
 
-def test_killed_and_resumed_run_reproduces_losses_bit_for_bit(demo_root, tmp_path, monkeypatch):
+@pytest.mark.parametrize("task", ["seg", "pose"])  # pose: its evaluation adds the flip test and OKS AP
+def test_killed_and_resumed_run_reproduces_losses_bit_for_bit(task, demo_root, tmp_path, monkeypatch):
     # Augmentation on, an evaluation every 2 steps, the crash mid-epoch after the step-3 checkpoint.
     options = {"steps": 8, "checkpoint_every": 3, "eval_every": 2, "data": {"augment": True, "val_split": "train"}}
-    root = demo_root("seg")
-    straight = fit(tiny_config("seg", root, tmp_path / "straight", **options))
+    root = demo_root(task)
+    straight = fit(tiny_config(task, root, tmp_path / "straight", **options))
 
     original_step = Trainer.train_step
     calls = {"n": 0}
@@ -132,7 +133,7 @@ def test_killed_and_resumed_run_reproduces_losses_bit_for_bit(demo_root, tmp_pat
         return original_step(self, batch)
 
     monkeypatch.setattr(Trainer, "train_step", crashing_step)
-    config = tiny_config("seg", root, tmp_path / "resumed", **options)
+    config = tiny_config(task, root, tmp_path / "resumed", **options)
     with pytest.raises(RuntimeError, match="simulated crash"):
         fit(config)
     assert [p.name for p in find_checkpoints(tmp_path / "resumed")] == ["step_00000003.pt"]
@@ -184,6 +185,143 @@ def test_exported_model_loads_with_load_model_and_gives_the_same_outputs(task, d
     result = Predictor(task, model=out, device="cpu", input_size=(64, 48))(DATA / "camera.png")
     array = result.labels if task == "seg" else result.points
     assert array.shape[:2] == (512, 512)
+
+
+def _two_people_in_image_0(root: Path) -> None:
+    """Add a second, overlapping person to image 0 of a pose demo set (and a crowd region, which is not predicted)."""
+    import json
+
+    import numpy as np
+
+    data = json.loads((root / "annotations.json").read_text())
+    first = data["annotations"][0]
+    shifted = np.asarray(first["keypoints"]).reshape(-1, 3).copy()
+    shifted[shifted[:, 2] > 0, 0] += 30
+    x, y, w, h = first["bbox"]
+    second = dict(first, id=101, keypoints=shifted.ravel().tolist(), bbox=[x + 30, y, w, h])
+    crowd = dict(first, id=100, iscrowd=1, bbox=[0, 0, 40, 40])
+    data["annotations"] += [crowd, second]
+    (root / "annotations.json").write_text(json.dumps(data))
+
+
+def test_pose_validation_oks_ap_is_sapiens2_eval_of_the_same_model(tmp_path, monkeypatch):
+    """The trainer's validation people are the Predictor's (same crops, flip test, decoder, image space) and its OKS
+    numbers are evaluate_pose's on the exported model, for every group and statistic."""
+    import numpy as np
+
+    from sapiens2 import Predictor
+    from sapiens2.eval.pose import evaluate_pose, read_pose_labels
+
+    root = make_demo_dataset("pose", tmp_path / "demo", num_images=4)
+    _two_people_in_image_0(root)
+    (root / "val.txt").write_text("demo_000\ndemo_002\ndemo_003\n")
+    decoded = []
+    original = Trainer._people
+
+    def recording(self, *args):
+        found = original(self, *args)
+        decoded.append(found)
+        return found
+
+    monkeypatch.setattr(Trainer, "_people", recording)
+    config = tiny_config("pose", root, tmp_path / "run", steps=2, eval_every=2, data={"val_split": "val",
+                         "val_batch_size": 3})  # fmt: skip
+    summary = fit(config)
+    [row] = read_rows(tmp_path / "run" / "eval.csv")
+    assert row["step"] == "2" and len(decoded) == 2  # 4 people in batches of 3
+
+    predictor = Predictor("pose", summary["model"], device="cpu", input_size=(64, 48), detector=None)
+    predicted = {}
+
+    def recording_predictor(image, boxes=None):
+        result = predictor(image, boxes=boxes)
+        predicted[image.tobytes()] = result
+        return result
+
+    report = evaluate_pose(recording_predictor, root, "val", progress=False)
+    assert len(report.metrics) == 70
+    for name, value in report.metrics.items():
+        assert float(row[f"val/{name}"]) == pytest.approx(value, abs=1e-12), name
+        assert summary["eval"][f"val/{name}"] == float(row[f"val/{name}"])
+
+    from sapiens2.data.io import read_image
+
+    annotations, keypoints, scores = (np.concatenate([part[i] for part in decoded]) for i in range(3))
+    assert sorted(annotations.tolist()) == [0, 2, 3, 5]  # demo_001 is not in the split; 4 crowd; 5 the second person
+    labels = read_pose_labels(root, "val")
+    for image in labels.images:
+        result = predicted[read_image(image["path"]).tobytes()]
+        rows = [annotations.tolist().index(n) for n in labels.people_annotations[image["id"]]]
+        assert len(rows) == len(result.keypoints) > 0
+        np.testing.assert_allclose(keypoints[rows], result.keypoints, rtol=0, atol=1e-3)
+        np.testing.assert_allclose(scores[rows], result.scores, rtol=0, atol=1e-5)
+
+
+class _OracleHeatmaps(torch.nn.Module):
+    """A stand-in pose network whose heatmaps decode to the ground truth, moved along x by ``shifts[i]`` heatmap
+    pixels for validation sample i: it recognises each input crop as the nearest validation crop (then returns that
+    sample's target heatmaps) or as a mirrored one (then the mirrored, left/right-swapped heatmaps, which the flip
+    test turns back). A crop far from all of them fails the test. Unlabelled keypoints (no target) get a faint copy
+    of a labelled one, as a network predicts every keypoint somewhere: with all of them at one place the reference's
+    OKS-NMS over the 308 keypoints would merge the two overlapping people of image 0."""
+
+    def __init__(self, dataset, shifts) -> None:
+        super().__init__()
+        from sapiens2.metadata import keypoint_metadata
+
+        items = [dataset[i] for i in range(len(dataset))]
+        self.register_buffer("crops", torch.stack([item["image"] for item in items]))
+        maps = []
+        for item, shift in zip(items, shifts, strict=True):
+            target = item["heatmaps"].roll(int(shift), dims=-1)
+            labelled = target.flatten(1).amax(1) > 0
+            source = labelled.nonzero().flatten()[torch.arange(len(target)) % int(labelled.sum())]
+            maps.append(torch.where(labelled[:, None, None], target, 0.1 * target[source]))
+        self.register_buffer("maps", torch.stack(maps))
+        self.register_buffer("swap", torch.tensor(keypoint_metadata().flip_indices))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        plain = ((x[:, None].float() - self.crops[None]) ** 2).flatten(2).mean(-1)  # (B, N)
+        mirrored = ((x[:, None].float() - self.crops.flip(-1)[None]) ** 2).flatten(2).mean(-1)
+        out = []
+        for near, far in zip(plain, mirrored, strict=True):
+            assert min(near.min(), far.min()) < 1e-3, "a crop that is no validation crop"
+            if near.min() <= far.min():
+                out.append(self.maps[near.argmin()])
+            else:
+                out.append(self.maps[far.argmin()].flip(-1)[self.swap])
+        return torch.stack(out).to(x.dtype)
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_pose_validation_oks_ap_of_oracle_heatmaps(shifted, tmp_path):
+    """Heatmaps of the ground truth score AP 1; shifted ones an intermediate AP that equals evaluate_pose's on the
+    same network through the Predictor (ground-truth boxes)."""
+    from sapiens2 import Predictor
+    from sapiens2.eval.pose import evaluate_pose
+
+    root = make_demo_dataset("pose", tmp_path / "demo", num_images=4)
+    _two_people_in_image_0(root)
+    data = {"val_split": "val", "input_size": [256, 192], "val_batch_size": 2}
+    trainer = Trainer(tiny_config("pose", root, tmp_path / "run", eval_every=1, data=data))
+    try:
+        shifts = [0, 1, 2, 3, 1] if shifted else [0] * 5
+        trainer.module = oracle = _OracleHeatmaps(trainer.val_dataset, shifts)
+        results = trainer.evaluate()
+    finally:
+        trainer.close()
+    assert [r["val/all308/AP"] for r in read_rows(tmp_path / "run" / "eval.csv")] == [repr(results["val/all308/AP"])]
+    if not shifted:
+        for name in ("body17", "all308"):
+            assert results[f"val/{name}/AP"] == pytest.approx(1.0, abs=1e-12)
+            assert results[f"val/{name}/AR"] == 1.0
+        assert results["val/face/AP"] == -1.0  # the demo labels only the body
+        return
+    assert 0.05 < results["val/all308/AP"] < 0.95 and 0.05 < results["val/body17/AP"] < 0.95
+    predictor = Predictor("pose", oracle, device="cpu", input_size=(256, 192), detector=None)
+    report = evaluate_pose(predictor, root, "val", progress=False)
+    for name, value in report.metrics.items():
+        assert results[f"val/{name}"] == pytest.approx(value, abs=1e-12), name
 
 
 def test_bf16_autocast_with_frozen_stages_trains_only_the_unfrozen_part(demo_root, tmp_path):

@@ -37,6 +37,7 @@ __all__ = [
     "PoseEvaluation",
     "PoseLabels",
     "draw_group_ap_chart",
+    "evaluate_gt_box_predictions",
     "evaluate_pose",
     "format_to_308_ids",
     "group_ap_figure",
@@ -70,12 +71,15 @@ class PoseLabels:
         gt: COCO ground truth over those images: annotations with 308 triplets, ``area``, ``bbox``, ``iscrowd``.
         people: image id -> (N, 4) xywh boxes of the people a ground-truth-box run predicts (non-crowd, labelled,
             positive size).
+        people_annotations: image id -> (N,) int64 positions in the annotations file of those people (0-based, in
+            the order of ``people``; the ground truth's ``id`` is the position + 1).
     """
 
     annotations_path: Path
     images: list[dict]
     gt: dict
     people: dict[int, np.ndarray]
+    people_annotations: dict[int, np.ndarray]
 
 
 def _tight_box(keypoints: np.ndarray) -> list[float] | None:
@@ -141,6 +145,7 @@ def read_pose_labels(
         raise ValueError(f"{path} lists no image in split {split!r}")
     chosen = {image["id"] for image in images}
     gt_annotations, people = [], {image["id"]: [] for image in images}
+    positions: dict[Any, list[int]] = {image["id"]: [] for image in images}
     mapped = ids >= 0
     for number, record in enumerate(records):
         if record["image_id"] not in chosen:
@@ -169,6 +174,7 @@ def read_pose_labels(
         )
         if not crowd and (keypoints[:, 2] > 0).any() and box[2] > 0 and box[3] > 0:
             people[record["image_id"]].append(box)
+            positions[record["image_id"]].append(number)
     if not gt_annotations:
         raise ValueError(f"{path} holds no annotation in split {split!r}; there is nothing to evaluate against")
     for image in images:
@@ -179,7 +185,8 @@ def read_pose_labels(
         "categories": [{"id": 1, "name": "person"}],
     }
     boxes = {key: np.asarray(value, dtype=np.float64).reshape(-1, 4) for key, value in people.items()}
-    return PoseLabels(annotations_path=path, images=images, gt=gt, people=boxes)
+    numbers = {key: np.asarray(value, dtype=np.int64) for key, value in positions.items()}
+    return PoseLabels(annotations_path=path, images=images, gt=gt, people=boxes, people_annotations=numbers)
 
 
 def _clip_xyxy(boxes_xywh: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -238,6 +245,55 @@ def pose_metrics(gt: dict, results: list[dict]) -> tuple[dict[str, float], list[
         metrics |= {f"{name}/{stat}": float(stats[stat]) for stat in STAT_NAMES}
         rows.append({"group": name, **{stat: float(stats[stat]) for stat in STAT_NAMES}})
     return metrics, rows
+
+
+def evaluate_gt_box_predictions(
+    labels: PoseLabels, annotations: np.ndarray, keypoints: np.ndarray, scores: np.ndarray
+) -> tuple[dict[str, float], list[dict]]:
+    """OKS AP/AR of top-down predictions made on the ground-truth boxes, one person per annotation, as
+    :func:`evaluate_pose` with ``boxes="gt"`` scores them: per image, the people in annotation order through the
+    reference's OKS-NMS (:func:`image_results`), then :func:`pose_metrics` on the whole set.
+
+    The training validation uses it on the crops of its pose dataset (POSE.md §5-6).
+
+    Args:
+        labels: the set's ground truth (:func:`read_pose_labels`).
+        annotations: (N,) position in the annotations file (0-based) of the person each prediction was made for.
+            A repeated position counts once (the first), as the reference de-duplicates gathered predictions
+            (POSE.md §6.1); positions :func:`evaluate_pose` would not predict (crowd, unlabelled, empty box, other
+            splits) are left out.
+        keypoints: (N, 308, 2) image pixels.
+        scores: (N, 308) keypoint scores.
+
+    Returns:
+        ``pose_metrics``' ``({"<group>/<stat>": value}, rows)``.
+
+    Raises:
+        ValueError: mismatched lengths, or a person :func:`evaluate_pose` would predict has no prediction.
+    """
+    annotations = np.asarray(annotations, dtype=np.int64).reshape(-1)
+    keypoints = np.asarray(keypoints, dtype=np.float64).reshape(-1, NUM_KEYPOINTS, 2)
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1, NUM_KEYPOINTS)
+    if not len(annotations) == len(keypoints) == len(scores):
+        raise ValueError(
+            f"one annotation position per prediction: {len(annotations)} positions, {len(keypoints)} keypoint sets, "
+            f"{len(scores)} score sets"
+        )
+    row_of: dict[int, int] = {}
+    for row, number in enumerate(annotations.tolist()):
+        row_of.setdefault(number, row)
+    results: list[dict] = []
+    for image in labels.images:
+        wanted = labels.people_annotations[image["id"]].tolist()
+        missing = [number for number in wanted if number not in row_of]
+        if missing:
+            raise ValueError(
+                f"no prediction for annotation {missing[0]} of {labels.annotations_path} (image {image['file_name']})"
+            )
+        if wanted:
+            rows = [row_of[number] for number in wanted]
+            results.extend(image_results(image["id"], keypoints[rows], scores[rows])[0])
+    return pose_metrics(labels.gt, results)
 
 
 @dataclass(frozen=True)

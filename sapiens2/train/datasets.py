@@ -35,7 +35,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -49,6 +49,9 @@ from sapiens2.metadata import NUM_KEYPOINTS
 from sapiens2.pose.codec import encode_heatmaps
 from sapiens2.pose.keypoints import format_to_308_ids
 from sapiens2.train import augment as aug
+
+if TYPE_CHECKING:
+    from sapiens2.eval.pose import PoseLabels
 
 __all__ = [
     "AlbedoDataset",
@@ -377,6 +380,11 @@ class PoseDataset(_TaskDataset):
         box: ``"auto"`` (the annotation ``bbox`` when present, else the tight box of the labelled keypoints, which is
             what the official training uses, POSE.md §4.2), ``"bbox"`` or ``"keypoints"``.
         split, input_size, augment, seed: see :func:`build_dataset`.
+
+    Without augmentation (validation) items also carry what maps the crop back to the image: ``center`` (2,) and
+    ``scale`` (2,) float32, the crop's box centre and aspect-fixed size in image pixels (what
+    :func:`sapiens2.pose.topdown.heatmaps_to_image_keypoints` takes), and ``annotation`` int64, the person's
+    position in the annotations file (0-based); :meth:`labels` is the ground truth to score them against.
     """
 
     def __init__(
@@ -394,6 +402,8 @@ class PoseDataset(_TaskDataset):
         if box not in ("auto", "bbox", "keypoints"):
             raise ValueError(f"box must be 'auto', 'bbox' or 'keypoints', got {box!r}")
         self.box = box
+        self.annotations = annotations
+        self.keypoint_format = keypoint_format
         self.ids = format_to_308_ids(keypoint_format)
         path = self.root / annotations
         try:
@@ -423,13 +433,13 @@ class PoseDataset(_TaskDataset):
                 )
             if record.get("iscrowd", 0) or not (raw.reshape(-1, 3)[:, 2] > 0).any():
                 continue  # crowd or unlabelled instances are skipped, as the reference (POSE.md §4.2)
-            self.instances.append((self.root / "images" / file_name, raw.reshape(-1, 3), record.get("bbox")))
-        self.names = [f"{path.stem}#{i}" for i, (path, _, _) in enumerate(self.instances)]
+            self.instances.append((self.root / "images" / file_name, raw.reshape(-1, 3), record.get("bbox"), number))
+        self.names = [f"{path.stem}#{i}" for i, (path, *_) in enumerate(self.instances)]
         if not self.instances:
             raise ValueError(f"{path} holds no usable (labelled, non-crowd) person in split {self.split!r}")
 
     def load(self, index: int) -> aug.Sample:
-        image_path, raw, bbox = self.instances[index]
+        image_path, raw, bbox, number = self.instances[index]
         image = read_image(image_path)
         height, width = image.shape[:2]
         keypoints = np.zeros((NUM_KEYPOINTS, 2))
@@ -452,7 +462,8 @@ class PoseDataset(_TaskDataset):
             box = np.array([0, 0, width, height], dtype=np.float64)
         center = np.array([(box[0] + box[2]) / 2, (box[1] + box[3]) / 2], dtype=np.float32)
         scale = np.array([box[2] - box[0], box[3] - box[1]], dtype=np.float32) * np.float32(1.25)
-        return {"image": image, "keypoints": keypoints, "visible": visible, "center": center, "scale": scale}
+        sample = {"image": image, "keypoints": keypoints, "visible": visible, "center": center, "scale": scale}
+        return sample | {"annotation": number}
 
     def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
         angle = 0.0
@@ -481,10 +492,23 @@ class PoseDataset(_TaskDataset):
         return dict(sample, heatmaps=heatmaps, keypoint_weights=weights * sample["visible"])
 
     def pack(self, sample: aug.Sample) -> dict[str, torch.Tensor]:
-        return {
+        packed = {
             "heatmaps": torch.from_numpy(sample["heatmaps"]),
             "keypoint_weights": torch.from_numpy(sample["keypoint_weights"].astype(np.float32)),
         }
+        if not self.augment:  # the crop is the plain box warp (no flip, jitter or rotation): it maps back
+            packed["center"] = torch.from_numpy(np.asarray(sample["center"], dtype=np.float32))
+            packed["scale"] = torch.from_numpy(np.asarray(sample["scale"], dtype=np.float32))
+            packed["annotation"] = torch.tensor(sample["annotation"], dtype=torch.int64)
+        return packed
+
+    def labels(self) -> PoseLabels:
+        """The split's ground truth as ``sapiens2 eval`` reads it (:func:`sapiens2.eval.pose.read_pose_labels`)."""
+        from sapiens2.eval.pose import read_pose_labels
+
+        return read_pose_labels(
+            self.root, self.split, keypoint_format=self.keypoint_format, annotations=self.annotations
+        )
 
 
 TASK_DATASETS: dict[str, type[_TaskDataset]] = {

@@ -208,6 +208,7 @@ class Trainer:
         self.epoch = 0
         self.batch_in_epoch = 0
         self.last_eval: dict[str, float] = {}
+        self._val_labels: Any = None  # pose: the validation ground truth for OKS AP, read at the first evaluation
         # Each process its own stream for anything random in the step (dropout-like layers), as seed + rank.
         dist_utils.seed_everything(config.seed + self.context.rank)
         if checkpoint is not None:
@@ -479,19 +480,73 @@ class Trainer:
 
         task = self.config.task
         if task not in DENSE_METRICS:
-            return None  # pose: the val loss and PCK (acc_pose); OKS AP needs image-space boxes (sapiens2 eval)
+            return None  # pose: the val loss and PCK (acc_pose), and OKS AP/AR through _pose_labels
         if task == "seg":
             return DENSE_METRICS[task](num_classes=self.model.decode_head.conv_seg.out_channels)
         return DENSE_METRICS[task]()
+
+    def _pose_labels(self) -> Any:
+        """Pose: the validation set's ground truth for OKS AP/AR (read once), or None when its items cannot be mapped
+        back to the image (a dataset without ``labels()``, or an augmented one)."""
+        dataset = self.val_dataset
+        if self.config.task != "pose" or not callable(getattr(dataset, "labels", None)) or dataset.augment:
+            return None
+        if self._val_labels is None:
+            self._val_labels = dataset.labels()
+        return self._val_labels
+
+    def _people(self, batch: dict[str, Tensor], heatmaps: Tensor, images: Tensor, rows: int) -> tuple[Any, ...] | None:
+        """The first ``rows`` crops of a pose validation batch as image-space people: the flip test of the official
+        validation (POSE.md §5, §2.7; a second forward on the mirrored crops), the package's decoder (§2.8-2.9).
+
+        Returns:
+            (rows,) annotation positions, (rows, 308, 2) keypoints in image pixels and (rows, 308) scores; None for
+            a padding batch (``rows`` 0), whose forward still runs.
+        """
+        from ..pose.topdown import flip_average, heatmaps_to_image_keypoints
+
+        with self._autocast():
+            mirrored = self.module(images.flip(-1))
+        mirrored = mirrored[0] if isinstance(mirrored, tuple) else mirrored
+        if rows == 0:
+            return None
+        averaged = flip_average(heatmaps[:rows].float(), mirrored[:rows].float())
+        keypoints, scores = heatmaps_to_image_keypoints(
+            averaged.cpu().numpy(),
+            batch["center"][:rows].numpy(),
+            batch["scale"][:rows].numpy(),
+            input_size=self.config.data.input_size,
+        )
+        return batch["annotation"][:rows].numpy(), keypoints, scores
+
+    def _pose_oks(self, labels: Any, people: list[tuple[Any, ...] | None]) -> dict[str, float]:
+        """OKS AP/AR of every process's people, on the main process (``{}`` elsewhere): the whole validation set
+        is gathered there and scored as ``sapiens2 eval`` does (``evaluate_gt_box_predictions``)."""
+        import numpy as np
+
+        from ..eval.pose import evaluate_gt_box_predictions
+
+        gathered = dist_utils.all_gather_objects(people, self.context)
+        if not self.context.is_main:
+            return {}
+        parts = [part for process in gathered for part in process if part is not None]
+        annotations, keypoints, scores = (np.concatenate([part[i] for part in parts]) for i in range(3))
+        metrics, _ = evaluate_gt_box_predictions(labels, annotations, keypoints, scores)
+        return {f"val/{name}": value for name, value in metrics.items()}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Validation loss terms (sample-weighted means) and the task's pooled metrics, prefixed ``val/``.
 
-        Every process runs the same number of batches (FSDP2 collectives); statistics are combined over all.
+        Dense tasks: ``sapiens2.eval.metrics``. Pose: PCK (``acc_pose``) and COCO OKS AP/AR per keypoint group
+        (``val/<group>/<stat>``, the metrics of ``sapiens2 eval``) of the flip-tested predictions decoded into the
+        image, on the ground-truth boxes. Every process runs the same number of batches (FSDP2 collectives);
+        statistics are combined over all.
         """
         task = self.config.task
         metric = self._new_metric()
+        labels = self._pose_labels()
+        people: list[tuple[Any, ...] | None] = []
         batches = dist_utils.shard_evenly(len(self.val_dataset), self.config.data.val_batch_size, self.context)
         loader = self._loader(self.val_dataset, [indices for indices, _ in batches])
         sums: dict[str, Tensor] = {}
@@ -500,6 +555,8 @@ class Trainer:
         for (_, rows), batch in zip(batches, loader, strict=True):
             images, targets = self._to_device(batch)
             terms, outputs = self._loss(images, targets, rows)
+            if labels is not None:  # before the skip below: every process runs the same forwards
+                people.append(self._people(batch, outputs[0], images, rows))
             if rows == 0:
                 continue
             count += rows
@@ -518,13 +575,15 @@ class Trainer:
             totals = torch.cat([totals, torch.stack([sums[n] for n in names]).to(self.device)])
         totals = dist_utils.mean_across_processes(totals, self.context) * self.context.world_size
         results = {f"val/{n}": float(totals[i + 1] / totals[0]) for i, n in enumerate(names)}
-        if metric is not None:
-            if dist_utils.pool_metric(metric, self.context):
-                results |= {f"val/{k}": float(v) for k, v in metric.compute().items()}
+        if metric is not None and dist_utils.pool_metric(metric, self.context):
+            results |= {f"val/{k}": float(v) for k, v in metric.compute().items()}
+        if labels is not None:
+            results |= self._pose_oks(labels, people)
+        if metric is not None or labels is not None:  # computed on the main process: every process gets its values
             results = dist_utils.all_gather_objects(results, self.context)[0]
         self.last_eval = results
         self.recorder.write("eval.csv", [{"step": self.step, **results}])
-        self._info("eval at step %d: %s", self.step, ", ".join(f"{k} {v:.4f}" for k, v in results.items()))
+        self._info("eval at step %d: %s", self.step, ", ".join(f"{k} {v:.4f}" for k, v in _headline(results).items()))
         return results
 
     # ----------------------------------------------------------------------------------------------- checkpoints
@@ -588,6 +647,14 @@ class Trainer:
             self._info("checkpoint from %d processes, now %d: reseeding RNGs", checkpoint["world_size"], len(rng))
             dist_utils.seed_everything(self.config.seed + self.context.rank + self.step)
         self._info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_in_epoch)
+
+
+def _headline(results: dict[str, float]) -> dict[str, float]:
+    """What the evaluation log line shows: the pose OKS AP over all 308 keypoints first (the reference's reported
+    metric, POSE.md §6.4), then every value except the per-group OKS statistics other than AP (all in eval.csv)."""
+    first = {k: results[k] for k in ("val/all308/AP",) if k in results}
+    rest = {k: v for k, v in results.items() if k.count("/") < 2 or k.endswith("/AP")}
+    return first | rest
 
 
 def fit(
