@@ -23,6 +23,7 @@ from torch import nn
 from ..checkpoints import load_model
 from ..data.io import to_rgb_array
 from ..dense import albedo, matting, normal, pointmap, seg
+from ..export.runtime import is_network_file, load_network
 from ..models.task_model import check_task
 
 logger = logging.getLogger(__name__)
@@ -84,10 +85,14 @@ class Predictor:
         task: ``seg, normal, pointmap, albedo, matting`` or ``pose``.
         model: a size (``"1b"``: the released weights of that size, downloaded once), a Hugging Face repo id, a
             local file or folder, or an ``nn.Module`` returning the raw head output (moved to ``device`` and cast
-            to ``dtype`` in place, as ``Module.to`` does).
+            to ``dtype`` in place, as ``Module.to`` does). An exported network runs instead of the model code: a
+            ``.onnx`` file (onnxruntime: TensorRT, CUDA or CPU provider) or ``.pt2`` file (``sapiens2 export``),
+            or any callable mapping float32 images (B, 3, H, W) to the raw head output (its ``input_size``
+            attribute, if any, is the network's input size).
         device: ``"cuda"``/``"cpu"``/a torch device; default CUDA when available.
-        dtype: ``"fp32"`` (default, the official numerics), or ``"bf16"``/``"fp16"`` (on GPU) for speed.
-        input_size: network input (H, W); the released models use (1024, 768).
+        dtype: ``"fp32"`` (default, the official numerics), or ``"bf16"``/``"fp16"`` (on GPU) for speed. An
+            exported network keeps the precision it was exported with.
+        input_size: network input (H, W); default (1024, 768) as the released models, or an exported network's.
         batch_size: images (pose: person crops) per forward pass.
         detector: pose only: ``"rtmdet"`` (the official RTMDet-m person detector, downloaded once), a local
             ``rtmdet_m.pth`` path, a callable ``images -> list of (N, 5) [x1, y1, x2, y2, score]``, or ``None``
@@ -108,11 +113,11 @@ class Predictor:
     def __init__(
         self,
         task: str,
-        model: str | os.PathLike | nn.Module = "1b",
+        model: str | os.PathLike | nn.Module | Callable[[torch.Tensor], Any] = "1b",
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | str | None = None,
-        input_size: tuple[int, int] = (1024, 768),
+        input_size: tuple[int, int] | None = None,
         batch_size: int = 4,
         detector: str | os.PathLike | Callable | None = "rtmdet",
         flip_test: bool = True,
@@ -123,15 +128,21 @@ class Predictor:
         self.dtype = _resolve_dtype(dtype)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.input_size = (int(input_size[0]), int(input_size[1]))
         self.batch_size = batch_size
         self.flip_test = flip_test
         self.reference = bool(reference)
-        if isinstance(model, nn.Module):
-            model = model.to(self.device, self.dtype)
+        # An exported network (file or callable) replaces the model code; it takes float32 images at its own size.
+        self.exported = is_network_file(model) or (callable(model) and not isinstance(model, nn.Module))
+        if self.exported:
+            model = load_network(model, task) if is_network_file(model) else model
+            input_size = self._network_input_size(model, input_size, dtype)
+        elif isinstance(model, nn.Module):
+            model = model.to(self.device, self.dtype).eval()
         else:  # built on meta and materialised in place: no float32 copy on the host on the way to a GPU
-            model = load_model(task, model, device=self.device, dtype=self.dtype)
-        self.model = model.eval()
+            model = load_model(task, model, device=self.device, dtype=self.dtype).eval()
+        input_size = input_size or (1024, 768)
+        self.input_size = (int(input_size[0]), int(input_size[1]))
+        self.model = model
         self.detector = None
         if task == "pose":
             from ..pose.topdown import make_detector
@@ -186,12 +197,27 @@ class Predictor:
     def forward(self, x: torch.Tensor) -> Any:
         """The model on a normalised float32 batch (B, 3, H, W): cast to the predictor's device/dtype, raw outputs
         returned as float32."""
-        output = self.model(x.to(self.device, self.dtype))
+        output = self.model(x.to(self.device, torch.float32 if self.exported else self.dtype))
         if isinstance(output, (tuple, list)):
             return type(output)(o.float() for o in output)
         return output.float()
 
     # ---------------------------------------------------------------------------------------------- internals
+
+    @staticmethod
+    def _network_input_size(network: Any, input_size: Any, dtype: Any) -> tuple[int, int] | None:
+        """The input size of an exported network, checked against the one asked for; refuses a dtype change."""
+        name = getattr(network, "path", None) or type(network).__name__
+        if dtype is not None and _resolve_dtype(dtype) != torch.float32:
+            raise ValueError(
+                f"{name}: an exported network computes in the precision it was exported with "
+                f"({getattr(network, 'dtype', 'unknown')}); leave dtype unset (export with --dtype fp16/bf16 instead)"
+            )
+        fixed = getattr(network, "input_size", None)
+        if fixed is not None and input_size is not None and tuple(map(int, input_size)) != tuple(fixed):
+            asked = f"{input_size[0]}x{input_size[1]}"
+            raise ValueError(f"{name}: exported for input size {fixed[0]}x{fixed[1]}, not {asked}")
+        return tuple(fixed) if fixed is not None else input_size
 
     def _timed(self, stage: str, function: Callable, *args, **kwargs):
         start = time.perf_counter()

@@ -1,0 +1,219 @@
+"""Exported networks as callables for ``Predictor``: an ONNX file through onnxruntime, a ``.pt2`` through torch.
+
+Each adapter maps float32 images (B, 3, H, W) to the network's raw outputs as float32 tensors on the images' device
+(one tensor, or a tuple for pointmap), and tells its ``task`` and fixed ``input_size`` read from the file. The
+sapiens2 model code is not involved, so the pre/post-processing of ``Predictor`` runs unchanged on top. onnxruntime
+is imported only when an ONNX file is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .formats import EXPORT_EXTRA, METADATA_FILE
+from .program import OUTPUT_NAMES
+
+__all__ = [
+    "NETWORK_SUFFIXES",
+    "NetworkFileError",
+    "OnnxNetwork",
+    "Pt2Network",
+    "is_network_file",
+    "load_network",
+]
+
+NETWORK_SUFFIXES = (".onnx", ".pt2")
+# onnxruntime execution providers in order of preference, when installed and usable.
+PREFERRED_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+class NetworkFileError(ValueError):
+    """An exported network file that cannot be used: the message names the file and the problem."""
+
+
+def is_network_file(source: Any) -> bool:
+    """Whether ``source`` names an exported network (``.onnx`` or ``.pt2``) rather than weights."""
+    return isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() in NETWORK_SUFFIXES
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def _parse_size(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    height, _, width = text.partition("x")
+    return int(height), int(width)
+
+
+class _Network:
+    """Shared checks and fields of the adapters."""
+
+    path: Path
+    task: str | None
+    input_size: tuple[int, int]
+    dtype: str
+    output_names: tuple[str, ...]
+
+    def _check_task(self, task: str | None) -> None:
+        if task is None:
+            return
+        if self.task is not None and self.task != task:
+            raise NetworkFileError(f"{self.path} holds a '{self.task}' network, not '{task}'")
+        expected = len(OUTPUT_NAMES[task]) if task in OUTPUT_NAMES else None
+        if expected is not None and len(self.output_names) != expected:
+            raise NetworkFileError(
+                f"{self.path} has {len(self.output_names)} outputs ({', '.join(self.output_names)}); a '{task}' "
+                f"network has {expected} ({', '.join(OUTPUT_NAMES[task])})"
+            )
+
+    @staticmethod
+    def _pack(outputs: Sequence[torch.Tensor]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def __repr__(self) -> str:
+        size = f"{self.input_size[0]}x{self.input_size[1]}"
+        return f"{type(self).__name__}({str(self.path)!r}, task={self.task!r}, input_size={size}, dtype={self.dtype})"
+
+
+class OnnxNetwork(_Network):
+    """An ONNX export run by onnxruntime (TensorRT, CUDA or CPU execution provider, the first one available).
+
+    Args:
+        path: the ``.onnx`` file (its ``.data`` file, if any, beside it).
+        task: when given, the file must hold a network of this task.
+        providers: onnxruntime execution providers to use, in order; default ``PREFERRED_PROVIDERS`` that exist.
+
+    Raises:
+        NetworkFileError: a missing, corrupt or non-sapiens2 file, another task's network, or no onnxruntime.
+    """
+
+    def __init__(self, path: str | os.PathLike, task: str | None = None, providers: Sequence[str] | None = None):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise NetworkFileError(f"{self.path}: no such file")
+        try:
+            import onnxruntime
+        except ImportError:
+            raise NetworkFileError(f"{self.path}: running an ONNX file needs onnxruntime; {EXPORT_EXTRA}") from None
+        available = onnxruntime.get_available_providers()
+        self.providers = list(providers) if providers else [p for p in PREFERRED_PROVIDERS if p in available]
+        try:
+            self.session = onnxruntime.InferenceSession(str(self.path), providers=self.providers)
+        except Exception as error:  # onnxruntime raises its own exception types for every kind of bad file
+            hint = ""
+            if "NOT_IMPLEMENTED" in str(error):
+                hint = " (a bf16 export needs a GPU provider; export fp32 or fp16 to run on the CPU)"
+            raise NetworkFileError(f"{self.path}: not a usable ONNX model: {_first_line(error)}{hint}") from None
+        inputs = self.session.get_inputs()
+        shape = inputs[0].shape if len(inputs) == 1 else None
+        if (
+            shape is None
+            or len(shape) != 4
+            or shape[1] != 3
+            or not all(isinstance(side, int) for side in shape[2:])
+            or inputs[0].type != "tensor(float)"
+        ):
+            found = ", ".join(f"{item.name} {item.type} {item.shape}" for item in inputs)
+            raise NetworkFileError(
+                f"{self.path}: expected one float32 input (batch, 3, H, W) as sapiens2 exports have, found: {found}"
+            )
+        self.input_name = inputs[0].name
+        self.input_size = (int(shape[2]), int(shape[3]))
+        metadata = self.session.get_modelmeta().custom_metadata_map
+        self.task = metadata.get("sapiens2.task")
+        self.dtype = metadata.get("sapiens2.dtype", "fp32")
+        self.output_names = tuple(output.name for output in self.session.get_outputs())
+        self._check_task(task)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        array = images.detach().to("cpu", torch.float32).contiguous().numpy()
+        outputs = self.session.run(None, {self.input_name: array})
+        return self._pack([torch.from_numpy(output).to(images.device) for output in outputs])
+
+
+def _is_aoti_package(path: Path) -> bool:
+    with zipfile.ZipFile(path) as archive:
+        return any("/data/aotinductor/" in name for name in archive.namelist())
+
+
+class Pt2Network(_Network):
+    """A ``torch.export`` archive (``export_pt2``) or an AOTInductor package (``export_aoti``), run by torch alone.
+
+    Runs on the CPU (an exported program keeps the device it was traced on); outputs come back on the images'
+    device.
+
+    Raises:
+        NetworkFileError: a missing or unreadable file, or another task's network.
+    """
+
+    def __init__(self, path: str | os.PathLike, task: str | None = None):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise NetworkFileError(f"{self.path}: no such file")
+        try:
+            if _is_aoti_package(self.path):
+                self._load_aoti()
+            else:
+                self._load_program()
+        except (zipfile.BadZipFile, RuntimeError, ValueError, KeyError, OSError) as error:
+            raise NetworkFileError(f"{self.path}: not a usable .pt2 archive: {_first_line(error)}") from None
+        self._check_task(task)
+
+    def _read_metadata(self, metadata: dict[str, str]) -> None:
+        self.task = metadata.get("sapiens2.task")
+        self.dtype = metadata.get("sapiens2.dtype", "fp32")
+        self.output_names = tuple(filter(None, metadata.get("sapiens2.outputs", "").split(",")))
+        size = _parse_size(metadata.get("sapiens2.input_size"))
+        if size is not None:
+            self.input_size = size
+
+    def _load_program(self) -> None:
+        extra = {METADATA_FILE: ""}
+        program = torch.export.load(self.path, extra_files=extra)
+        self.runner = program.module()
+        user_input = next(node for node in program.graph.nodes if node.op == "placeholder" and node.users and
+                          node.name in program.graph_signature.user_inputs)  # fmt: skip
+        shape = user_input.meta["val"].shape
+        self.input_size = (int(shape[2]), int(shape[3]))
+        self._read_metadata(json.loads(extra[METADATA_FILE] or "{}"))
+        if not self.output_names:
+            self.output_names = tuple(str(spec.arg.name) for spec in program.graph_signature.output_specs)
+
+    def _load_aoti(self) -> None:
+        self.runner = torch._inductor.aoti_load_package(str(self.path))
+        metadata = dict(self.runner.get_metadata())
+        self.input_size = (0, 0)
+        self._read_metadata(metadata)
+        if "sapiens2.input_size" not in metadata:
+            raise ValueError("the package records no sapiens2 input size (not made by sapiens2 export)")
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        outputs = self.runner(images.detach().to("cpu", torch.float32).contiguous())
+        outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        return self._pack([output.to(images.device) for output in outputs])
+
+
+def load_network(path: str | os.PathLike, task: str | None = None) -> OnnxNetwork | Pt2Network:
+    """Open an exported network file by its suffix (``.onnx``: onnxruntime; ``.pt2``: torch), checked for ``task``.
+
+    Example:
+        >>> network = load_network("seg.onnx", "seg")
+        >>> logits = network(images)  # (B, 29, H, W) float32
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix == ".onnx":
+        return OnnxNetwork(path, task)
+    if suffix == ".pt2":
+        return Pt2Network(path, task)
+    raise NetworkFileError(f"{path}: not an exported network (expected a {' or '.join(NETWORK_SUFFIXES)} file)")

@@ -1,0 +1,306 @@
+"""Exported networks (ONNX through onnxruntime, torch.export .pt2, AOTInductor) against PyTorch, for every task.
+
+Tiny random models from ``tiny_checkpoints``, with LayerScale set to 1 so the attention branch, where the bf16 RoPE
+acts, moves the output (at its init value 1e-4 a wrong RoPE would hardly show). fp32 exports are held to the loose
+tier of the task's C parity case (the exported graph runs in another engine: exactness is not expected); fp16
+exports to the task tolerances of issue 12 through the post-processing. The backbone is compared with the official
+outputs of ``A_backbone_bf16rope`` (slow: 18 blocks take ~30 s to export).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_INPUT, load_case, require_module
+from parity import assert_parity, case_tolerance, misses_parity, tensor_rule
+from safetensors.torch import load_file
+
+from sapiens2 import Predictor, load_model
+from sapiens2.data.io import read_image
+from sapiens2.export import (
+    ExportError,
+    NetworkFileError,
+    emulate_bfloat16,
+    export_aoti,
+    export_onnx,
+    export_program,
+    export_pt2,
+    export_tensorrt,
+    load_network,
+)
+from sapiens2.export.check import check_on_image
+from sapiens2.metadata import SAMPLE_IMAGE
+from sapiens2.tasks import TASKS
+
+require_module("onnxruntime")
+require_module("onnxscript")
+
+TASK_NAMES = tuple(TASKS)
+# The C parity case whose loose tier bounds each task's fp32 export (matting has none: its head is the normal head's
+# upsampling trunk, so the normal tier).
+TIER_CASE = {task: f"C_{'normal' if task == 'matting' else task}" for task in TASK_NAMES}
+
+
+def _input_size(task: str) -> tuple[int, int]:
+    return TINY_INPUT.get(task, (64, 48))
+
+
+def _tiny_model(task: str, path) -> torch.nn.Module:
+    model = load_model(task, path)
+    with torch.no_grad():
+        for block in model.backbone.blocks:
+            block.attn.gamma.weight.fill_(1.0)
+    return model
+
+
+def _as_tuple(output) -> tuple[torch.Tensor, ...]:
+    return tuple(output) if isinstance(output, (tuple, list)) else (output,)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_checkpoints) -> dict[str, torch.nn.Module]:
+    return {task: _tiny_model(task, tiny_checkpoints[task]) for task in TASK_NAMES}
+
+
+@pytest.fixture(scope="module")
+def onnx_files(models, tmp_path_factory) -> dict[str, object]:
+    """task -> fp32 ONNX export, made on first use (each takes a few seconds)."""
+    folder = tmp_path_factory.mktemp("onnx")
+
+    class Exports(dict):
+        def __missing__(self, task):
+            # albedo is written with external data, to cover the layout the 1b and 5b files need.
+            path = export_onnx(
+                models[task], folder / f"{task}.onnx", input_size=_input_size(task), external_data=task == "albedo"
+            )
+            self[task] = path
+            return path
+
+    return Exports()
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_onnx_fp32_matches_pytorch_within_the_loose_tier_at_any_batch(task, models, onnx_files):
+    """One file, batches 1 and 3 (exported with 2): the dynamic batch carries RoPE tables and GQA through."""
+    network = load_network(onnx_files[task], task)
+    assert (network.task, network.input_size, network.dtype) == (task, _input_size(task), "fp32")
+    tier = case_tolerance(TIER_CASE[task])["loose"]
+    generator = torch.Generator().manual_seed(1)
+    for batch in (1, 3):
+        x = torch.randn(batch, 3, *_input_size(task), generator=generator)
+        with torch.no_grad():
+            expected = _as_tuple(models[task](x))
+        got = _as_tuple(network(x))
+        assert len(got) == len(expected)
+        for name, g, e in zip(network.output_names, got, expected, strict=True):
+            assert g.shape == e.shape, name
+            max_rel, rms_rel = tensor_rule(g.numpy(), e.numpy())
+            assert max_rel <= tier["max_rel"] and rms_rel <= tier["rms_rel"], (name, batch, max_rel, rms_rel)
+
+
+def test_weights_go_to_external_data_when_asked(onnx_files):
+    path = onnx_files["albedo"]
+    assert path.with_name(path.name + ".data").is_file()
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no staging folder left behind
+
+
+def test_fp32_rope_export_is_told_apart_from_the_bf16_recipe(models, onnx_files, tiny_checkpoints, tmp_path):
+    """Negative control: the same weights exported with a float32 RoPE land over 10x further from PyTorch than the
+    export of the bf16 recipe. (On this 2-block model the bug moves the seg logits by ~4e-5, inside the C tier; the
+    slow test below shows the tier itself rejecting it on the fixture's 18-block backbone.)"""
+    wrong = _tiny_model("seg", tiny_checkpoints["seg"])
+    wrong.backbone.rope_embed.dtype = torch.float32
+    x = torch.randn(2, 3, *_input_size("seg"), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = models["seg"](x).numpy()
+    right_max, _ = tensor_rule(load_network(onnx_files["seg"], "seg")(x).numpy(), expected)
+    wrong_path = export_onnx(wrong, tmp_path / "fp32rope.onnx", input_size=_input_size("seg"))
+    wrong_max, _ = tensor_rule(load_network(wrong_path, "seg")(x).numpy(), expected)
+    assert wrong_max > 10 * right_max, (wrong_max, right_max)
+
+
+def _peaked_pose_model(model: torch.nn.Module, image: np.ndarray) -> torch.nn.Module:
+    """Fit the tiny pose model for 60 steps to one Gaussian per keypoint on the image's whole-image crop.
+
+    A random model's heatmaps are flat noise, on which the argmax and the DARK step jump by pixels at any
+    perturbation (the parity fixtures call such keypoints unstable); a fitted one has peaks like a trained model.
+    """
+    from sapiens2.pose.topdown import estimate_pose
+
+    height, width = image.shape[:2]
+    crops = []
+    box = np.array([[0.0, 0.0, width - 1.0, height - 1.0]])
+    estimate_pose([image], [box], lambda x: crops.append(x) or torch.zeros(1, 308, 16, 12), (64, 48), 1,
+                  flip_test=False)  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    rows, columns = torch.rand(308, generator=generator) * 13 + 1.5, torch.rand(308, generator=generator) * 9 + 1.5
+    y, x = torch.meshgrid(torch.arange(16.0), torch.arange(12.0), indexing="ij")
+    target = torch.exp(-((y - rows[:, None, None]) ** 2 + (x - columns[:, None, None]) ** 2) / 4.5)[None]
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(60):
+        loss = (model(crops[0]) - target).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+@pytest.mark.parametrize("task", ["seg", "normal", "pose"])
+def test_onnx_fp16_meets_the_task_tolerances_on_a_photo(task, tiny_checkpoints, tmp_path):
+    """seg labels >= 99.9% equal, normals <= 0.1 deg mean angle, keypoints <= 0.25 px, through the post-processing."""
+    image = read_image(SAMPLE_IMAGE)
+    model = _tiny_model(task, tiny_checkpoints[task])
+    if task == "pose":
+        model = _peaked_pose_model(model, image)
+    path = export_onnx(model, tmp_path / f"{task}16.onnx", input_size=_input_size(task), dtype="fp16")
+    network = load_network(path, task)
+    assert network.dtype == "fp16"
+    check = check_on_image(task, model, network, image, _input_size(task), flip_test=False)
+    assert check.passed, check.lines()
+    assert check.figures["max_rel_diff"] > 1e-5  # it really computed in half precision
+
+
+def test_bf16_emulation_gives_the_eager_bits_in_pytorch():
+    """The export rewrite of the bf16 RoPE recipe (float32 ops + explicit bf16 rounding) is exact in PyTorch, on the
+    parity fixture's backbone (GQA blocks 8-9) and at batch sizes other than the traced one."""
+    from test_backbone_parity import build_from_case
+
+    case, folder = load_case("A_backbone_bf16rope")
+    model = build_from_case(case)
+    model.load_state_dict(load_file(folder / "weights.safetensors"))
+    x = load_file(folder / "inputs.safetensors")["x_96x80"]  # grid 6x5 (x_64x48 is checked by the slow test)
+    program = emulate_bfloat16(export_program(model, x.shape[2:]))
+    assert not [n for n in program.graph.nodes if n.target is torch.ops.aten.sin.default
+                and n.meta["val"].dtype == torch.bfloat16]  # fmt: skip
+    for batch in (x, torch.cat([x, x, x])):
+        with torch.inference_mode():
+            assert torch.equal(program.module()(batch)[0], model(batch)[0])
+
+
+@pytest.mark.slow
+def test_backbone_onnx_matches_official_outputs_within_the_widened_tier(tmp_path):
+    """A_backbone_bf16rope: the fp32 ONNX export through onnxruntime vs the official outputs (tests/parity.py rule),
+    and the same export with a float32 RoPE (negative control) missing it."""
+    from test_backbone_parity import build_from_case
+
+    case, folder = load_case("A_backbone_bf16rope")
+    weights = load_file(folder / "weights.safetensors")
+    last = case["model"]["backbone"]["num_layers"] - 1
+    for input_name, x in load_file(folder / "inputs.safetensors").items():
+        model = build_from_case(case)
+        model.load_state_dict(weights)
+        network = load_network(export_onnx(model, tmp_path / f"{input_name}.onnx", input_size=x.shape[2:]))
+        assert_parity("A_backbone_bf16rope", f"{input_name}__raw__block{last}", network(x))
+        single = network(x[:1])
+        assert torch.allclose(single, network(x)[:1], rtol=0, atol=1e-5)
+        if input_name == "x_64x48":
+            model.rope_embed.dtype = torch.float32
+            wrong = load_network(export_onnx(model, tmp_path / "fp32rope.onnx", input_size=x.shape[2:]))
+            assert misses_parity("A_backbone_bf16rope", f"{input_name}__raw__block{last}", wrong(x))
+
+
+def test_pt2_runs_without_the_sapiens2_package(models, tmp_path):
+    """torch.export.load needs torch only: the program runs with ``import sapiens2`` made impossible, same bits."""
+    path = export_pt2(models["pointmap"], tmp_path / "pointmap.pt2", input_size=_input_size("pointmap"))
+    x = torch.randn(3, 3, *_input_size("pointmap"), generator=torch.Generator().manual_seed(2))
+    torch.save(x, tmp_path / "x.pt")
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["sapiens2"] = None  # any import of sapiens2 now fails
+        import torch
+        torch.set_num_threads(1)
+        program = torch.export.load({str(path)!r})
+        points, scale = program.module()(torch.load({str(tmp_path / "x.pt")!r}))
+        torch.save((points, scale), {str(tmp_path / "out.pt")!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=120)
+    points, scale = torch.load(tmp_path / "out.pt")
+    with torch.no_grad():
+        expected = models["pointmap"](x)
+    assert torch.equal(points, expected[0]) and torch.equal(scale, expected[1])
+    network = load_network(path, "pointmap")
+    assert (network.task, network.input_size, network.output_names) == ("pointmap", (256, 192), ("points", "scale"))
+
+
+def test_predictor_runs_exported_files_with_the_same_processing(models, onnx_files, tmp_path):
+    image = read_image(SAMPLE_IMAGE)
+    expected = Predictor("seg", models["seg"], device="cpu", input_size=(64, 48))(image)
+    for path in (onnx_files["seg"], export_pt2(models["seg"], tmp_path / "seg.pt2", input_size=(64, 48))):
+        predictor = Predictor("seg", model=path, device="cpu")
+        assert predictor.input_size == (64, 48)  # read from the file
+        got = predictor([image, image])
+        assert all(np.mean(result.labels == expected.labels) >= 0.999 for result in got), path
+    normals = Predictor("normal", model=onnx_files["normal"], device="cpu")(image).normals
+    assert normals.shape == (*image.shape[:2], 3)
+
+
+def test_predictor_names_a_corrupt_or_mismatched_network_file(onnx_files, tmp_path):
+    corrupt = tmp_path / "broken.onnx"
+    corrupt.write_bytes(onnx_files["seg"].read_bytes()[:5000])
+    cases = {
+        corrupt: ("seg", "not a usable ONNX model"),
+        onnx_files["seg"]: ("normal", "holds a 'seg' network, not 'normal'"),
+        tmp_path / "garbage.pt2": ("seg", "not a usable .pt2 archive"),
+        tmp_path / "missing.onnx": ("seg", "no such file"),
+    }
+    (tmp_path / "garbage.pt2").write_bytes(b"not a zip")
+    for path, (task, problem) in cases.items():
+        with pytest.raises(NetworkFileError) as error:
+            Predictor(task, model=path, device="cpu")
+        message = str(error.value)
+        assert str(path) in message and problem in message and "\n" not in message, message
+    with pytest.raises(ValueError, match="exported for input size 64x48, not 128x96"):
+        Predictor("seg", model=onnx_files["seg"], input_size=(128, 96))
+    with pytest.raises(ValueError, match="precision it was exported with"):
+        Predictor("seg", model=onnx_files["seg"], dtype="bf16")
+
+
+def test_onnxruntime_is_imported_only_for_an_onnx_file(tiny_checkpoints, onnx_files):
+    script = textwrap.dedent(f"""
+        import sys
+        from sapiens2 import Predictor
+        Predictor("seg", model={str(tiny_checkpoints["seg"])!r}, device="cpu", input_size=(64, 48))
+        assert "onnxruntime" not in sys.modules, "imported for a safetensors model"
+        Predictor("seg", model={str(onnx_files["seg"])!r}, device="cpu")
+        assert "onnxruntime" in sys.modules
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=120)
+
+
+def test_exports_that_cannot_work_say_why(models, tmp_path):
+    seg = models["seg"]
+    problems = {
+        "not a multiple of 16": lambda: export_onnx(seg, tmp_path / "a.onnx", input_size=(60, 48)),
+        "opset 17 is too old": lambda: export_onnx(seg, tmp_path / "b.onnx", input_size=(64, 48), opset=17),
+        "dtype must be one of": lambda: export_pt2(seg, tmp_path / "c.pt2", input_size=(64, 48), dtype="int8"),
+        "scale MLP was built for": lambda: export_pt2(models["pointmap"], tmp_path / "d.pt2", input_size=(64, 48)),
+        "Sapiens2 backbone or a task model": lambda: export_pt2(torch.nn.Linear(2, 2), tmp_path / "e.pt2"),
+    }
+    for expected, export in problems.items():
+        with pytest.raises(ExportError, match=expected):
+            export()
+    if torch.cuda.is_available() and __import__("importlib").util.find_spec("tensorrt"):
+        pytest.skip("TensorRT is usable here: its refusal is not tested")
+    with pytest.raises(ExportError, match="TensorRT export is not possible here: .*trtexec"):
+        export_tensorrt(seg, tmp_path / "seg.engine", input_size=(64, 48))
+    assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+@pytest.mark.slow
+def test_aoti_package_runs_without_the_model_code(models, tmp_path):
+    """AOTInductor compiles the tiny seg model on the CPU (~40 s) into a package that Predictor runs."""
+    path = export_aoti(models["seg"], tmp_path / "seg_aoti.pt2", input_size=(64, 48))
+    network = load_network(path, "seg")
+    assert network.input_size == (64, 48)
+    x = torch.randn(3, 3, 64, 48, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = models["seg"](x)
+    max_rel, rms_rel = tensor_rule(network(x).numpy(), expected.numpy())
+    tier = case_tolerance("C_seg")["loose"]
+    assert max_rel <= tier["max_rel"] and rms_rel <= tier["rms_rel"]
