@@ -304,3 +304,33 @@ def test_aoti_package_runs_without_the_model_code(models, tmp_path):
     max_rel, rms_rel = tensor_rule(network(x).numpy(), expected.numpy())
     tier = case_tolerance("C_seg")["loose"]
     assert max_rel <= tier["max_rel"] and rms_rel <= tier["rms_rel"]
+
+
+def test_cli_exports_checks_and_refuses_with_one_line(tiny_checkpoints, tmp_path, capsys):
+    from sapiens2 import cli
+
+    output = tmp_path / "seg.onnx"
+    argv = ["export", str(tiny_checkpoints["seg"]), "-o", str(output), "--input-size", "64", "48"]
+    assert cli.main([*argv, "--check", str(SAMPLE_IMAGE)]) == 0  # task read from the file, format onnx by default
+    printed = capsys.readouterr().out
+    assert f"wrote {output} (seg, 64x48, fp32, onnx)" in printed
+    assert "label_agreement: 1" in printed and "passed: label_agreement >= 0.999" in printed
+    assert load_network(output, "seg").input_size == (64, 48)
+
+    pt2 = tmp_path / "normal.pt2"
+    normal = ["export", str(tiny_checkpoints["normal"]), "--format", "pt2", "-o", str(pt2), "--task", "normal"]
+    assert cli.main([*normal, "--input-size", "64", "48", "--check", str(SAMPLE_IMAGE)]) == 0
+    assert "mean_angle_deg: 0\n" in capsys.readouterr().out  # torch.export: the eager bits
+
+    refusals = {
+        "tensorrt": "TensorRT export is not possible here",
+        "safetensors": "exports a training run folder or checkpoint",
+    }
+    if torch.cuda.is_available():
+        refusals.pop("tensorrt")
+    for format_, problem in refusals.items():
+        assert cli.main(["export", str(tiny_checkpoints["seg"]), "--format", format_, "-o", str(tmp_path / "x")]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("sapiens2 export: ") and problem in error and error.count("\n") == 1, error
+    assert cli.main(["export", "1b", "-o", str(tmp_path / "y.onnx")]) == 2
+    assert "give --task" in capsys.readouterr().err

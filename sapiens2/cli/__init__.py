@@ -1,7 +1,7 @@
 """The ``sapiens2`` command: ``sapiens2 info | predict | train | export | eval ...``. ``main(argv)`` returns the exit
 status.
 
-One module per command (``info``, ``predict``, ``train`` with ``export``, ``eval``): each adds its argparse
+One module per command (``info``, ``predict``, ``train``, ``export``, ``eval``): each adds its argparse
 subcommand, turns the parsed flags into a typed options object and calls the Python API that accepts the same object.
 """
 
@@ -15,7 +15,7 @@ from .. import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import eval, info, predict, train
+    from . import eval, export, info, predict, train
 
     parser = argparse.ArgumentParser(prog="sapiens2", description="Sapiens2 human-centric vision models.")
     parser.add_argument("--version", action="version", version=f"sapiens2 {__version__}")
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_parser(commands)
     predict.add_parser(commands)
     train.add_parser(commands)
+    export.add_parser(commands)
     eval.add_parser(commands)
     return parser
 

@@ -1,7 +1,7 @@
-"""``sapiens2 train CONFIG.yaml [--set a.b=v ...] [--resume [CHECKPOINT]]`` and ``sapiens2 export RUN -o OUT``.
+"""``sapiens2 train CONFIG.yaml [--set a.b=v ...] [--resume [CHECKPOINT]]``.
 
-The flags parse into ``TrainOptions`` / ``ExportOptions`` for ``sapiens2.train.train`` / ``export_run``. Runs under
-``torchrun --nproc-per-node N -m sapiens2 train cfg.yaml`` unchanged.
+The flags parse into ``TrainOptions`` for ``sapiens2.train.train``. Runs under ``torchrun --nproc-per-node N -m
+sapiens2 train cfg.yaml`` unchanged. (``sapiens2 export`` of a run: ``cli/export.py``.)
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from ..train.run import ExportOptions, TrainOptions, export_run, train
+from ..train.run import TrainOptions, train
 
 # Console format of the step lines (``main`` configures logging with it for this command).
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -20,7 +20,7 @@ _USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    """Add the ``train`` and ``export`` subcommands."""
+    """Add the ``train`` subcommand."""
     parser = commands.add_parser(
         "train",
         help="fine-tune a task model from a YAML config (docs/training.md)",
@@ -44,16 +44,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="continue the run in output_dir from its newest checkpoint (or from CHECKPOINT)",
     )
     parser.set_defaults(func=run_train, log_format=LOG_FORMAT)
-
-    export = commands.add_parser(
-        "export",
-        help="write a trained model as an official-layout .safetensors",
-        description="Export a training run (its newest checkpoint) or a checkpoint file as .safetensors "
-        "(keys backbone.*/decode_head.*, float32), loadable with sapiens2.load_model(task, path).",
-    )
-    export.add_argument("run", help="run folder (output_dir) or checkpoints/step_<N>.pt file")
-    export.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
-    export.set_defaults(func=run_export)
 
 
 def train_options_from_args(args: argparse.Namespace) -> TrainOptions:
@@ -83,14 +73,4 @@ def run_train(args: argparse.Namespace) -> int:
     print(f"trained {summary['steps']} steps, final loss {summary['loss']:.4f}; model: {summary['model']}")
     if evaluation:
         print(f"last evaluation: {evaluation}")
-    return 0
-
-
-def run_export(args: argparse.Namespace) -> int:
-    try:
-        path = export_run(ExportOptions(args.run, args.output))
-    except _USER_ERRORS as error:
-        print(f"sapiens2 export: {error}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}")
     return 0

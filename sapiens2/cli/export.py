@@ -1,0 +1,142 @@
+"""``sapiens2 export MODEL --format onnx|pt2|aoti|tensorrt|safetensors|transformers -o PATH [--check IMAGE]``.
+
+MODEL is anything ``load_model`` accepts (a file, folder, repo id or size) or a training run folder / checkpoint.
+Network formats go through ``sapiens2.export``; ``safetensors`` (the default for a training run) through
+``sapiens2.train.export_run``; ``transformers`` through ``sapiens2.save_transformers``. ``--check IMAGE`` runs the
+written network and PyTorch on the image through the task's pre/post-processing and prints the parity figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "safetensors", "transformers")
+NETWORK_FORMATS = ("onnx", "pt2", "aoti", "tensorrt")
+# User-input problems: one line on stderr and exit status 2, no traceback.
+_USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError)
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Add the ``export`` subcommand."""
+    from ..tasks import TASKS
+
+    parser = commands.add_parser(
+        "export",
+        help="write a model as ONNX, .pt2, an AOTInductor package, a TensorRT engine, safetensors or transformers",
+        description="Export a model for deployment (or a training run's weights). Predictor runs .onnx and .pt2 "
+        "files: Predictor(task, model='model.onnx').",
+    )
+    parser.add_argument(
+        "model",
+        help="a model file, folder, Hugging Face repo id or size (1b), or a training run folder / checkpoint .pt",
+    )
+    parser.add_argument("-o", "--output", required=True, help="the file (folder for transformers) to write")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="default: safetensors for a training run, onnx otherwise",
+    )
+    parser.add_argument(
+        "--task",
+        choices=(*TASKS, "backbone"),
+        default=None,
+        help="the model's task; read from a local file when not given",
+    )
+    parser.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="network precision "
+                        "(default fp32; tensorrt: fp16); inputs and outputs stay float32")  # fmt: skip
+    parser.add_argument("--input-size", nargs=2, type=int, metavar=("H", "W"), default=None,
+                        help="network input size (default the model's own, 1024 768 for released models)")  # fmt: skip
+    parser.add_argument("--opset", type=int, default=18, help="ONNX opset (>= 18)")
+    parser.add_argument("--check", metavar="IMAGE", default=None,
+                        help="run the export and PyTorch on IMAGE and print how far apart they are")  # fmt: skip
+    parser.set_defaults(func=run_export)
+
+
+def is_training_run(source: str) -> bool:
+    """A training run folder (``checkpoints/`` inside) or one of its ``checkpoints/step_<N>.pt`` files."""
+    path = Path(source)
+    return (path.is_dir() and (path / "checkpoints").is_dir()) or (
+        path.is_file() and path.suffix == ".pt" and path.parent.name == "checkpoints"
+    )
+
+
+def _detect_task(source: str) -> str:
+    from ..checkpoints import detect_task, read_state_dict, resolve_checkpoint
+
+    if not Path(source).expanduser().exists():
+        raise ValueError(f"give --task for '{source}' (the task is read only from local files)")
+    path = resolve_checkpoint(source)
+    return detect_task(read_state_dict(path, "bf16", device="meta")) or "backbone"
+
+
+def _load(source: str, task: str | None):
+    from ..checkpoints import load_backbone, load_model
+
+    task = task or _detect_task(source)
+    if task == "backbone":
+        return load_backbone(source, out_type="raw"), task
+    return load_model(task, source), task
+
+
+def _check(model, task: str, path: Path, image: str, input_size: tuple[int, int]) -> int:
+    from ..data.io import read_image
+    from ..export.check import check_on_image
+    from ..export.runtime import load_network
+
+    network = load_network(path, None if task == "backbone" else task)
+    result = check_on_image(task, model, network, read_image(image), input_size)
+    print(f"check on {image} ({path.name} vs PyTorch float32):")
+    for line in result.lines():
+        print(f"  {line}")
+    return 0 if result.passed else 1
+
+
+def run_export(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except _USER_ERRORS as error:
+        message = str(error).strip().splitlines()
+        print(f"sapiens2 export: {message[0] if message else type(error).__name__}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..train.run import ExportOptions, export_run
+
+    run = is_training_run(args.model)
+    format_ = args.format or ("safetensors" if run else "onnx")
+    if args.check and format_ not in ("onnx", "pt2", "aoti"):
+        raise ValueError(f"--check runs .onnx and .pt2 files, not --format {format_}")
+    if format_ == "safetensors":
+        if not run:
+            raise ValueError(f"--format safetensors exports a training run folder or checkpoint, not '{args.model}'")
+        print(f"wrote {export_run(ExportOptions(args.model, args.output))}")
+        return 0
+    with tempfile.TemporaryDirectory() as folder:
+        source = args.model
+        if run:  # a training run: its weights first, then the model from them
+            source = str(export_run(ExportOptions(args.model, Path(folder) / "weights.safetensors")))
+        model, task = _load(source, args.task)
+    if format_ == "transformers":
+        from ..transformers_format import save_transformers
+
+        if task == "backbone":
+            raise ValueError("--format transformers writes task models; give a task model")
+        print(f"wrote {save_transformers(model, args.output)}")
+        return 0
+    from ..export import FORMATS as EXPORTERS
+    from ..export import default_input_size
+
+    input_size = tuple(args.input_size) if args.input_size else default_input_size(model)
+    options = {"input_size": input_size, "dtype": args.dtype or ("fp16" if format_ == "tensorrt" else "fp32")}
+    if format_ == "onnx":
+        options["opset"] = args.opset
+    path = EXPORTERS[format_](model, args.output, **options)
+    print(f"wrote {path} ({task}, {input_size[0]}x{input_size[1]}, {options['dtype']}, {format_})")
+    if args.check:
+        return _check(model, task, Path(path), args.check, input_size)
+    return 0
