@@ -250,6 +250,15 @@ def test_predictor_names_a_corrupt_or_mismatched_network_file(onnx_files, tmp_pa
         tmp_path / "missing.onnx": ("seg", "no such file"),
     }
     (tmp_path / "garbage.pt2").write_bytes(b"not a zip")
+    import onnx
+    from onnx import TensorProto, helper
+
+    foreign = tmp_path / "foreign.onnx"  # a valid ONNX model, but not an image network
+    tensor = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [tensor], [
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), foreign)
+    cases[foreign] = ("seg", "expected one float32 input (batch, 3, H, W)")
     for path, (task, problem) in cases.items():
         with pytest.raises(NetworkFileError) as error:
             Predictor(task, model=path, device="cpu")

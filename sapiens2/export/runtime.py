@@ -107,8 +107,13 @@ class OnnxNetwork(_Network):
             raise NetworkFileError(f"{self.path}: running an ONNX file needs onnxruntime; {EXPORT_EXTRA}") from None
         available = onnxruntime.get_available_providers()
         self.providers = list(providers) if providers else [p for p in PREFERRED_PROVIDERS if p in available]
+        options = onnxruntime.SessionOptions()
+        # As many threads as torch uses, and no spin-waiting after a run: the pre/post-processing (and, in a
+        # benchmark, PyTorch) runs on the same cores right after, and spinning threads would steal them.
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            self.session = onnxruntime.InferenceSession(str(self.path), providers=self.providers)
+            self.session = onnxruntime.InferenceSession(str(self.path), options, providers=self.providers)
         except Exception as error:  # onnxruntime raises its own exception types for every kind of bad file
             hint = ""
             if "NOT_IMPLEMENTED" in str(error):
