@@ -43,6 +43,11 @@ def _check_batch(pred: Tensor, target: Tensor, mask: Tensor, channels: int, name
     return _resize_to(pred, target.shape[-2:]), target, mask > 0
 
 
+def _pooled(total: Tensor | None, batch: Tensor) -> Tensor:
+    """Running sum of per-batch statistics: the first batch's tensor, then added in place."""
+    return batch if total is None else total.add_(batch)
+
+
 def _angle_deg(a: Tensor, b: Tensor) -> Tensor:
     """Angle in degrees between unit vectors along dim 1, the cosine clamped to [−1, 1]."""
     return torch.rad2deg(torch.acos((a * b).sum(dim=1).clamp(-1.0, 1.0)))
@@ -289,11 +294,7 @@ class PointmapMetrics:
         within = torch.stack(
             [(distance < t).sum() for t in POINTMAP_THRESHOLDS] + [(angle < t).sum() for t in NORMAL_THRESHOLDS_DEG]
         )
-        if self._sums is None:
-            self._sums, self._within = sums, within
-        else:
-            self._sums += sums
-            self._within += within
+        self._sums, self._within = _pooled(self._sums, sums), _pooled(self._within, within)
 
     def compute(self) -> dict[str, float]:
         """The pooled statistics (see the class docstring); NaN when no valid pixel was seen."""
@@ -356,11 +357,7 @@ class DepthMetrics:
             ]
         )
         within = torch.stack([(hits & (ratio < t)).sum() for t in DEPTH_RATIO_THRESHOLDS])
-        if self._sums is None:
-            self._sums, self._within = sums, within
-        else:
-            self._sums += sums
-            self._within += within
+        self._sums, self._within = _pooled(self._sums, sums), _pooled(self._within, within)
 
     def compute(self) -> dict[str, float]:
         """The pooled statistics (see the class docstring); NaN when no valid pixel was seen."""
