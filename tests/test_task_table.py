@@ -23,6 +23,7 @@ EVALUABLE = {name for name, task in TASKS.items() if task.evaluable}
 def _mappings() -> dict[str, tuple[set, set]]:
     """name -> (keys of the mapping, the tasks it must cover)."""
     from sapiens2.eval.run import TASK_EVALUATORS
+    from sapiens2.export.program import OUTPUT_NAMES
     from sapiens2.predict.predictor import DENSE_TASKS
     from sapiens2.predict.writers import WRITERS
     from sapiens2.train.trainer import EVAL_TARGETS
@@ -39,6 +40,7 @@ def _mappings() -> dict[str, tuple[set, set]]:
         "train.trainer.EVAL_TARGETS": (set(EVAL_TARGETS), TRAINABLE & DENSE),
         "eval.metrics.DENSE_METRICS": (set(DENSE_METRICS), TRAINABLE & DENSE),
         "eval.run.TASK_EVALUATORS": (set(TASK_EVALUATORS), EVALUABLE),
+        "export.program.OUTPUT_NAMES": (set(OUTPUT_NAMES), ALL),
         # transformers has no albedo model; "pretrain" is its bare backbone.
         "transformers_format.TRANSFORMERS_CLASSES": (set(TRANSFORMERS_CLASSES), (ALL - {"albedo"}) | {PRETRAIN}),
     }
