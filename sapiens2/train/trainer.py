@@ -133,6 +133,9 @@ class Trainer:
         >>> summary = trainer.fit()
     """
 
+    # The file ``fit`` exports at the end, in the run folder (``export``).
+    EXPORT_NAME = "model.safetensors"
+
     def __init__(
         self,
         config: TrainConfig,
@@ -213,12 +216,16 @@ class Trainer:
         dist_utils.seed_everything(config.seed + self.context.rank)
         if checkpoint is not None:
             self.load_checkpoint(checkpoint_path, checkpoint)
-        # Every check has passed: only now is the run folder made (a run refused above leaves nothing behind).
+        self._open_run(resumed=checkpoint is not None)
+
+    def _open_run(self, resumed: bool) -> None:
+        """Make the run folder, write the resolved config, start ``train.log`` and the metric files. Called once
+        every check has passed, so a run refused while building leaves nothing behind."""
         if self.context.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(config, self.run_dir / "config.yaml")
+            save_config(self.config, self.run_dir / "config.yaml")
             self._log.open(self.run_dir / "train.log")
-        self.recorder = dist_utils.RunRecorder(self.run_dir, self.context.is_main, self.step if checkpoint else None)
+        self.recorder = dist_utils.RunRecorder(self.run_dir, self.context.is_main, self.step if resumed else None)
 
     # ------------------------------------------------------------------------------------------------- building
 
@@ -447,9 +454,9 @@ class Trainer:
                 self.evaluate()
             if checkpoint is None or not checkpoint.name.endswith(f"{self.step:08d}.pt"):
                 checkpoint = self.save_checkpoint()
-            model_path = self.run_dir / "model.safetensors"
+            model_path = self.run_dir / self.EXPORT_NAME
             if self.context.is_main:
-                export_model(checkpoint, model_path)
+                self.export(checkpoint, model_path)
                 self._info("exported %s", model_path)
         finally:
             console.close()
@@ -463,6 +470,10 @@ class Trainer:
             "checkpoint": checkpoint,
             "model": model_path,
         }
+
+    def export(self, checkpoint: Path, out_path: Path) -> Path:
+        """Write the final model file of the run from its last checkpoint (main process; ``export_model``)."""
+        return export_model(checkpoint, out_path)
 
     def close(self) -> None:
         """Close the log files and leave the process group (if this trainer joined it)."""

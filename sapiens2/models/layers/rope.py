@@ -72,13 +72,16 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
     """Rotate the last Hp*Wp tokens of x (B, heads, N, hd); the N - Hp*Wp prefix tokens pass unrotated.
 
+    The tables are (Hp*Wp, hd), or (B, 1, n, hd) per sample (pretraining gathers the rows of the kept tokens,
+    PRETRAIN.md §5); either broadcasts over the heads.
+
     The whole tensor (prefix included) is cast to the table dtype and back, so in the default bf16 mode every q/k
     element is rounded to bf16 once (MODEL.md §1.4 "Application"); each of x*cos, rotate_half(x)*sin and their sum
     is rounded in that dtype.
     """
     out_dtype = x.dtype
     x = x.to(sin.dtype)
-    num_prefix = x.shape[-2] - sin.shape[0]
+    num_prefix = x.shape[-2] - sin.shape[-2]
     prefix, patches = x[..., :num_prefix, :], x[..., num_prefix:, :]
     patches = patches * cos + rotate_half(patches) * sin
     return torch.cat((prefix, patches), dim=-2).to(out_dtype)
