@@ -87,6 +87,7 @@ def test_manifest_shards_cover_every_line_once_whatever_the_shard_size(tmp_path_
     shards = list(open_collection(folder / "m.txt", shard_size=shard_size).shards())
     assert [r.key for s in shards for r in s] == [f"img_{i}.png" for i in range(count)]
     assert len(shards) == -(-count // shard_size)
+    assert sum(s.count for s in shards) == count
     assert len({s.id for s in shards}) == len(shards)
 
 

@@ -199,6 +199,8 @@ class Shard:
         column: the manifest's location column (``csv``, ``parquet``).
         base: folder that relative manifest entries are relative to.
         first_line: line number of the range's first line (for messages).
+        count: how many entries (files, manifest lines or rows: blank and comment lines included) the shard holds;
+            0 for a tar file (unknown until read). For progress bars: ``sum(s.count for s in c.shards())``.
     """
 
     id: str
@@ -211,6 +213,7 @@ class Shard:
     column: str = ""
     base: str = ""
     first_line: int = 1
+    count: int = 0
 
     def __iter__(self) -> Iterator[Record]:
         if self.kind == "files":
@@ -398,7 +401,7 @@ class Collection:
             name = local.name
             problem = file_problem(local)
             entry = (name, _strip_extension(name), name, problem)
-            yield Shard(f"{index:03d}-000000", spec, "files", str(local.parent), (entry,))
+            yield Shard(f"{index:03d}-000000", spec, "files", str(local.parent), (entry,), count=1)
         elif kind == "parquet":
             yield from self._parquet_shards(index, spec, local)
         else:
@@ -415,7 +418,7 @@ class Collection:
             prefix = f"{relative}/" if relative else ""
             if error is not None:
                 entry = (prefix or ".", prefix or ".", "", error)
-                yield Shard(f"{index:03d}-{next(counter):06d}", folder, "files", folder, (entry,))
+                yield Shard(f"{index:03d}-{next(counter):06d}", folder, "files", folder, (entry,), count=1)
                 continue
             stems = _stems(files, prefix)
             for start in range(0, len(files), self.shard_size):
@@ -425,7 +428,7 @@ class Collection:
                     for name, stem in zip(names, stems[start : start + self.shard_size], strict=True)
                 )
                 label = f"{folder} [files {start}-{start + len(names) - 1}]"
-                yield Shard(f"{index:03d}-{next(counter):06d}", label, "files", folder, entries)
+                yield Shard(f"{index:03d}-{next(counter):06d}", label, "files", folder, entries, count=len(entries))
             if self.recursive:
                 pending.extend(f"{prefix}{name}" for name in reversed(folders))
 
@@ -444,7 +447,7 @@ class Collection:
                 for i in range(start, min(start + self.shard_size, len(matches)))
             )
             label = f"{pattern} [matches {start}-{start + len(entries) - 1}]"
-            yield Shard(f"{index:03d}-{next(counter):06d}", label, "files", root, entries)
+            yield Shard(f"{index:03d}-{next(counter):06d}", label, "files", root, entries, count=len(entries))
 
     def _text_shards(self, index: int, spec: str, local: Path | None, kind: str) -> Iterator[Shard]:
         base = str(local.parent) if local is not None else spec.rsplit("/", 1)[0]
@@ -465,7 +468,9 @@ class Collection:
                     stop = handle.tell()
                     label = f"{spec} [lines {line}-{line + count - 1}]"
                     where = spec if local is None else str(local)
-                    yield Shard(f"{index:03d}-{number:06d}", label, kind, where, (), start, stop, column, base, line)
+                    yield Shard(
+                        f"{index:03d}-{number:06d}", label, kind, where, (), start, stop, column, base, line, count
+                    )
                     number, line, start, count = number + 1, line + count, stop, 0
                 if not raw:
                     break
@@ -483,7 +488,10 @@ class Collection:
         for number, start in enumerate(range(0, rows, self.shard_size)):
             stop = min(start + self.shard_size, rows)
             label = f"{spec} [rows {start + 1}-{stop}]"
-            yield Shard(f"{index:03d}-{number:06d}", label, "parquet", where, (), start, stop, column, base, start + 1)
+            yield Shard(
+                f"{index:03d}-{number:06d}", label, "parquet", where, (), start, stop, column, base, start + 1,
+                stop - start,
+            )
 
 
 def _stems_by_folder(relative: list[str]) -> list[str]:
