@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     pose.add_argument("--coco-results", type=Path, default=None, help="also write one COCO results file for the run")
     pose.add_argument("--no-flip-test", action="store_true", help="skip the flip test (faster, less accurate)")
+    video = parser.add_argument_group("video (inputs .mp4/.mov/.mkv/.webm/.avi ..., rtsp/http URLs, /dev/videoN)")
+    video.add_argument("--frames", action="store_true", help="read each folder INPUT as one video (frames in order)")
+    video.add_argument("--start", type=int, default=0, help="first source frame (index)")
+    video.add_argument("--end", type=int, default=None, help="stop before this source frame (index)")
+    video.add_argument("--stride", type=int, default=1, help="take every N-th frame")
+    video.add_argument("--detect-every", type=int, default=1, help="pose: run the detector every N frames, "
+                       "boxes from the previous frame's keypoints between")  # fmt: skip
+    video.add_argument("--smooth", default="auto", choices=("auto", "none", "online", "offline"),
+                       help="auto: offline (zero-lag Gaussian) for files, online (One-Euro) for live sources")
     parser.set_defaults(func=run)
 
 
@@ -124,4 +135,22 @@ def cli_option(name: str, value: Any = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    return predict_files(options_from_args(args), option=cli_option)
+    from ..video.decode import is_video_input
+
+    videos = [i for i in args.inputs if is_video_input(i) or (args.frames and Path(i).is_dir())]
+    if not videos:
+        return predict_files(options_from_args(args), option=cli_option)
+    from ..video.run import VideoOptions, predict_videos
+
+    options = options_from_args(args)
+    try:
+        video = VideoOptions(start=args.start, end=args.end, stride=args.stride, detect_every=args.detect_every,
+                             smooth=args.smooth)  # fmt: skip
+    except ValueError as error:
+        print(f"error: --{str(error).replace('_', '-')}", file=sys.stderr)
+        return 2
+    status = predict_videos(replace(options, inputs=videos, sample=False), video, option=cli_option)
+    images = [i for i in args.inputs if i not in videos]
+    if images or args.sample:
+        status = max(status, predict_files(replace(options, inputs=images), option=cli_option))
+    return status
