@@ -1,0 +1,26 @@
+"""Video: every task on video files, image sequences, cameras and stream URLs, with tracked, temporally stable
+people (``predict_video``; ``Predictor.video``; ``sapiens2 predict clip.mp4``). Needs PyAV: ``sapiens2[video]``."""
+
+from .decode import VIDEO_EXTENSIONS, Frame, FrameSource, VideoReadError, is_video_input, open_frames
+from .run import VideoOptions, VideoReport, predict_video, predict_videos
+from .smooth import FixedLagSmoother, OneEuroFilter, OnlineSmoother, jitter
+from .track import ByteTracker, TrackerOptions
+
+__all__ = [
+    "VIDEO_EXTENSIONS",
+    "ByteTracker",
+    "FixedLagSmoother",
+    "Frame",
+    "FrameSource",
+    "OneEuroFilter",
+    "OnlineSmoother",
+    "TrackerOptions",
+    "VideoOptions",
+    "VideoReadError",
+    "VideoReport",
+    "is_video_input",
+    "jitter",
+    "open_frames",
+    "predict_video",
+    "predict_videos",
+]

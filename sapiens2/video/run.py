@@ -1,0 +1,637 @@
+"""Every task on a video: ``predict_video(predictors, source, output, options)``, and ``predict_videos`` for the CLI.
+
+Three stages overlap, joined by bounded queues (memory does not grow with the video's length): a thread decodes
+frames (``decode.open_frames``); the calling thread batches them through each task's ``Predictor`` (frames of a
+batch, and all their people, in one ``predict_batch``), tracks people (``track.ByteTracker``) and smooths
+(``smooth``); a thread draws the overlay, encodes it and writes the chunked outputs (``write.ChunkWriter``).
+
+Pose is top-down: the person detector runs every ``detect_every`` frames; on the frames between, each tracked
+person's box is the box around their confident keypoints of the previous frame (padded), so those frames run
+one after another (the batch is the people of one frame) while ``detect_every=1`` batches whole frames.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import queue
+import re
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..data.io import atomic_write
+from .decode import Frame, FrameSource, VideoReadError, frame_indices, is_stream_url, open_frames
+from .smooth import SMOOTH_MODES, FixedLagSmoother, LabelStabilizer, OnlineSmoother, ScaleStabilizer, rescale_pointmap
+from .track import ByteTracker, TrackerOptions, _Track
+from .write import DENSE_MEMBERS, ChunkWriter, dense_array, join_outputs, overlay_codec, read_markers
+
+__all__ = ["VideoOptions", "VideoReport", "predict_video", "predict_videos", "video_stem"]
+
+logger = logging.getLogger(__name__)
+
+KEYPOINT_BOX_THRESHOLD = 0.3  # keypoints at least this confident span the propagated box
+KEYPOINT_BOX_PADDING = 0.1  # each side, as a fraction of the keypoints' extent (the crop adds its own 25 %)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VideoOptions:
+    """How a video is read, tracked, smoothed and written; the ``sapiens2 predict`` flag is in brackets.
+
+    Args:
+        start, end, stride: source frames ``start, start + stride, ...`` before ``end`` [``--start``, ``--end``,
+            ``--stride``].
+        detect_every: run the person detector every N frames, propagating boxes from keypoints between
+            [``--detect-every``].
+        smooth: ``auto`` (offline for files and sequences, online for cameras and URLs), ``none``, ``online``
+            (One-Euro, no delay) or ``offline`` (centred Gaussian, zero lag) [``--smooth``].
+        sigma: width (frames) of the offline Gaussian; the smoother holds ``ceil(3 sigma)`` frames back.
+        min_cutoff, beta: the One-Euro filter's still cut-off (Hz) and speed coefficient.
+        stabilize_seg: majority label over the last 3 frames per pixel (with smoothing on).
+        keypoint_format: keypoints written and drawn: sapiens308, coco17, coco_wholebody133, openpose25.
+        overlay: write the overlay video.
+        save_dense: write the dense tasks' per-frame arrays.
+        chunk_frames: frames per chunk (the unit of resuming).
+        queue_frames: frames each queue holds at most.
+        fps: frame rate of an image-sequence folder.
+        skip_existing: skip a video whose summary file exists; an unfinished one always resumes.
+        tracker: ByteTrack thresholds.
+    """
+
+    start: int = 0
+    end: int | None = None
+    stride: int = 1
+    detect_every: int = 1
+    smooth: str = "auto"
+    sigma: float = 2.0
+    min_cutoff: float = 1.0
+    beta: float = 0.01
+    stabilize_seg: bool = False
+    keypoint_format: str = "sapiens308"
+    overlay: bool = True
+    save_dense: bool = True
+    chunk_frames: int = 64
+    queue_frames: int = 8
+    fps: float | None = None
+    skip_existing: bool = False
+    tracker: TrackerOptions = field(default_factory=TrackerOptions)
+
+    def __post_init__(self) -> None:
+        if self.smooth not in ("auto", *SMOOTH_MODES):
+            raise ValueError(f"smooth must be auto, none, online or offline, got {self.smooth!r}")
+        if self.start < 0:
+            raise ValueError(f"start must be >= 0, got {self.start}")
+        if self.end is not None and self.end <= self.start:
+            raise ValueError(f"end must be > start ({self.start}), got {self.end}")
+        for name in ("detect_every", "chunk_frames", "queue_frames", "stride"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class VideoReport:
+    """What one video run did: frames written, outputs, error (None when complete) and seconds per stage."""
+
+    source: str
+    frames: int = 0
+    resumed_frames: int = 0
+    skipped: bool = False
+    error: str | None = None
+    outputs: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def frames_per_second(self) -> dict[str, float]:
+        """Frames per second end to end (``total``) and of each stage alone."""
+        done = max(self.frames - self.resumed_frames, 0)
+        return {stage: done / s for stage, s in self.seconds.items() if s > 0}
+
+    def summary(self) -> str:
+        rates = ", ".join(f"{stage} {fps:.1f}" for stage, fps in self.frames_per_second().items())
+        return f"{self.source}: {self.frames} frames" + (f"; frames/s {rates}" if rates else "")
+
+
+def video_stem(source: str | os.PathLike | int, output: Path) -> Path:
+    """Output stem for a source: the file or folder name; URLs and cameras get a name made safe for files."""
+    if isinstance(source, int):
+        return output / f"camera{source}"
+    text = os.fspath(source)
+    if is_stream_url(text) or text.startswith("/dev/"):
+        return output / re.sub(r"[^A-Za-z0-9._-]+", "_", text.split("://")[-1]).strip("_")
+    path = Path(text.rstrip("/"))
+    return output / (path.name if path.is_dir() else path.stem)
+
+
+# ------------------------------------------------------------------------------------------------- per-frame work
+
+
+@dataclass
+class _Item:
+    frame: Frame
+    results: dict[str, Any]
+    ids: np.ndarray | None = None
+    state: dict | None = None
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def add(self, stage: str, since: float) -> None:
+        with self.lock:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - since
+
+
+def _keypoint_box(points: np.ndarray, scores: np.ndarray, size: tuple[int, int]) -> np.ndarray | None:
+    confident = np.isfinite(points).all(axis=1) & (scores >= KEYPOINT_BOX_THRESHOLD)
+    if confident.sum() < 4:
+        return None
+    (x1, y1), (x2, y2) = points[confident].min(axis=0), points[confident].max(axis=0)
+    pad_x, pad_y = KEYPOINT_BOX_PADDING * max(x2 - x1, 1), KEYPOINT_BOX_PADDING * max(y2 - y1, 1)
+    height, width = size
+    return np.array([max(x1 - pad_x, 0), max(y1 - pad_y, 0), min(x2 + pad_x, width - 1), min(y2 + pad_y, height - 1)])
+
+
+class _PoseStage:
+    """Detection every N frames, box propagation between, tracking, and the pose network, in frame order."""
+
+    def __init__(self, predictor: Any, options: VideoOptions, timer: _Timer, state: dict | None, done: int) -> None:
+        self.predictor, self.options, self.timer = predictor, options, timer
+        self.tracker = ByteTracker(options.tracker)
+        self.previous: Any = None  # the last frame's PoseResult
+        self.count = done  # frames seen, for detect_every
+        if state:
+            self.tracker.next_id = int(state["next_id"])
+            self.tracker.tracks = [_Track(t["id"], np.array(t["mean"]), np.array(t["cov"]), t["lost"], t["hits"])
+                                   for t in state["tracks"]]  # fmt: skip
+            self.previous_boxes = [np.array(b) for b in state.get("boxes", [])]
+        else:
+            self.previous_boxes = []
+
+    def state(self) -> dict:
+        tracks = [{"id": t.id, "mean": t.mean.tolist(), "cov": t.cov.tolist(), "lost": t.lost, "hits": t.hits}
+                  for t in self.tracker.tracks]  # fmt: skip
+        return {"next_id": self.tracker.next_id, "tracks": tracks, "boxes": [b.tolist() for b in self.previous_boxes]}
+
+    def _detect(self, images: list[np.ndarray]) -> list[np.ndarray]:
+        from ..pose.topdown import person_boxes
+
+        start = time.perf_counter()
+        boxes, scores = person_boxes(images, None, self.predictor.detector)
+        self.timer.add("detect", start)
+        return [np.concatenate([b, s[:, None]], axis=1) for b, s in zip(boxes, scores, strict=True)]
+
+    def _propagated(self, size: tuple[int, int]) -> np.ndarray | None:
+        boxes = []
+        for n in range(len(self.previous) if self.previous is not None else 0):
+            box = _keypoint_box(self.previous.keypoints[n], self.previous.scores[n], size)
+            boxes.append(box if box is not None else self.previous.boxes[n])
+        if not boxes:
+            return None
+        return np.concatenate([np.asarray(boxes, np.float32), np.ones((len(boxes), 1), np.float32)], axis=1)
+
+    def run(self, items: list[_Item]) -> None:
+        images = [item.frame.image for item in items]
+        if self.options.detect_every == 1:
+            groups = [(items, self._detect(images))]
+        else:
+            groups = []
+        if groups:
+            detections = groups[0][1]
+            for item, found in zip(items, detections, strict=True):
+                item.ids = self.tracker.update(found[:, :4], found[:, 4])
+            start = time.perf_counter()
+            poses = self.predictor.predict_batch(images, detections)
+            self.timer.add("pose", start)
+            for item, pose in zip(items, poses, strict=True):
+                item.results["pose"] = pose
+                self.previous_boxes = [b for b in pose.boxes]
+                item.state = self.state()
+            self.count += len(items)
+            return
+        for item in items:  # detect every N frames: each frame's boxes come from the frame before
+            found = None
+            if self.count % self.options.detect_every and self.previous is not None:
+                found = self._propagated(item.frame.image.shape[:2])
+            if found is None:
+                found = self._detect([item.frame.image])[0]
+            item.ids = self.tracker.update(found[:, :4], found[:, 4])
+            start = time.perf_counter()
+            pose = self.predictor.predict_batch([item.frame.image], [found])[0]
+            self.timer.add("pose", start)
+            item.results["pose"] = self.previous = pose
+            self.previous_boxes = [b for b in pose.boxes]
+            item.state = self.state()
+            self.count += 1
+
+
+# ------------------------------------------------------------------------------------------------- drawing, records
+
+
+def _json_number(value: float, digits: int = 2) -> float | None:
+    return round(float(value), digits) if np.isfinite(value) else None
+
+
+def _record(item: _Item, keypoint_format: str) -> dict:
+    from ..pose.keypoints import as_keypoint_format
+
+    frame = item.frame
+    record: dict[str, Any] = {"frame": frame.index, "time": round(frame.time, 6), "pts": frame.pts}
+    if "pose" in item.results:
+        pose = as_keypoint_format(item.results["pose"], keypoint_format)
+        people = []
+        for n in range(len(pose)):
+            x1, y1, x2, y2 = (float(v) for v in pose.boxes[n])
+            flat = np.concatenate([pose.keypoints[n], pose.scores[n][:, None]], axis=1).reshape(-1)
+            people.append({
+                "track_id": int(item.ids[n]) if item.ids is not None and item.ids[n] >= 0 else None,
+                "bbox": [_json_number(v) for v in (x1, y1, x2 - x1, y2 - y1)],
+                "score": _json_number(pose.box_scores[n], 4),
+                "keypoints": [_json_number(v, 3) for v in flat],
+            })  # fmt: skip
+        record["people"] = people
+    if "pointmap" in item.results:
+        result = item.results["pointmap"]
+        record["scale"], record["focal"] = _json_number(result.scale, 6), _json_number(result.focal, 3)
+    return record
+
+
+def _id_color(track: int) -> tuple[int, int, int]:
+    hue = (track * 47) % 180
+    import cv2
+
+    return tuple(int(c) for c in cv2.cvtColor(np.uint8([[[hue, 200, 255]]]), cv2.COLOR_HSV2RGB)[0, 0])
+
+
+class _Drawer:
+    """The overlay picture: seg blended and skeletons with track ids on the frame; other dense tasks as panels."""
+
+    def __init__(self, keypoint_format: str) -> None:
+        self.keypoint_format = keypoint_format
+        self.depth_range: tuple[float, float] | None = None
+
+    def __call__(self, item: _Item) -> np.ndarray:
+        import cv2
+
+        from ..predict.visualize import colorize_depth, colorize_normals, depth_range, draw_pose, seg_overlay
+
+        results = item.results
+        picture = item.frame.image
+        if "seg" in results:
+            picture = seg_overlay(picture, results["seg"].labels)
+        if "pose" in results:
+            pose = results["pose"]
+            picture = draw_pose(picture, pose, fmt=self.keypoint_format, draw_boxes=True)
+            scale = max(picture.shape[:2]) / 1000
+            for n, box in enumerate(pose.boxes):
+                if item.ids is not None and item.ids[n] >= 0 and np.isfinite(box).all():
+                    org = (int(box[0]) + 2, max(int(box[1]) - 4, 12))
+                    cv2.putText(picture, f"#{int(item.ids[n])}", org, cv2.FONT_HERSHEY_SIMPLEX, max(scale, 0.4),
+                                _id_color(int(item.ids[n])), max(1, round(2 * scale)), cv2.LINE_AA)  # fmt: skip
+        panels = []
+        if "normal" in results:
+            panels.append(colorize_normals(results["normal"].normals))
+        if "pointmap" in results:
+            found = depth_range(results["pointmap"].depth)
+            if found is not None:  # one slowly moving range for the video: no colour flicker
+                old = self.depth_range or found
+                self.depth_range = (0.9 * old[0] + 0.1 * found[0], 0.9 * old[1] + 0.1 * found[1])
+            panels.append(colorize_depth(results["pointmap"].depth, value_range=self.depth_range))
+        if "albedo" in results:
+            panels.append(results["albedo"].albedo)
+        if "matting" in results:
+            panels.append(results["matting"].composite())
+        return np.concatenate([picture, *panels], axis=1) if panels else picture
+
+
+# ------------------------------------------------------------------------------------------------- the pipeline
+
+
+_END = object()
+
+
+def _signature(source: str, options: VideoOptions, tasks: Sequence[str]) -> dict:
+    stat = {}
+    if not is_stream_url(source) and Path(source).is_file():
+        info = Path(source).stat()
+        stat = {"bytes": info.st_size, "mtime": int(info.st_mtime)}
+    keys = ("start", "end", "stride", "detect_every", "smooth", "chunk_frames", "keypoint_format", "overlay")
+    return {"source": source, **stat, "tasks": list(tasks), **{k: getattr(options, k) for k in keys}}
+
+
+def _prepare(stem: Path, signature: dict, tasks: Sequence[str]) -> list[dict]:
+    """Markers of a resumable earlier run with the same signature; otherwise a clean start."""
+    parts = stem.parent / f"{stem.name}.parts"
+    run_file = parts / "run.json"
+    try:
+        same = json.loads(run_file.read_text()) == json.loads(json.dumps(signature))
+    except (OSError, ValueError):
+        same = False
+    if same:
+        return read_markers(parts)
+    shutil.rmtree(parts, ignore_errors=True)
+    for task in DENSE_MEMBERS:
+        shutil.rmtree(stem.parent / f"{stem.name}_{task}", ignore_errors=True)
+    atomic_write(run_file, json.dumps(signature).encode())
+    return []
+
+
+def predict_video(
+    predictors: Mapping[str, Any],
+    source: str | os.PathLike | int,
+    output: str | os.PathLike,
+    options: VideoOptions | None = None,
+    *,
+    progress: bool | None = None,
+) -> VideoReport:
+    """Run each task's ``Predictor`` over a video and write its outputs (see ``sapiens2.video.write``).
+
+    Args:
+        predictors: task -> ``Predictor`` (pose: its detector, or None for the whole frame).
+        source: a video file, an image-sequence folder, a camera index or a stream URL.
+        output: output folder; files are named after the source (``video_stem``).
+        options: see ``VideoOptions``.
+        progress: show a progress bar (default: on a terminal).
+
+    Returns:
+        A ``VideoReport``. A source that fails mid-way keeps its outputs up to the last good frame and reports the
+        error (``report.error``) instead of raising; an unusable source raises ``VideoReadError``.
+    """
+    from tqdm.auto import tqdm
+
+    options = options or VideoOptions()
+    tasks = list(predictors)
+    stem = video_stem(source, Path(output))
+    text = str(source) if isinstance(source, int) else os.fspath(source)
+    report = VideoReport(text)
+    summary_path = stem.parent / f"{stem.name}_video.json"
+    if options.skip_existing and summary_path.is_file():
+        report.skipped = True
+        return report
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    markers = _prepare(stem, _signature(text, options, tasks), tasks)
+    start = options.start
+    if markers:
+        start = markers[-1]["last"] + options.stride
+        report.resumed_frames = sum(m["frames"] for m in markers)
+    frames: FrameSource | None = None
+    if options.end is None or start < options.end:
+        frames = open_frames(source, start=start, end=options.end, stride=options.stride, fps=options.fps)
+    live = frames is not None and frames.kind == "live"
+    mode = options.smooth if options.smooth != "auto" else ("online" if live else "offline")
+    fps = frames.fps if frames is not None else 30.0
+    time_base = frames.time_base if frames is not None and frames.time_base else Fraction(1, 90000)
+    writer = ChunkWriter(stem, fps, time_base, tuple(t for t in tasks if t != "pose" and options.save_dense),
+                         options.overlay, overlay_codec() if options.overlay else None, chunk=len(markers))  # fmt: skip
+    timer = _Timer()
+    wall = time.perf_counter()
+    error: list[str] = []
+    if frames is not None:
+        _run_pipeline(predictors, frames, options, mode, writer, timer, markers, error, report,
+                      tqdm(total=len(frame_indices(frames) or []) or None, unit="frame", desc=stem.name,
+                           disable=progress is False or None))  # fmt: skip
+    timer.seconds["total"] = time.perf_counter() - wall
+    report.seconds = dict(timer.seconds)
+    markers = read_markers(writer.parts)
+    report.frames = sum(m["frames"] for m in markers)
+    if error:
+        last = f"frame {markers[-1]['last']}" if markers else "none"
+        report.error = f"{error[0]}; outputs kept up to the last good frame ({last}, {report.frames} frames written)"
+    audio = text if frames is not None and frames.kind == "file" else None
+    span = (-float("inf"), float("inf"))
+    if options.start > 0 or options.end is not None:  # the audio of the frames kept
+        span = (markers[0]["times"][0] - 0.5 / fps, markers[-1]["times"][1] + options.stride / fps) if markers else span
+    overlay_path = join_outputs(stem, len(markers), options.overlay, audio, span) if markers else None
+    report.outputs = [str(stem.parent / f"{stem.name}_frames.jsonl")] if markers else []
+    if overlay_path is not None:
+        report.outputs.append(str(overlay_path))
+    summary = _summary(report, predictors, options, mode, fps, markers, writer)
+    atomic_write(summary_path, json.dumps(summary, indent=1).encode())
+    report.outputs.append(str(summary_path))
+    shutil.rmtree(writer.parts, ignore_errors=True)
+    return report
+
+
+def _summary(report: VideoReport, predictors: Mapping[str, Any], options: VideoOptions, mode: str, fps: float,
+             markers: list[dict], writer: ChunkWriter) -> dict:  # fmt: skip
+    from ..pose.keypoints import format_keypoint_names
+
+    summary: dict[str, Any] = {
+        "source": report.source, "tasks": list(predictors), "frames": report.frames, "fps": fps,
+        "first_frame": markers[0]["first"] if markers else None, "last_frame": markers[-1]["last"] if markers else None,
+        "stride": options.stride, "smooth": mode, "detect_every": options.detect_every,
+        "overlay_codec": writer.codec, "error": report.error, "seconds": report.seconds,
+        "frames_per_second": report.frames_per_second(),
+        "dense": {t: [str(writer.dense_path(t, c).relative_to(writer.stem.parent)) for c in range(len(markers))]
+                  for t in writer.dense_tasks},
+    }  # fmt: skip
+    if "pose" in predictors:
+        summary["keypoint_format"] = options.keypoint_format
+        summary["keypoint_names"] = list(format_keypoint_names(options.keypoint_format))
+    return summary
+
+
+def _decode_thread(frames: FrameSource, out: queue.Queue, timer: _Timer, stop: threading.Event) -> None:
+    iterator = iter(frames)
+    try:
+        while not stop.is_set():
+            start = time.perf_counter()
+            frame = next(iterator, _END)
+            timer.add("decode", start)
+            out.put(frame)
+            if frame is _END:
+                return
+    except VideoReadError as error:
+        out.put(error)
+    except Exception as error:  # anything else from FFmpeg: reported the same way, naming the source
+        out.put(VideoReadError(frames.name, f"{type(error).__name__}: {error}"))
+
+
+def _write_thread(inbox: queue.Queue, writer: ChunkWriter, options: VideoOptions, timer: _Timer, failed: list,
+                  bar: Any) -> None:  # fmt: skip
+    drawer = _Drawer(options.keypoint_format)
+    last_state = None
+    try:
+        while (item := inbox.get()) is not _END:
+            start = time.perf_counter()
+            picture = drawer(item) if options.overlay else None
+            timer.add("draw", start)
+            start = time.perf_counter()
+            dense = {t: dense_array(t, item.results[t]) for t in writer.dense_tasks}
+            pts = item.frame.pts if item.frame.pts is not None else round(item.frame.time / writer.time_base)
+            writer.add(item.frame.index, pts, _record(item, options.keypoint_format), picture, dense)
+            if writer.frames_in_chunk >= options.chunk_frames:
+                writer.seal(item.state)
+            last_state = item.state
+            timer.add("write", start)
+            bar.update(1)
+        writer.seal(last_state if writer.frames_in_chunk else None)
+    except BaseException as error:  # a write failure stops the run; sealed chunks stay valid
+        writer.abort()
+        failed.append(error)
+        while inbox.get() is not _END:  # drain so the producer never blocks
+            pass
+
+
+def _run_pipeline(predictors: Mapping[str, Any], frames: FrameSource, options: VideoOptions, mode: str,
+                  writer: ChunkWriter, timer: _Timer, markers: list[dict], error: list[str], report: VideoReport,
+                  bar: Any) -> None:  # fmt: skip
+    decoded: queue.Queue = queue.Queue(maxsize=options.queue_frames)
+    finished: queue.Queue = queue.Queue(maxsize=options.queue_frames)
+    stop = threading.Event()
+    failed: list[BaseException] = []
+    state = markers[-1]["state"] if markers else None
+    pose = _PoseStage(predictors["pose"], options, timer, state, report.resumed_frames) if "pose" in predictors \
+        else None  # fmt: skip
+    online = OnlineSmoother(options.min_cutoff, options.beta) if mode == "online" else None
+    lagged = FixedLagSmoother(options.sigma) if mode == "offline" else None
+    scale_online = ScaleStabilizer() if mode == "online" else None
+    labels = LabelStabilizer() if options.stabilize_seg and mode != "none" else None
+    reader = threading.Thread(target=_decode_thread, args=(frames, decoded, timer, stop), daemon=True)
+    writing = threading.Thread(target=_write_thread, args=(finished, writer, options, timer, failed, bar), daemon=True)
+    reader.start()
+    writing.start()
+    batch_size = max(getattr(p, "batch_size", 1) for p in predictors.values())
+    done = False
+    try:
+        while not done and not failed:
+            batch: list[_Item] = []
+            while len(batch) < batch_size:
+                got = decoded.get()
+                if got is _END or isinstance(got, VideoReadError):
+                    done = True
+                    if isinstance(got, VideoReadError):
+                        error.append(str(got))
+                    break
+                batch.append(_Item(got, {}))
+            if not batch:
+                break
+            _infer(batch, predictors, pose, timer)
+            start = time.perf_counter()
+            released = _smooth(batch, online, lagged, scale_online, labels)
+            timer.add("smooth", start)
+            for item in released:
+                finished.put(item)
+            report.frames += len(batch)
+        if lagged is not None:
+            for item in _release(lagged.flush()):
+                finished.put(item)
+    except Exception as problem:  # a model failure: keep what is written, report it, go on with the next video
+        error.append(f"{frames.name}: {type(problem).__name__}: {problem}")
+    finally:
+        stop.set()
+        while reader.is_alive():  # unblock the reader if it waits on a full queue
+            try:
+                decoded.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        finished.put(_END)
+        writing.join()
+        bar.close()
+    if failed:
+        error.append(f"{frames.name}: cannot write outputs ({type(failed[0]).__name__}: {failed[0]})")
+
+
+def _infer(batch: list[_Item], predictors: Mapping[str, Any], pose: _PoseStage | None, timer: _Timer) -> None:
+    images = [item.frame.image for item in batch]
+    for task, predictor in predictors.items():
+        if task == "pose":
+            continue
+        start = time.perf_counter()
+        for item, result in zip(batch, predictor.predict_batch(images), strict=True):
+            item.results[task] = result
+        timer.add(task, start)
+    if pose is not None:
+        pose.run(batch)
+
+
+def _pose_arrays(item: _Item) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    pose = item.results.get("pose")
+    if pose is None:
+        return np.zeros(0, np.int64), np.zeros((0, 0, 2)), np.zeros((0, 0))
+    return item.ids, pose.keypoints, pose.scores
+
+
+def _with_keypoints(item: _Item, keypoints: np.ndarray) -> None:
+    if "pose" in item.results and len(keypoints):
+        item.results["pose"] = dataclasses.replace(item.results["pose"], keypoints=keypoints)
+
+
+def _release(done: list[tuple[_Item, np.ndarray, float | None]]) -> list[_Item]:
+    items = []
+    for item, keypoints, scale in done:
+        _with_keypoints(item, keypoints)
+        if scale is not None and "pointmap" in item.results:
+            item.results["pointmap"] = rescale_pointmap(item.results["pointmap"], scale)
+        items.append(item)
+    return items
+
+
+def _smooth(batch: list[_Item], online: OnlineSmoother | None, lagged: FixedLagSmoother | None,
+            scale_online: ScaleStabilizer | None, labels: LabelStabilizer | None) -> list[_Item]:  # fmt: skip
+    released = []
+    for item in batch:
+        if labels is not None and "seg" in item.results:
+            seg = item.results["seg"]
+            item.results["seg"] = dataclasses.replace(seg, labels=labels(seg.labels))
+        point = item.results.get("pointmap")
+        if online is not None:
+            ids, keypoints, scores = _pose_arrays(item)
+            if len(keypoints):
+                _with_keypoints(item, online(item.frame.time, ids, keypoints, scores))
+            if point is not None and scale_online is not None:
+                item.results["pointmap"] = rescale_pointmap(point, scale_online(point.scale, item.frame.time))
+            released.append(item)
+        elif lagged is not None:
+            ids, keypoints, scores = _pose_arrays(item)
+            scale = point.scale if point is not None else None
+            released += _release(lagged.push(item.frame.time, ids, keypoints, scores, item, scale))
+        else:
+            released.append(item)
+    return released
+
+
+# ------------------------------------------------------------------------------------------------- the CLI's entry
+
+
+def predict_videos(options: Any, video: VideoOptions, *, option: Any = None) -> int:
+    """``sapiens2 predict`` on video inputs: ``options`` is the ``PredictOptions`` of the run (tasks, models,
+    device, output ...), its ``inputs`` the videos; one error line per failed video, the others still run.
+    Returns 0 when every video is complete, 1 otherwise."""
+    from ..predict.run import _make_predictors, check_device, check_input_size, check_model_input_size, python_option
+
+    option = option or python_option
+    try:
+        tasks = list(dict.fromkeys(options.tasks))
+        check_device(options.device, option)
+        check_input_size(options.input_size, option=option)
+        predictors = _make_predictors(options, tasks, option)
+        for predictor in predictors.values():
+            check_model_input_size(options.input_size, predictor.model, option)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    video = dataclasses.replace(video, keypoint_format=options.keypoint_format, skip_existing=options.skip_existing)
+    status = 0
+    for source in options.inputs:
+        try:
+            report = predict_video(predictors, source, options.output, video)
+        except (VideoReadError, ValueError, OSError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            status = 1
+            continue
+        if report.error:
+            print(f"error: {report.error}", file=sys.stderr)
+            status = 1
+        print("skipped (outputs exist): " + report.source if report.skipped else report.summary())
+    return status

@@ -1,0 +1,124 @@
+"""Short synthetic clips for the video tests, made with PyAV from the committed test photos (no media committed)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from fractions import Fraction
+from pathlib import Path
+
+import cv2
+import numpy as np
+from conftest import DATA
+
+
+def photo(name: str = "astronaut.png") -> np.ndarray:
+    image = cv2.imread(str(DATA / name), cv2.IMREAD_COLOR)
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+def moving_crops(count: int, size: tuple[int, int] = (96, 128)) -> Iterator[np.ndarray]:
+    """A window panning across the astronaut photo."""
+    image = photo()
+    height, width = size
+    for i in range(count):
+        x = (i * 5) % (image.shape[1] - width)
+        y = (i * 3) % (image.shape[0] - height)
+        yield np.ascontiguousarray(image[y : y + height, x : x + width])
+
+
+def person_crops() -> tuple[np.ndarray, np.ndarray]:
+    """Two 'people': the astronaut's upper body and the cameraman, 40x24 pixels each."""
+    a = cv2.resize(photo()[20:420, 130:370], (24, 40), interpolation=cv2.INTER_AREA)
+    b = cv2.resize(photo("camera.png")[40:440, 150:390], (24, 40), interpolation=cv2.INTER_AREA)
+    return a, b
+
+
+def crossing(count: int, size: tuple[int, int] = (96, 160)) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Two pasted people walking towards each other and past; returns frames and per-frame true boxes (2, 4)."""
+    a, b = person_crops()
+    height, width = size
+    frames, boxes = [], []
+    for i in range(count):
+        canvas = np.full((height, width, 3), 90, np.uint8)
+        xa = int(10 + i * (width - 44) / max(count - 1, 1))
+        xb = int(width - 34 - i * (width - 44) / max(count - 1, 1))
+        y = 30
+        canvas[y : y + 40, xb : xb + 24] = b
+        canvas[y : y + 40, xa : xa + 24] = a  # a passes in front of b
+        frames.append(canvas)
+        boxes.append(np.array([[xa, y, xa + 24, y + 40], [xb, y, xb + 24, y + 40]], np.float64))
+    return frames, boxes
+
+
+def static_noisy(
+    count: int, size: tuple[int, int] = (96, 128), sigma: float = 8.0, seed: int = 0
+) -> Iterator[np.ndarray]:
+    """One still frame with fresh Gaussian pixel noise each frame (a camera on a tripod)."""
+    rng = np.random.default_rng(seed)
+    base = cv2.resize(photo(), (size[1], size[0]), interpolation=cv2.INTER_AREA).astype(np.float32)
+    for _ in range(count):
+        yield np.clip(base + rng.normal(0, sigma, base.shape), 0, 255).astype(np.uint8)
+
+
+def write_clip(
+    path: Path,
+    frames: Iterator[np.ndarray] | list[np.ndarray],
+    *,
+    fps: int = 25,
+    codec: str = "libx264",
+    audio: bool = False,
+    rotation: int | None = None,
+    times: Callable[[int], float] | None = None,
+) -> Path:
+    """Encode RGB frames; ``audio`` adds a 440 Hz AAC tone as long as the video; ``times(i)`` gives variable
+    frame times in seconds; ``rotation`` sets the display matrix (counter-clockwise degrees)."""
+    import av
+
+    frames = list(frames)
+    height, width = frames[0].shape[:2]
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, rate=fps, options={"bf": "0"} if codec == "libx264" else {})
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        time_base = Fraction(1, fps * 1000)
+        stream.time_base = time_base
+        if rotation is not None:
+            stream.set_display_rotation(rotation)
+        sound = None
+        if audio:
+            sound = out.add_stream("aac", rate=16000, layout="mono")
+        for i, image in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts = round((times(i) if times else i / fps) / time_base)
+            frame.time_base = time_base
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+        if sound is not None:
+            duration = len(frames) / fps
+            samples = int(16000 * duration)
+            tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(samples) / 16000)).astype(np.float32)
+            for start in range(0, samples, 1024):
+                chunk = tone[start : start + 1024][None]
+                aframe = av.AudioFrame.from_ndarray(chunk, format="flt", layout="mono")
+                aframe.sample_rate, aframe.pts = 16000, start
+                for packet in sound.encode(aframe):
+                    out.mux(packet)
+            for packet in sound.encode(None):
+                out.mux(packet)
+    return path
+
+
+def probe(path: Path) -> dict:
+    """Frame count, video pts in seconds, audio packet count and size of a file."""
+    import av
+
+    with av.open(str(path)) as container:
+        video = container.streams.video[0]
+        times, shape = [], None
+        for frame in container.decode(video):
+            times.append(float(frame.pts * video.time_base))
+            shape = (frame.height, frame.width)
+    with av.open(str(path)) as container:
+        audio = sum(1 for s in container.streams.audio for _ in container.demux(s) if _.size)
+    return {"frames": len(times), "times": times, "audio_packets": audio, "size": shape}
