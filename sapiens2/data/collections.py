@@ -303,7 +303,8 @@ def _pyarrow_parquet():
 
 
 def _tar_records(location: str) -> Iterator[Record]:
-    """WebDataset convention: members ``<key>.<ext>``; a sample's image is its first member with an image ext."""
+    """WebDataset convention: members ``<key>.<ext>`` (the key ends at the file name's first dot); a sample's image
+    is its first member whose name ends in an image extension."""
     name = PurePosixPath(urlparse(location).path if _is_url(location) else location).name
     tar_stem = name[: -len(".tar")] if name.endswith(".tar") else name
     seen: set[str] = set()
@@ -315,7 +316,7 @@ def _tar_records(location: str) -> Iterator[Record]:
                 member_name = member.name.lstrip("./") if member.name.startswith("./") else member.name
                 base = PurePosixPath(member_name)
                 sample = str(base.parent / base.name.split(".", 1)[0]) if "." in base.name else member_name
-                extension = "." + base.name.split(".", 1)[1].lower() if "." in base.name else ""
+                extension = os.path.splitext(base.name)[1].lower()  # "s1.seg.png": an image too
                 if extension not in IMAGE_EXTENSIONS or sample in seen:
                     continue
                 seen.add(sample)

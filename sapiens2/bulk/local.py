@@ -1,0 +1,194 @@
+"""The local engine: one worker process per device (GPU, or CPU worker) on this host, fed batches from one queue.
+
+The parent streams the shards, asks the ledger what is done, cuts batches and hands each to the least busy worker
+(at most two in flight each, so a slow device takes fewer); workers load the job once (``job.setup``) and send back
+outcomes, which the parent gives to the committer (sink + ledger, shards committed in input order). A worker that
+dies has its batches handed to the others; workers exit when the parent dies. One device runs in this process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import sys
+from collections import deque
+from collections.abc import Iterator
+from multiprocessing.connection import wait
+from typing import Any
+
+from ..data.collections import Shard
+from .job import BulkJob, run_batch
+from .ledger import Ledger
+
+__all__ = ["run_local", "torch_device"]
+
+IN_FLIGHT = 2  # batches per worker: one running, one waiting, so the device never idles on the parent
+
+
+def torch_device(label: str) -> str:
+    """The torch device of a worker label: ``cpu:1`` (the second CPU worker) -> ``cpu``; ``cuda:1`` unchanged."""
+    return "cpu" if label.startswith("cpu") else label
+
+
+def _set_threads(label: str, threads: int) -> None:
+    if label.startswith("cpu") and threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _tasks(shards: Iterator[Shard], ledger: Ledger, batch_size: int) -> Iterator[tuple]:
+    """("batch", shard id, index, [(record, done hash)]) per batch, then ("seal", shard id, number of batches)."""
+    for shard in shards:
+        done = ledger.done_hashes(shard.id)
+        batch: list = []
+        count = 0
+        for record in shard:
+            batch.append((record, done.get(record.key)))
+            if len(batch) == batch_size:
+                yield ("batch", shard.id, count, batch)
+                batch, count = [], count + 1
+        if batch:
+            yield ("batch", shard.id, count, batch)
+            count += 1
+        yield ("seal", shard.id, count)
+
+
+def _worker(job: BulkJob, label: str, threads: int, tasks: Any, connection: Any, parent: int) -> None:
+    """A worker process: set up the job on its device, then process batches until told to stop."""
+    _set_threads(label, threads)
+    try:
+        job.setup(torch_device(label))
+    except Exception as error:  # reported by the parent as one line, the job stops
+        connection.send(("fatal", f"{label}: setup failed ({type(error).__name__}: {error})"))
+        return
+    connection.send(("ready", None))
+    while True:
+        try:
+            task = tasks.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # the parent was killed: stop instead of writing for nobody
+                return
+            continue
+        if task is None:
+            break
+        task_id, shard, batch = task
+        timings: dict[str, float] = {}
+        outcomes = run_batch(job, batch, shard, label, timings)
+        connection.send(("result", (task_id, outcomes, timings)))
+    job.close()
+
+
+def _inline(job: BulkJob, label: str, threads: int, tasks: Iterator[tuple], committer: Any) -> None:
+    _set_threads(label, threads)
+    job.setup(torch_device(label))
+    try:
+        for task in tasks:
+            if task[0] == "seal":
+                committer.seal(task[1], task[2])
+                continue
+            _, shard, index, batch = task
+            timings: dict[str, float] = {}
+            outcomes = run_batch(job, batch, shard, label, timings)
+            committer.add(shard, index, outcomes, timings, label)
+    finally:
+        job.close()
+
+
+def run_local(
+    job: BulkJob, shards: Iterator[Shard], ledger: Ledger, committer: Any, devices: list[str], batch_size: int
+) -> None:
+    """Run ``job`` over ``shards`` on ``devices`` (worker labels: ``cpu:0``, ``cpu:1``, ``cuda:0`` ...).
+
+    One device runs in this process; more run one spawned process each (CPU workers get ``cores // workers``
+    torch threads). Outcomes go to ``committer.add(shard, batch index, outcomes, timings, device)``; the end of a
+    shard to ``committer.seal(shard, batches)``.
+
+    Raises:
+        RuntimeError: a worker's ``setup`` failed, or every worker died.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpu_workers = sum(label.startswith("cpu") for label in devices)
+    threads = max(1, cores // max(cpu_workers, 1))
+    tasks = _tasks(shards, ledger, batch_size)
+    if len(devices) == 1:
+        _inline(job, devices[0], threads, tasks, committer)
+        return
+    context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA or OpenMP state
+    workers = []
+    for label in devices:
+        receive, send = context.Pipe(duplex=False)
+        task_queue = context.Queue()
+        process = context.Process(
+            target=_worker, args=(job, label, threads, task_queue, send, os.getpid()), daemon=True, name=label
+        )
+        process.start()
+        send.close()
+        workers.append({"label": label, "process": process, "queue": task_queue, "pipe": receive, "held": {}})
+    try:
+        _drive(workers, tasks, committer)
+    finally:
+        for worker in workers:
+            if worker["process"].is_alive():
+                worker["queue"].put(None)
+        for worker in workers:
+            worker["process"].join(timeout=30)
+            if worker["process"].is_alive():
+                worker["process"].kill()
+
+
+def _drive(workers: list[dict], tasks: Iterator[tuple], committer: Any) -> None:
+    retry: deque = deque()
+    next_id = 0
+    exhausted = False
+    alive = list(workers)
+    while True:
+        for worker in sorted(alive, key=lambda w: len(w["held"])):
+            while len(worker["held"]) < IN_FLIGHT:
+                if retry:
+                    task = retry.popleft()
+                elif not exhausted:
+                    try:
+                        event = next(tasks)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    if event[0] == "seal":
+                        committer.seal(event[1], event[2])
+                        continue
+                    task = (next_id, event[1], event[2], event[3])
+                    next_id += 1
+                else:
+                    break
+                worker["held"][task[0]] = task
+                worker["queue"].put((task[0], task[1], task[3]))
+        if exhausted and not retry and not any(w["held"] for w in alive):
+            return
+        by_pipe = {id(w["pipe"]): w for w in alive}
+        by_sentinel = {w["process"].sentinel: w for w in alive}
+        for ready in wait([w["pipe"] for w in alive] + list(by_sentinel), timeout=5.0):
+            worker = by_pipe.get(id(ready)) or by_sentinel.get(ready)
+            if worker is None or worker not in alive:
+                continue
+            try:
+                while worker["pipe"].poll():
+                    kind, payload = worker["pipe"].recv()
+                    if kind == "fatal":
+                        raise RuntimeError(payload)
+                    if kind == "result":
+                        task_id, outcomes, timings = payload
+                        _, shard, index, _ = worker["held"].pop(task_id)
+                        committer.add(shard, index, outcomes, timings, worker["label"])
+            except (EOFError, OSError):
+                pass
+            if not worker["process"].is_alive() and not worker["pipe"].poll():
+                alive.remove(worker)
+                lost = sorted(worker["held"].values())
+                retry.extend(lost)
+                worker["held"].clear()
+                code = worker["process"].exitcode
+                print(f"warning: worker {worker['label']} stopped (exit code {code}); {len(lost)} batches go to the "
+                      "other workers", file=sys.stderr)  # fmt: skip
+                if not alive:
+                    raise RuntimeError("every worker stopped; rerun the same command to resume")

@@ -1,0 +1,172 @@
+"""Where a bulk job's outputs go: per-item files, Parquet parts, or WebDataset tar shards; each write atomic.
+
+=============  =================================================================================================
+``files``      item by item: each blob as ``<output>/<stem><name>`` (predict writes its usual files itself);
+               the ledger journals every item, so a rerun redoes nothing that was written.
+``parquet``    one ``parts/<shard>.<attempt>.parquet`` per shard attempt: columns ``key``, ``stem``, ``source``,
+               ``content_hash`` + the job's row; each blob is a file ``arrays/<stem><name>`` whose path
+               (relative to the output folder) is the column ``<name>`` (``_seg.png`` -> ``seg_png``).
+``webdataset`` one ``shards/<shard>.<attempt>.tar`` per shard attempt: per item ``<wkey>.json`` (key, stem,
+               source, content_hash + the row) and ``<wkey>.<name>`` per blob (``_seg.png`` -> ``.seg.png``);
+               ``<wkey>`` is the stem with dots replaced (WebDataset splits a member name at its first dot).
+=============  =================================================================================================
+
+Part and shard names are fixed by the input shard and attempt, so a shard recomputed after a crash replaces its
+file instead of adding one. Failed items are in the ledger, not in the parts.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from ..data.io import atomic_write
+from .job import Outcome
+
+__all__ = ["SINKS", "FilesSink", "ParquetSink", "Sink", "WebDatasetSink", "column_name", "make_sink"]
+
+
+def column_name(blob: str) -> str:
+    """The Parquet column of a blob: ``_seg.png`` -> ``seg_png``, ``.ply`` -> ``ply``."""
+    return blob.lstrip("_.").replace(".", "_")
+
+
+def _safe_relative(stem: str) -> str:
+    """A stem that stays inside the output folder (``..`` and absolute parts dropped)."""
+    parts = [part for part in stem.replace("\\", "/").split("/") if part not in ("", ".", "..")]
+    return "/".join(parts) or "_"
+
+
+class Sink:
+    """Writes outcomes. ``item_granular`` sinks write each item at once (``write_item``); the others a shard at a
+    time (``commit``), returning the part's path relative to the output folder."""
+
+    kind = ""
+    item_granular = False
+
+    def __init__(self, output: str | os.PathLike) -> None:
+        self.output = Path(output)
+
+    def write_item(self, outcome: Outcome) -> None:
+        """Write one done item's outputs (item-granular sinks)."""
+
+    def commit(self, shard: str, attempt: int, outcomes: list[Outcome]) -> str | None:
+        """Write a shard attempt's done items in one atomic file; None when it has none."""
+        return None
+
+
+class FilesSink(Sink):
+    kind = "files"
+    item_granular = True
+
+    def write_item(self, outcome: Outcome) -> None:
+        if outcome.status != "done" or outcome.output is None:
+            return
+        stem = _safe_relative(outcome.stem)
+        for name, data in outcome.output.blobs.items():
+            atomic_write(self.output / f"{stem}{name}", data)
+        if outcome.output.row:
+            text = json.dumps(outcome.output.row, default=_plain, allow_nan=True) + "\n"
+            atomic_write(self.output / f"{stem}.json", text.encode())
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+class ParquetSink(Sink):
+    kind = "parquet"
+
+    def __init__(self, output: str | os.PathLike, schema: Any = None) -> None:
+        super().__init__(output)
+        self.schema = schema
+        try:
+            import pyarrow  # noqa: F401  (checked at the start of the job, not after the first shard)
+        except ImportError:
+            raise ValueError("the Parquet sink needs pyarrow: pip install 'sapiens2[parquet]'") from None
+
+    def commit(self, shard: str, attempt: int, outcomes: list[Outcome]) -> str | None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = []
+        for outcome in outcomes:
+            if outcome.status != "done" or outcome.output is None:
+                continue
+            row = {"key": outcome.key, "stem": outcome.stem, "source": outcome.source,
+                   "content_hash": outcome.content_hash}  # fmt: skip
+            for name, data in outcome.output.blobs.items():
+                relative = f"arrays/{_safe_relative(outcome.stem)}{name}"
+                atomic_write(self.output / relative, data)
+                row[column_name(name)] = relative
+            row.update(outcome.output.row)
+            rows.append(row)
+        if not rows:
+            return None
+        table = pa.Table.from_pylist(rows)
+        if self.schema is not None:
+            names = table.column_names
+            fields = [(self.schema if n in self.schema.names else table.schema).field(n) for n in names]
+            table = table.cast(pa.schema(fields))
+        relative = f"parts/{shard}.{attempt:04d}.parquet"
+
+        def write(temporary: Path) -> None:
+            pq.write_table(table, temporary)
+
+        atomic_write(self.output / relative, write)
+        return relative
+
+
+def webdataset_key(stem: str) -> str:
+    """The WebDataset sample key of a stem: folders kept, dots in the file name replaced by ``_``."""
+    folder, _, name = _safe_relative(stem).rpartition("/")
+    return f"{folder}/{name.replace('.', '_')}" if folder else name.replace(".", "_")
+
+
+class WebDatasetSink(Sink):
+    kind = "webdataset"
+
+    def commit(self, shard: str, attempt: int, outcomes: list[Outcome]) -> str | None:
+        done = [o for o in outcomes if o.status == "done" and o.output is not None]
+        if not done:
+            return None
+        relative = f"shards/{shard}.{attempt:04d}.tar"
+
+        def write(temporary: Path) -> None:
+            with tarfile.open(temporary, "w", format=tarfile.PAX_FORMAT) as archive:
+                for outcome in done:
+                    key = webdataset_key(outcome.stem)
+                    meta = {"key": outcome.key, "stem": outcome.stem, "source": outcome.source,
+                            "content_hash": outcome.content_hash, **outcome.output.row}  # fmt: skip
+                    members = {"json": (json.dumps(meta, default=_plain, allow_nan=True) + "\n").encode()}
+                    members.update({name.lstrip("_."): data for name, data in outcome.output.blobs.items()})
+                    for extension, data in members.items():
+                        info = tarfile.TarInfo(f"{key}.{extension}")
+                        info.size, info.mtime, info.mode = len(data), 0, 0o644  # reproducible shards
+                        archive.addfile(info, io.BytesIO(data))
+
+        atomic_write(self.output / relative, write)
+        return relative
+
+
+SINKS: dict[str, type[Sink]] = {"files": FilesSink, "parquet": ParquetSink, "webdataset": WebDatasetSink}
+"""Sink name (``--sink``) -> class."""
+
+
+def make_sink(kind: str, output: str | os.PathLike, schema: Any = None) -> Sink:
+    """The sink called ``kind`` writing under ``output``; ``schema`` (a pyarrow schema) types Parquet columns.
+
+    Raises:
+        ValueError: an unknown sink, or a Parquet sink without pyarrow.
+    """
+    if kind not in SINKS:
+        raise ValueError(f"unknown sink {kind!r}; choose from {', '.join(SINKS)}")
+    if kind == "parquet":
+        return ParquetSink(output, schema)
+    return SINKS[kind](output)
