@@ -214,9 +214,10 @@ def _open_av(source: str | os.PathLike | int, text: str, start: int, end: int | 
     except (av.error.FFmpegError, OSError) as error:
         raise VideoReadError(text, f"cannot open ({_reason(error)})") from None
     if not container.streams.video:
-        kinds = ", ".join(sorted({s.type for s in container.streams})) or "none"
+        kinds = ", ".join(sorted({s.type for s in container.streams}))
         container.close()
-        raise VideoReadError(text, f"holds no video stream (streams: {kinds})")
+        raise VideoReadError(text, f"holds no video stream (streams: {kinds})" if kinds else "holds no streams, "
+                             "no frames (an empty or zero-frame file)")  # fmt: skip
     stream = container.streams.video[0]
     stream.thread_type = "AUTO"
     rate = stream.average_rate or stream.guessed_rate or stream.base_rate
@@ -226,12 +227,14 @@ def _open_av(source: str | os.PathLike | int, text: str, start: int, end: int | 
         count = max(1, round(float(stream.duration * stream.time_base) * fps))
 
     def frames() -> Iterator[Frame]:
-        index = -1
+        index, last_time = -1, None
         try:
             first_pts = None
             for packet in container.demux(stream):
                 for frame in packet.decode():
                     index += 1
+                    if frame.pts is not None:
+                        last_time = float(frame.pts * stream.time_base)
                     if index < start or (index - start) % stride:
                         continue
                     if end is not None and index >= end:
@@ -248,11 +251,17 @@ def _open_av(source: str | os.PathLike | int, text: str, start: int, end: int | 
             container.close()
         if index < 0:
             raise VideoReadError(text, "holds no decodable frames", 0)
+        if live or (end is not None and end <= index + 1):
+            return
         expected = stream.frames
-        if not live and expected and index + 1 < expected and (end is None or end > index + 1):
+        if expected and index + 1 < expected:
             raise VideoReadError(
                 text, f"ended after {index + 1} of the {expected} frames its header lists (truncated?)", index + 1
             )
+        length = float(stream.duration * stream.time_base) if stream.duration else (container.duration or 0) / 1e6
+        if not expected and last_time is not None and last_time + 2.5 / fps < length:
+            raise VideoReadError(text, f"ended after {index + 1} frames at {last_time:.2f} s of the {length:.2f} s "
+                                 "its header lists (truncated?)", index + 1)  # fmt: skip
 
     height, width = stream.codec_context.height, stream.codec_context.width
     size = (height, width) if height and width else None
