@@ -24,6 +24,7 @@ from ..checkpoints import load_model
 from ..data.io import to_rgb_array
 from ..dense import albedo, matting, normal, pointmap, seg
 from ..export.runtime import is_network_file, load_network
+from ..models.fast import make_fast
 from ..models.task_model import check_task
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 DENSE_TASKS = {"seg": seg, "normal": normal, "pointmap": pointmap, "albedo": albedo, "matting": matting}
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}  # fmt: skip
+MODES = ("fast", "reference")
 
 
 @dataclass
@@ -56,6 +58,24 @@ def _resolve_device(device: torch.device | str | None) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but CUDA is not available; use device='cpu'")
     return device
+
+
+def _resolve_mode(mode: str | None, device: torch.device, reference: bool) -> str:
+    """The network mode: "fast" by default on CUDA, "reference" elsewhere and whenever ``reference=True``."""
+    if mode is None:
+        return "fast" if device.type == "cuda" and not reference else "reference"
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "fast" and reference:
+        raise ValueError("reference=True reproduces the official files exactly and needs mode='reference', not 'fast'")
+    return mode
+
+
+def _default_dtype(device: torch.device, mode: str) -> torch.dtype:
+    """float32, except bf16 in fast mode on a GPU that has it (issue #11: bf16 by default on such GPUs)."""
+    if mode == "fast" and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
@@ -100,7 +120,14 @@ class Predictor:
         flip_test: pose only: average with the horizontally flipped input (the official setting).
         reference: follow the official demo wherever this library's default post-processing differs from it, to
             reproduce its saved files exactly. Today that is one place: normals are not normalised again after
-            resizing to the original size (default: they are, so every returned normal is unit length).
+            resizing to the original size (default: they are, so every returned normal is unit length). Implies
+            ``mode="reference"``.
+        mode: ``"reference"`` runs the network as the official code does (bit-exact on CPU in float32);
+            ``"fast"`` runs it rearranged for speed (``sapiens2.models.fast.make_fast``: fused QKV, GQA inside SDPA,
+            cached RoPE tables, oneDNN-packed linears on CPU; pose: flipped crops in the same forward and the
+            DARK-UDP decode in torch on the device), agreeing with the reference within the tolerances of
+            ``tests/test_fast_agreement.py``. Default: fast on CUDA (with bf16 where the GPU has it, unless
+            ``dtype`` says otherwise), reference elsewhere. A module given as ``model`` is made fast in place.
 
     Images are file paths, PIL images or H×W×3 uint8 **RGB** arrays. ``predictor(image)`` returns one result,
     ``predictor([...])`` a list, ``predictor.stream(iterable)`` yields results as batches finish.
@@ -122,10 +149,12 @@ class Predictor:
         detector: str | os.PathLike | Callable | None = "rtmdet",
         flip_test: bool = True,
         reference: bool = False,
+        mode: str | None = None,
     ) -> None:
         self.task = check_task(task)
         self.device = _resolve_device(device)
-        self.dtype = _resolve_dtype(dtype)
+        self.mode = _resolve_mode(mode, self.device, bool(reference))
+        self.dtype = _resolve_dtype(dtype) if dtype is not None else _default_dtype(self.device, self.mode)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
@@ -140,6 +169,8 @@ class Predictor:
             model = model.to(self.device, self.dtype).eval()
         else:  # built on meta and materialised in place: no float32 copy on the host on the way to a GPU
             model = load_model(task, model, device=self.device, dtype=self.dtype).eval()
+        if self.mode == "fast" and isinstance(model, nn.Module):
+            model = make_fast(model)
         input_size = input_size or (1024, 768)
         self.input_size = (int(input_size[0]), int(input_size[1]))
         self.model = model
@@ -217,7 +248,19 @@ class Predictor:
     def forward(self, x: torch.Tensor) -> Any:
         """The model on a normalised float32 batch (B, 3, H, W): cast to the predictor's device/dtype, raw outputs
         returned as float32."""
-        output = self.model(x.to(self.device, torch.float32 if self.exported else self.dtype))
+        if self.mode == "fast" and self.device.type == "cuda" and x.device.type == "cpu":
+            x = x.pin_memory()  # CUDA only: a page-locked host copy lets the transfer run asynchronously
+        x = x.to(self.device, torch.float32 if self.exported else self.dtype, non_blocking=True)
+        if self.mode == "fast" and self.device.type == "cuda":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            # CUDA only: cuDNN attention first, then FlashAttention, memory-efficient, math (the first that fits).
+            order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                     SDPBackend.MATH]  # fmt: skip
+            with sdpa_kernel(order, set_priority=True):
+                output = self.model(x)
+        else:
+            output = self.model(x)
         if isinstance(output, (tuple, list)):
             return type(output)(o.float() for o in output)
         return output.float()
@@ -271,6 +314,7 @@ class Predictor:
             flip_test=self.flip_test,
             box_scores_per_image=scores_per_image,
             paths=paths,
+            fast=self.mode == "fast",
         )
         self.timings.inference += time.perf_counter() - start  # crops, network and decoding of all people
         return results

@@ -42,9 +42,14 @@ class RopePositionEmbedding(nn.Module):
         self.base = base
         self.dtype = rope_dtype_from_name(dtype)
         self.register_buffer("periods", torch.empty(head_dim // 4, device=device, dtype=self.dtype), persistent=True)
+        # Fast path (``sapiens2.models.fast``): tables kept per grid when no gradient is recorded (a table made
+        # under inference_mode cannot enter autograd, so the key records the mode). Off by default.
+        self.cache_tables = False
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def reset_parameters(self) -> None:
         # periods[i] = base ** (2i / (hd/2)), every op in the RoPE dtype (bf16 rounds the exponent first).
+        self._tables.clear()
         exponent = 2 * torch.arange(self.head_dim // 4, dtype=self.dtype, device=self.periods.device)
         exponent = exponent / (self.head_dim // 2)
         with torch.no_grad():
@@ -52,6 +57,17 @@ class RopePositionEmbedding(nn.Module):
 
     def forward(self, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (sin, cos), each (Hp*Wp, head_dim) in the RoPE dtype, rows in row-major token order."""
+        if not self.cache_tables or torch.is_grad_enabled():
+            return self._compute(grid)
+        periods = self.periods  # a new periods tensor (a load, a move) has a new address: a new key
+        key = (tuple(grid), periods.device, self.dtype, periods.data_ptr(), torch.is_inference_mode_enabled())
+        if key not in self._tables:
+            if len(self._tables) >= 16:  # a handful of input sizes in practice; never grow without bound
+                self._tables.clear()
+            self._tables[key] = self._compute(grid)
+        return self._tables[key]
+
+    def _compute(self, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         height, width = grid
         device, dtype = self.periods.device, self.dtype
         coords_h = (torch.arange(height, dtype=dtype, device=device) + 0.5) / height  # "separate" normalisation
