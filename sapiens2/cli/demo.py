@@ -1,0 +1,120 @@
+"""``sapiens2 demo``: the flags, parsed into a ``DemoOptions`` for ``sapiens2.demo.launch`` (a local web page)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..demo.options import DemoOptions
+from ..tasks import TASKS
+from .predict import cli_option
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "demo",
+        help="every task in a local web page (needs the [demo] extra: Gradio)",
+        description="Serve a web page to try every task on your photos: sapiens2 demo, then open the printed URL. "
+        "Models load on first use; offline, pass local files: sapiens2 demo --model pose=PATH --detector none",
+    )
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="[TASK=]SOURCE",
+        help="size (0.4b, 0.8b, 1b, 5b), repo id, file or folder; 'pose=path' sets one task's model "
+        "(repeatable; default 1b, downloaded on first use)",
+    )
+    model.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    model.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")
+    model.add_argument(
+        "--input-size",
+        type=int,
+        nargs=2,
+        default=(1024, 768),
+        metavar=("H", "W"),
+        help="network input height and width, multiples of 16 (default 1024 768, as the released models)",
+    )
+    model.add_argument("--batch-size", type=int, default=4, help="person crops per forward pass (pose)")
+    model.add_argument(
+        "--detector",
+        default="rtmdet",
+        help="pose person detector: rtmdet (default: downloaded once), a local rtmdet_m.pth, or none (the whole "
+        "image as one person)",
+    )
+    model.add_argument("--no-flip-test", action="store_true", help="skip the pose flip test (faster, less accurate)")
+    serve = parser.add_argument_group("serving")
+    serve.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine "
+                       "only; 0.0.0.0: the network)")  # fmt: skip
+    serve.add_argument("--port", type=int, default=None, help="port (default 7860, or the next free one)")
+    share = serve.add_mutually_exclusive_group()
+    share.add_argument(
+        "--share",
+        dest="share",
+        action="store_true",
+        help="also open a public https://*.gradio.live link through Gradio's free share service (needs internet)",
+    )
+    share.add_argument(
+        "--share-free",
+        dest="share",
+        action="store_false",
+        help="no public link: the page is served only on --host (the default)",
+    )
+    serve.add_argument(
+        "--task",
+        default="pose,seg",
+        help=f"comma-separated tasks ticked when the page opens (of {', '.join(TASKS)}; default pose,seg)",
+    )
+    serve.add_argument("--max-megapixels", type=float, default=40.0, help="refuse larger images (default 40)")
+    serve.add_argument("--max-file-mb", type=float, default=50.0, help="refuse larger uploads (default 50)")
+    serve.add_argument("--queue-size", type=int, default=16, help="requests that may wait in the queue (default 16)")
+    parser.set_defaults(func=run, share=False)
+
+
+def options_from_args(args: argparse.Namespace) -> DemoOptions:
+    """The parsed flags as a ``DemoOptions`` (``--model`` as ``sapiens2 predict`` reads it)."""
+    model, models = "1b", {}
+    for value in args.model:  # "[TASK=]SOURCE": the last plain SOURCE is the default for every task
+        task, sep, source = value.partition("=")
+        if sep:
+            models[task] = source
+        else:
+            model = value
+    return DemoOptions(
+        model=model,
+        models=models,
+        device=args.device,
+        dtype=args.dtype,
+        input_size=tuple(args.input_size),
+        batch_size=args.batch_size,
+        detector=args.detector,
+        flip_test=not args.no_flip_test,
+        host=args.host,
+        port=args.port,
+        share=args.share,
+        tasks=[t.strip() for t in args.task.split(",") if t.strip()],
+        max_megapixels=args.max_megapixels,
+        max_file_mb=args.max_file_mb,
+        queue_size=args.queue_size,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_from_args(args)
+    try:
+        options.check(cli_option)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        from ..demo import launch
+
+        launch(options, option=cli_option)
+    except ImportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # e.g. the port is taken
+        print(f"error: cannot serve on {options.host}:{options.port or 7860}: {error}", file=sys.stderr)
+        return 1
+    return 0

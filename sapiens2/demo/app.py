@@ -1,0 +1,264 @@
+"""The Gradio page: ``build_app(options)`` returns the app object (a ``gradio.Blocks``), ``launch(options)`` serves it.
+
+Layout: the photo (upload or a packaged sample), the tasks to run and the pose display choices on the left; on the
+right the status (models, per-task timings, errors), every result side by side at the photo's resolution, the seg
+legend with per-class toggles and the files ``sapiens2 predict`` writes, for download. Requests go through Gradio's
+queue (one model run at a time, each waiting request sees its place); any failure becomes a message on the page,
+never a stopped server.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ..metadata import seg_metadata
+from ..predict.run import OptionText, python_option
+from ..tasks import TASKS
+from . import render
+from .analysis import Analysis, UploadError, analyse, read_upload, rewrite_pose
+from .models import ModelCache
+from .options import DemoOptions
+
+__all__ = ["build_app", "launch"]
+
+logger = logging.getLogger(__name__)
+
+KEYPOINT_SETS = [("Sapiens 308", "sapiens308"), ("COCO-WholeBody 133", "coco_wholebody133"), ("COCO 17", "coco17")]
+_KEPT_REQUESTS = 64  # the newest requests' files stay on disk for download; older folders are removed
+_INTRO = (
+    "# Sapiens2\n"
+    "Drop a photo with people (or pick a sample), tick the tasks and press **Run**. Every result is computed at the "
+    "photo's full resolution (enlarge an image to see it); the files below are those `sapiens2 predict` writes."
+)
+
+
+def _import_gradio():
+    try:
+        import gradio
+    except ImportError:
+        raise ImportError("the demo needs Gradio: pip install 'sapiens2[demo]'") from None
+    return gradio
+
+
+class _RequestFolders:
+    """One folder per request under a private temporary root; only the newest ``keep`` survive."""
+
+    def __init__(self, keep: int = _KEPT_REQUESTS) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="sapiens2-demo-"))
+        self._folders: deque[Path] = deque()
+        self._keep = keep
+        self._lock = threading.Lock()
+
+    def new(self) -> Path:
+        folder = self.root / uuid.uuid4().hex
+        folder.mkdir()
+        with self._lock:
+            self._folders.append(folder)
+            while len(self._folders) > self._keep:
+                shutil.rmtree(self._folders.popleft(), ignore_errors=True)
+        return folder
+
+
+def build_app(options: DemoOptions | None = None, *, option: OptionText = python_option) -> Any:
+    """The demo page as a ``gradio.Blocks``, queue set up; models load on first use.
+
+    Example (a Hugging Face Space's ``app.py``, or a notebook cell):
+        >>> from sapiens2.demo import build_app
+        >>> build_app().launch()
+
+    Args:
+        options: models, device and limits (default ``DemoOptions()``: the released 1b models, downloaded once).
+        option: how messages name an option (the CLI passes its flag names).
+
+    Raises:
+        ValueError: options that cannot work (``DemoOptions.check``).
+        ImportError: Gradio is not installed (``pip install 'sapiens2[demo]'``).
+    """
+    options = options or DemoOptions()
+    options.check(option)
+    gr = _import_gradio()
+    cache = ModelCache(options, option)
+    folders = _RequestFolders()
+    class_names = list(seg_metadata().class_names)
+    gr.set_static_paths([str(path.parent) for path in options.samples])  # packaged samples, wherever installed
+
+    with gr.Blocks(title="Sapiens2 demo", analytics_enabled=False, delete_cache=(1800, 3600)) as app:
+        state = gr.State(None)
+        gr.Markdown(_INTRO)
+        with gr.Row():
+            with gr.Column(scale=1, min_width=300):
+                upload = gr.File(label="Photo", type="filepath", elem_id="photo-upload")
+                gr.Examples([[str(path)] for path in options.samples], inputs=[upload], label="Sample photos")
+                tasks = gr.CheckboxGroup(list(TASKS), value=list(options.tasks), label="Tasks", elem_id="tasks")
+                run = gr.Button("Run", variant="primary", elem_id="run")
+                keypoints = gr.Radio(KEYPOINT_SETS, value="sapiens308", label="Keypoint set", elem_id="keypoint-set")
+                boxes = gr.Checkbox(True, label="Person boxes", elem_id="person-boxes")
+            with gr.Column(scale=3):
+                status = gr.Markdown(render.models_markdown(options, cache), elem_id="status")
+                with gr.Row():
+                    views = {
+                        "photo": _image(gr, "Photo", "view-photo"),
+                        "seg": _image(gr, "Body parts (seg)", "view-seg"),
+                        "pose": _image(gr, "Pose", "view-pose"),
+                        "normal": _image(gr, "Surface normals", "view-normal"),
+                        "depth": _image(gr, "Depth (pointmap)", "view-depth"),
+                        "albedo": _image(gr, "Albedo", "view-albedo"),
+                        "matting": _image(gr, "Matting cut-out", "view-matting"),
+                    }
+                    mesh = gr.Model3D(
+                        label="Pointmap in 3D (drag to turn; the person only when seg ran)",
+                        clear_color=(0.12, 0.12, 0.14, 1.0),
+                        visible=False,
+                        min_width=260,
+                        elem_id="view-mesh",
+                    )
+                with gr.Accordion("Body-part classes (seg)", open=True, visible=False) as seg_panel:
+                    legend = gr.HTML(render.seg_legend(None), elem_id="seg-legend")
+                    classes = gr.CheckboxGroup(class_names, value=class_names, label="Shown", elem_id="seg-classes")
+                files = gr.File(
+                    label="Downloads: the files sapiens2 predict writes",
+                    file_count="multiple",
+                    interactive=False,
+                    elem_id="downloads",
+                )
+
+        view_outputs = [*views.values(), mesh, seg_panel, legend]
+        progress_tracker = gr.Progress(track_tqdm=True)  # Gradio fills in the request's tracker (downloads too)
+
+        def on_upload(path: str | None):
+            if path is None:
+                return gr.update(value=None, visible=False), render.models_markdown(options, cache)
+            try:
+                image = read_upload(path, options.max_megapixels, options.max_file_mb)
+            except UploadError as error:
+                gr.Warning(str(error))
+                return gr.update(value=None, visible=False), render.error_markdown(str(error))
+            height, width = image.shape[:2]
+            note = f"**{Path(path).name}**: {width}×{height} pixels. Tick the tasks and press **Run**."
+            return gr.update(value=image, visible=True), note
+
+        def on_run(path, ticked, keypoint_format, draw_boxes, shown, progress=progress_tracker):
+            hidden = [gr.update(value=None, visible=False)] * (len(view_outputs) - 2)
+            hidden += [gr.update(visible=False), render.seg_legend(None)]  # the seg panel and its legend
+            if path is None:
+                return [None, render.error_markdown("drop a photo or pick a sample first"), None, *hidden]
+            if not ticked:
+                return [None, render.error_markdown("tick at least one task"), None, *hidden]
+            try:
+                image = read_upload(path, options.max_megapixels, options.max_file_mb)
+            except UploadError as error:
+                gr.Warning(str(error))
+                return [None, render.error_markdown(str(error)), None, *hidden]
+            try:
+                analysis = analyse(
+                    image,
+                    Path(path).name,
+                    ticked,
+                    cache,
+                    folders.new(),
+                    keypoint_format=keypoint_format,
+                    progress=lambda fraction, what: progress(fraction, desc=what),
+                )
+                shown_views = _views(gr, analysis, keypoint_format, draw_boxes, shown)
+            except Exception as error:  # whatever happens, the page says so and the server goes on
+                logger.exception("demo request failed")
+                return [None, render.error_markdown(f"the request failed: {type(error).__name__}: {error}"), None,
+                        *hidden]  # fmt: skip
+            files_out = [str(p) for p in analysis.files()] or None
+            return [analysis, render.status_markdown(analysis, cache), files_out, *shown_views]
+
+        def on_classes(analysis: Analysis | None, shown):
+            seg = None if analysis is None else analysis.result("seg")
+            if seg is None:
+                return gr.update()
+            return render.seg_picture(analysis.image, seg.labels, shown)
+
+        def on_pose_choice(analysis: Analysis | None, keypoint_format, draw_boxes):
+            pose = None if analysis is None else analysis.result("pose")
+            if pose is None:
+                return gr.update(), gr.update()
+            rewrite_pose(analysis, keypoint_format)
+            picture = render.pose_picture(analysis.image, pose, keypoint_format, draw_boxes)
+            return picture, [str(p) for p in analysis.files()]
+
+        upload.change(on_upload, [upload], [views["photo"], status], concurrency_id="render", concurrency_limit=4)
+        run.click(
+            on_run,
+            [upload, tasks, keypoints, boxes, classes],
+            [state, status, files, *view_outputs],
+            concurrency_id="models",
+            concurrency_limit=1,
+        )
+        classes.change(on_classes, [state, classes], [views["seg"]], concurrency_id="render", concurrency_limit=4)
+        for control in (keypoints, boxes):
+            control.change(
+                on_pose_choice,
+                [state, keypoints, boxes],
+                [views["pose"], files],
+                concurrency_id="render",
+                concurrency_limit=4,
+            )
+    app.queue(max_size=options.queue_size, default_concurrency_limit=1)
+    app.sapiens2_cache = cache  # for notebooks and tests: which models are loaded, and their load times
+    return app
+
+
+def _image(gr, label: str, elem_id: str):
+    # PNG: lossless, so the shown picture is exactly the computed one, at full resolution.
+    return gr.Image(label=label, format="png", interactive=False, visible=False, min_width=260, elem_id=elem_id)
+
+
+def _views(gr, analysis: Analysis, keypoint_format: str, draw_boxes: bool, shown) -> list[Any]:
+    """Updates for [photo, seg, pose, normal, depth, albedo, matting, mesh, seg panel, legend]."""
+
+    def show(value):
+        return gr.update(value=value, visible=value is not None)
+
+    image = analysis.image
+    seg, pose = analysis.result("seg"), analysis.result("pose")
+    normal, pointmap = analysis.result("normal"), analysis.result("pointmap")
+    albedo, matting = analysis.result("albedo"), analysis.result("matting")
+    mesh_path = None
+    if pointmap is not None:
+        foreground = None if seg is None else seg.foreground()
+        if foreground is not None and foreground.mean() < 0.01:  # (nearly) no person found: show everything
+            foreground = None
+        mesh_path = str(render.pointmap_glb(pointmap, image, analysis.folder / "pointmap_3d.glb", foreground))
+    return [
+        show(image),
+        show(None if seg is None else render.seg_picture(image, seg.labels, shown)),
+        show(None if pose is None else render.pose_picture(image, pose, keypoint_format, draw_boxes)),
+        show(None if normal is None else render.normal_picture(normal)),
+        show(None if pointmap is None else render.depth_picture(pointmap)),
+        show(None if albedo is None else albedo.albedo),
+        show(None if matting is None else render.matting_picture(matting)),
+        show(mesh_path),
+        gr.update(visible=seg is not None),
+        render.seg_legend(None if seg is None else seg.labels),
+    ]
+
+
+def launch(options: DemoOptions | None = None, *, option: OptionText = python_option, block: bool = True) -> Any:
+    """Build the app and serve it on ``options.host``:``options.port`` (``sapiens2 demo``); returns the app.
+
+    Args:
+        block: wait until the server is stopped (Ctrl+C); False returns at once with the server running.
+    """
+    options = options or DemoOptions()
+    app = build_app(options, option=option)
+    app.launch(
+        server_name=options.host,
+        server_port=options.port,
+        share=options.share,
+        max_file_size=f"{int(options.max_file_mb * 1e6)}b",
+        prevent_thread_lock=not block,
+        show_error=True,
+    )
+    return app

@@ -1,0 +1,67 @@
+"""The demo's models: one ``Predictor`` per task, loaded on first use and kept, found exactly as ``predict`` finds
+them (``predict.run``: a size, repo id, file or folder; downloaded once into the Hugging Face cache)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from ..predict.run import OptionText, PredictOptions, _make_predictors, check_model_input_size, python_option
+from ..tasks import check_task
+from .options import DemoOptions
+
+__all__ = ["ModelCache"]
+
+
+class ModelCache:
+    """Task -> ``Predictor``, each built on the first request that needs it and then reused.
+
+    A failed load is not remembered: the next request tries again (e.g. after the file was put in place).
+    Loading holds a lock, so two requests never load the same model twice.
+
+    Args:
+        options: the models, device, dtype, input size and detector to use.
+        option: how messages name an option (``--model pose=PATH`` on the command line).
+    """
+
+    def __init__(self, options: DemoOptions, option: OptionText = python_option) -> None:
+        self.options = options
+        self.option = option
+        self.load_seconds: dict[str, float] = {}
+        self._predictors: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def is_loaded(self, task: str) -> bool:
+        return task in self._predictors
+
+    def get(self, task: str) -> Any:
+        """The task's ``Predictor``, loading it (finding or downloading its file first) if needed.
+
+        Raises:
+            CheckpointNotFoundError: no local file and no download (the message says which flag to use).
+            ValueError: a file that is not a model of this task, or an input size the model cannot take.
+        """
+        check_task(task)
+        with self._lock:
+            if task in self._predictors:
+                return self._predictors[task]
+            start = time.perf_counter()
+            options = self.options
+            predict_options = PredictOptions(
+                tasks=(task,),
+                output=".",  # never written: the demo writes each request's files itself
+                model=options.model,
+                models=options.models,
+                device=options.device,
+                dtype=options.dtype,
+                batch_size=options.batch_size,
+                input_size=options.input_size,
+                detector=options.detector,
+                flip_test=options.flip_test,
+            )
+            predictor = _make_predictors(predict_options, [task], self.option)[task]
+            check_model_input_size(options.input_size, predictor.model, self.option)
+            self._predictors[task] = predictor
+            self.load_seconds[task] = time.perf_counter() - start
+            return predictor
