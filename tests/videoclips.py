@@ -80,7 +80,7 @@ def write_clip(
         stream = out.add_stream(codec, rate=fps, options={"bf": "0"} if codec == "libx264" else {})
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         time_base = Fraction(1, fps * 1000)
-        stream.time_base = time_base
+        stream.time_base = stream.codec_context.time_base = time_base
         if rotation is not None:
             stream.set_display_rotation(rotation)
         sound = None

@@ -223,6 +223,7 @@ def _open_av(source: str | os.PathLike | int, text: str, start: int, end: int | 
     rate = stream.average_rate or stream.guessed_rate or stream.base_rate
     fps = float(rate) if rate else 30.0
     count = stream.frames or None
+    length = float(stream.duration * stream.time_base) if stream.duration else (container.duration or 0) / 1e6
     if count is None and stream.duration and stream.time_base and not live:
         count = max(1, round(float(stream.duration * stream.time_base) * fps))
 
@@ -258,7 +259,6 @@ def _open_av(source: str | os.PathLike | int, text: str, start: int, end: int | 
             raise VideoReadError(
                 text, f"ended after {index + 1} of the {expected} frames its header lists (truncated?)", index + 1
             )
-        length = float(stream.duration * stream.time_base) if stream.duration else (container.duration or 0) / 1e6
         if not expected and last_time is not None and last_time + 2.5 / fps < length:
             raise VideoReadError(text, f"ended after {index + 1} frames at {last_time:.2f} s of the {length:.2f} s "
                                  "its header lists (truncated?)", index + 1)  # fmt: skip

@@ -33,7 +33,7 @@ import numpy as np
 from ..data.io import atomic_write
 from .decode import Frame, FrameSource, VideoReadError, frame_indices, is_stream_url, open_frames
 from .smooth import SMOOTH_MODES, FixedLagSmoother, LabelStabilizer, OnlineSmoother, ScaleStabilizer, rescale_pointmap
-from .track import ByteTracker, TrackerOptions, _Track
+from .track import ByteTracker, TrackerOptions, _Track, box_iou
 from .write import DENSE_MEMBERS, ChunkWriter, dense_array, join_outputs, overlay_codec, read_markers
 
 __all__ = ["VideoOptions", "VideoReport", "predict_video", "predict_videos", "video_stem"]
@@ -168,7 +168,8 @@ class _PoseStage:
     def __init__(self, predictor: Any, options: VideoOptions, timer: _Timer, state: dict | None, done: int) -> None:
         self.predictor, self.options, self.timer = predictor, options, timer
         self.tracker = ByteTracker(options.tracker)
-        self.previous: Any = None  # the last frame's PoseResult
+        self.previous: Any = None  # the last frame's PoseResult, and its track ids
+        self.previous_ids = np.zeros(0, np.int64)
         self.count = done  # frames seen, for detect_every
         if state:
             self.tracker.next_id = int(state["next_id"])
@@ -191,14 +192,23 @@ class _PoseStage:
         self.timer.add("detect", start)
         return [np.concatenate([b, s[:, None]], axis=1) for b, s in zip(boxes, scores, strict=True)]
 
-    def _propagated(self, size: tuple[int, int]) -> np.ndarray | None:
-        boxes = []
-        for n in range(len(self.previous) if self.previous is not None else 0):
+    def _propagated(self, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """Boxes around each tracked person's confident keypoints of the previous frame, with their ids. A box far
+        from the track's motion prediction (IoU < 0.3: a failed pose) gives way to the prediction."""
+        predicted = self.tracker.predicted_boxes()
+        boxes, ids = [], []
+        for n, track in enumerate(self.previous_ids.tolist() if self.previous is not None else []):
+            if track < 0 or track not in predicted:
+                continue
             box = _keypoint_box(self.previous.keypoints[n], self.previous.scores[n], size)
-            boxes.append(box if box is not None else self.previous.boxes[n])
+            if box is None or box_iou(box, predicted[track])[0, 0] < 0.3:
+                box = predicted[track]
+            boxes.append(box)
+            ids.append(track)
         if not boxes:
             return None
-        return np.concatenate([np.asarray(boxes, np.float32), np.ones((len(boxes), 1), np.float32)], axis=1)
+        boxes = np.concatenate([np.asarray(boxes, np.float32), np.ones((len(boxes), 1), np.float32)], axis=1)
+        return boxes, np.asarray(ids)
 
     def run(self, items: list[_Item]) -> None:
         images = [item.frame.image for item in items]
@@ -220,12 +230,16 @@ class _PoseStage:
             self.count += len(items)
             return
         for item in items:  # detect every N frames: each frame's boxes come from the frame before
-            found = None
+            carried = None
             if self.count % self.options.detect_every and self.previous is not None:
-                found = self._propagated(item.frame.image.shape[:2])
-            if found is None:
+                carried = self._propagated(item.frame.image.shape[:2])
+            if carried is not None:
+                found, ids = carried
+                item.ids = self.tracker.update(found[:, :4], found[:, 4], ids=ids)
+            else:
                 found = self._detect([item.frame.image])[0]
-            item.ids = self.tracker.update(found[:, :4], found[:, 4])
+                item.ids = self.tracker.update(found[:, :4], found[:, 4])
+            self.previous_ids = item.ids
             start = time.perf_counter()
             pose = self.predictor.predict_batch([item.frame.image], [found])[0]
             self.timer.add("pose", start)

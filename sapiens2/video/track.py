@@ -173,9 +173,10 @@ class ByteTracker:
         """Track id -> the current box estimate of every live track (matched this frame or coasting)."""
         return {t.id: t.box for t in self.tracks}
 
-    def update(self, boxes: np.ndarray, scores: np.ndarray | None = None) -> np.ndarray:
+    def update(self, boxes: np.ndarray, scores: np.ndarray | None = None, ids: np.ndarray | None = None) -> np.ndarray:
         """Match this frame's detections (N, 4) xyxy with (N,) scores to the tracks; returns (N,) ids (-1: the
-        detection scored too low to start a track and matched none)."""
+        detection scored too low to start a track and matched none). With ``ids`` the boxes are known to belong to
+        those tracks (boxes carried over from the previous frame): no association, the tracks just follow them."""
         boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
         scores = np.ones(len(boxes)) if scores is None else np.asarray(scores, np.float64).reshape(-1)
         if len(scores) != len(boxes):
@@ -183,6 +184,8 @@ class ByteTracker:
         opts = self.options
         for track in self.tracks:
             track.mean, track.cov = self._kalman.predict(track.mean, track.cov)
+        if ids is not None:
+            return self._follow(boxes, np.asarray(ids, np.int64).reshape(-1))
         ids = np.full(len(boxes), -1, dtype=np.int64)
         high = np.flatnonzero(scores >= opts.high)
         low = np.flatnonzero((scores >= opts.low) & (scores < opts.high))
@@ -210,3 +213,17 @@ class ByteTracker:
                 self.next_id += 1
         self.tracks = [t for t in self.tracks if t.lost <= opts.max_lost]
         return ids
+
+    def _follow(self, boxes: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        if len(ids) != len(boxes):
+            raise ValueError(f"got {len(ids)} ids for {len(boxes)} boxes")
+        by_id = {t.id: t for t in self.tracks}
+        for track in self.tracks:
+            track.lost += 1
+        for box, track_id in zip(boxes, ids.tolist(), strict=True):
+            if track_id in by_id:
+                track = by_id[track_id]
+                track.mean, track.cov = self._kalman.update(track.mean, track.cov, _to_z(box))
+                track.lost, track.hits = 0, track.hits + 1
+        self.tracks = [t for t in self.tracks if t.lost <= self.options.max_lost]
+        return np.where(np.isin(ids, list(by_id)), ids, -1)
