@@ -15,7 +15,7 @@ from .. import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import demo, eval, export, info, predict, pretrain, train
+    from . import curate, demo, eval, export, info, predict, pretrain, train
 
     parser = argparse.ArgumentParser(prog="sapiens2", description="Sapiens2 human-centric vision models.")
     parser.add_argument("--version", action="version", version=f"sapiens2 {__version__}")
@@ -25,8 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parser(commands)
     export.add_parser(commands)
     eval.add_parser(commands)
+    benchmark.add_parser(commands)
     demo.add_parser(commands)
     pretrain.add_parser(commands)
+    curate.add_parser(commands)
     return parser
 
 

@@ -7,7 +7,7 @@ sampling, a Parquet manifest and a report. ``sapiens2 curate CONFIG.yaml`` runs 
 """
 
 from .config import CurateConfig, load_curate_config
-from .runner import CurateResult, curate
+from .runner import CurateOptions, CurateResult, curate
 from .stages import ModelMissing
 
-__all__ = ["CurateConfig", "CurateResult", "ModelMissing", "curate", "load_curate_config"]
+__all__ = ["CurateConfig", "CurateOptions", "CurateResult", "ModelMissing", "curate", "load_curate_config"]

@@ -13,6 +13,7 @@ Run folder layout::
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,14 +24,42 @@ import numpy as np
 
 from ..data.collections import open_collection
 from ..data.io import atomic_write
-from .config import CurateConfig, dump_config, section_hash
+from .config import CurateConfig, dump_config, load_curate_config, section_hash
 from .report import build_report, write_report
 from .select import select
-from .shards import MAP_STAGES, ShardProcessor, plan_stages, read_stage, stage_done
+from .shards import MAP_STAGES, ShardProcessor, plan_stages, read_stage, stage_done, stage_schemas
 
-__all__ = ["CurateResult", "curate", "load_scores", "run_map_phase"]
+__all__ = ["CurateOptions", "CurateResult", "curate", "load_scores", "run_map_phase"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CurateOptions:
+    """What ``sapiens2 curate`` is given: a config file, overrides and run switches (the CLI's flags).
+
+    Attributes:
+        config: the YAML config file.
+        overrides: ``"a.b=value"`` settings applied over the file (``--set``).
+        engine: ``local`` or ``ray`` over the config's ``engine`` (``--engine``); None keeps the config's.
+        strict: turn every skipped stage into an error (``--strict``); None keeps the config's.
+        progress: show the progress bar.
+    """
+
+    config: str | os.PathLike
+    overrides: tuple[str, ...] = ()
+    engine: str | None = None
+    strict: bool | None = None
+    progress: bool = True
+
+    def load(self) -> CurateConfig:
+        """The run's config: the file, the overrides, then the switches."""
+        overrides = list(self.overrides)
+        if self.engine is not None:
+            overrides.append(f"engine={self.engine}")
+        if self.strict is not None:
+            overrides.append(f"strict={'true' if self.strict else 'false'}")
+        return load_curate_config(self.config, overrides)
 
 
 @dataclass(frozen=True)
@@ -161,7 +190,11 @@ def load_scores(config: CurateConfig, shards: Sequence[Any]) -> tuple[Any, np.nd
                 aligned[where[uri]] = matrix[row]
             vectors.append(aligned)
         frames.append(frame)
-    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(stage_schemas()["ingest"]))
+    for stage in ("person", "head_pose", "clip", "text"):  # a skipped stage's columns are null (§8)
+        for column in stage_schemas()[stage]:
+            if column not in table:
+                table[column] = None
     embeddings = None
     if vectors:
         width = max(v.shape[1] for v in vectors)
@@ -176,19 +209,23 @@ def _check_subset(rows: Any, ingested: Any, stage: str, shard_id: str) -> None:
 
 
 def curate(
-    config: CurateConfig, *, progress: bool = True, on_shard: Callable[[dict], None] | None = None
+    config: CurateConfig | CurateOptions, *, progress: bool = True, on_shard: Callable[[dict], None] | None = None
 ) -> CurateResult:
     """Run a curation: per-shard scores (resumed where done), filters, dedup, clustering, sampling, manifest, report.
 
     Example:
-        >>> config = load_curate_config("configs/curate_example.yaml")
-        >>> result = curate(config)  # result.manifest: the kept images, ready for pretraining
+        >>> result = curate(CurateOptions("configs/curate_example.yaml", overrides=("balance.target_size=1000",)))
+        >>> result.manifest  # the kept images, ready for pretraining
 
     Raises:
         ValueError: bad inputs or config (one line); with ``strict``, any stage that would be skipped.
         ModelMissing: a model that was given cannot be found (before any compute).
     """
     import pandas as pd  # noqa: F401  (the extra's dependency: fail here, before any compute, if it is missing)
+
+    if isinstance(config, CurateOptions):
+        progress = progress and config.progress
+        config = config.load()
 
     if not config.inputs:
         raise ValueError("no inputs: set inputs to folders, globs, manifests or WebDataset shards")

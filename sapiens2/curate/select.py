@@ -128,8 +128,8 @@ def select(table: Any, embeddings: np.ndarray | None, config: CurateConfig, skip
     listed = table.duplicated("uri", keep="first") & table["drop_reason"].isna()
     table.loc[listed, "drop_reason"] = "listed_twice"
     rank = preference_rank(
-        table.get("best_box_short_side", [None] * len(table)).tolist(),
-        table.get("aesthetic", [None] * len(table)).tolist(),
+        table["best_box_short_side"].tolist(),
+        table["aesthetic"].tolist(),
         (table["width"].fillna(0) * table["height"].fillna(0)).tolist(),
         table["image_id"].fillna("").tolist(),
         table["uri"].tolist(),
