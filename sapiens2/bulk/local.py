@@ -82,7 +82,10 @@ def _worker(job: BulkJob, label: str, threads: int, tasks: Any, connection: Any,
 
 def _inline(job: BulkJob, label: str, threads: int, tasks: Iterator[tuple], committer: Any) -> None:
     _set_threads(label, threads)
-    job.setup(torch_device(label))
+    try:
+        job.setup(torch_device(label))
+    except Exception as error:  # same message as from a worker process
+        raise RuntimeError(f"{label}: setup failed ({type(error).__name__}: {error})") from error
     try:
         for task in tasks:
             if task[0] == "seal":
@@ -97,12 +100,19 @@ def _inline(job: BulkJob, label: str, threads: int, tasks: Iterator[tuple], comm
 
 
 def run_local(
-    job: BulkJob, shards: Iterator[Shard], ledger: Ledger, committer: Any, devices: list[str], batch_size: int
+    job: BulkJob,
+    shards: Iterator[Shard],
+    ledger: Ledger,
+    committer: Any,
+    devices: list[str],
+    batch_size: int,
+    threads: int | None = None,
 ) -> None:
     """Run ``job`` over ``shards`` on ``devices`` (worker labels: ``cpu:0``, ``cpu:1``, ``cuda:0`` ...).
 
-    One device runs in this process; more run one spawned process each (CPU workers get ``cores // workers``
-    torch threads). Outcomes go to ``committer.add(shard, batch index, outcomes, timings, device)``; the end of a
+    One device runs in this process (its torch threads left as they are unless ``threads`` is given); more run one
+    spawned process each (CPU workers get ``threads``, default ``cores // CPU workers``, torch threads).
+    Outcomes go to ``committer.add(shard, batch index, outcomes, timings, device)``; the end of a
     shard to ``committer.seal(shard, batches)``.
 
     Raises:
@@ -110,11 +120,11 @@ def run_local(
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     cpu_workers = sum(label.startswith("cpu") for label in devices)
-    threads = max(1, cores // max(cpu_workers, 1))
     tasks = _tasks(shards, ledger, batch_size)
     if len(devices) == 1:
-        _inline(job, devices[0], threads, tasks, committer)
+        _inline(job, devices[0], threads or 0, tasks, committer)
         return
+    threads = threads or max(1, cores // max(cpu_workers, 1))
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA or OpenMP state
     workers = []
     for label in devices:
@@ -144,25 +154,27 @@ def _drive(workers: list[dict], tasks: Iterator[tuple], committer: Any) -> None:
     exhausted = False
     alive = list(workers)
     while True:
-        for worker in sorted(alive, key=lambda w: len(w["held"])):
-            while len(worker["held"]) < IN_FLIGHT:
-                if retry:
-                    task = retry.popleft()
-                elif not exhausted:
-                    try:
-                        event = next(tasks)
-                    except StopIteration:
-                        exhausted = True
-                        break
-                    if event[0] == "seal":
-                        committer.seal(event[1], event[2])
-                        continue
-                    task = (next_id, event[1], event[2], event[3])
-                    next_id += 1
-                else:
-                    break
-                worker["held"][task[0]] = task
-                worker["queue"].put((task[0], task[1], task[3]))
+        while True:  # one batch at a time to the least busy worker, so the first batches spread over all of them
+            worker = min(alive, key=lambda w: len(w["held"]))
+            if len(worker["held"]) >= IN_FLIGHT:
+                break
+            if retry:
+                task = retry.popleft()
+            elif not exhausted:
+                try:
+                    event = next(tasks)
+                except StopIteration:
+                    exhausted = True
+                    continue
+                if event[0] == "seal":
+                    committer.seal(event[1], event[2])
+                    continue
+                task = (next_id, event[1], event[2], event[3])
+                next_id += 1
+            else:
+                break
+            worker["held"][task[0]] = task
+            worker["queue"].put((task[0], task[1], task[3]))
         if exhausted and not retry and not any(w["held"] for w in alive):
             return
         by_pipe = {id(w["pipe"]): w for w in alive}

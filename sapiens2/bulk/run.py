@@ -42,6 +42,7 @@ class BulkOptions:
         shard_size: records per shard of folders, globs and manifests (the unit of atomic columnar writes).
         recursive: descend into subfolders.
         progress: show the progress bar (tqdm; hidden when not a terminal).
+        threads: torch threads per CPU worker; default: cores / CPU workers (one worker: left as it is).
     """
 
     inputs: Sequence[str | os.PathLike]
@@ -54,6 +55,7 @@ class BulkOptions:
     shard_size: int = 256
     recursive: bool = True
     progress: bool = True
+    threads: int | None = None
 
 
 def parse_devices(text: str | None) -> list[str]:
@@ -199,7 +201,8 @@ def run_bulk(job: BulkJob, options: BulkOptions) -> Report:
         else:
             from .local import run_local
 
-            run_local(job, collection.shards(), ledger, committer, list(options.devices), options.batch_size)
+            devices = list(options.devices)
+            run_local(job, collection.shards(), ledger, committer, devices, options.batch_size, options.threads)
     finally:
         progress.close()
     report.seconds = time.perf_counter() - start

@@ -22,7 +22,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="run tasks on images, folders or globs and write results",
         description="Run Sapiens2 tasks on images. Example: sapiens2 predict --task seg,normal photos/ -o out/",
     )
-    parser.add_argument("inputs", nargs="*", metavar="INPUT", help="image files, folders (recursive) or glob patterns")
+    parser.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="INPUT",
+        help="image files, folders (recursive) or glob patterns; manifests (.txt/.csv/.parquet of paths or URLs) "
+        "and WebDataset .tar shards run in bulk mode",
+    )
     parser.add_argument(
         "--sample",
         action="store_true",
@@ -76,6 +82,23 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     pose.add_argument("--coco-results", type=Path, default=None, help="also write one COCO results file for the run")
     pose.add_argument("--no-flip-test", action="store_true", help="skip the flip test (faster, less accurate)")
+    bulk = parser.add_argument_group("bulk (docs/bulk.md: exactly once, resumable; ledger in OUTPUT/_bulk)")
+    bulk.add_argument(
+        "--devices",
+        default=None,
+        help="one model replica per device, fed from one queue: all, a GPU list (0,1), or cpu:N for N CPU workers",
+    )
+    bulk.add_argument("--engine", default="local", choices=("local", "ray"), help="this host, or a Ray Data pipeline")
+    bulk.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start a local one)")
+    bulk.add_argument(
+        "--sink",
+        default="files",
+        choices=("files", "parquet", "webdataset"),
+        help="per-image files (default), Parquet parts (keypoints, boxes, scores, paths to dense arrays) or "
+        "WebDataset tar shards; columnar sinks are written atomically per shard",
+    )
+    bulk.add_argument("--shard-size", type=int, default=256, help="images per shard (the unit of atomic writes)")
+    bulk.add_argument("--threads", type=int, default=None, help="torch threads per CPU worker")
     video = parser.add_argument_group("video (inputs .mp4/.mov/.mkv/.webm/.avi ..., rtsp/http URLs, /dev/videoN)")
     video.add_argument("--frames", action="store_true", help="read each folder INPUT as one video (frames in order)")
     video.add_argument("--start", type=int, default=0, help="first source frame (index)")
@@ -118,6 +141,12 @@ def options_from_args(args: argparse.Namespace) -> PredictOptions:
         keypoint_format=args.keypoint_format,
         coco_results=args.coco_results,
         flip_test=not args.no_flip_test,
+        devices=args.devices,
+        engine=args.engine,
+        ray_address=args.ray_address,
+        sink=args.sink,
+        shard_size=args.shard_size,
+        threads=args.threads,
     )
 
 

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,16 @@ class PredictOptions:
             openpose25 [``--keypoint-format``].
         coco_results: also write one COCO results file for the run [``--coco-results``].
         flip_test: average with the horizontally flipped crop (pose) [off: ``--no-flip-test``].
+        devices: bulk mode: one model replica per device, e.g. ``"all"``, ``"0,1"``, ``"cpu:2"`` [``--devices``].
+        engine: bulk mode: ``"local"`` (this host) or ``"ray"`` (a Ray Data pipeline) [``--engine``].
+        ray_address: an existing Ray cluster for ``engine="ray"``; default a local instance [``--ray-address``].
+        sink: ``"files"`` (the per-image files), ``"parquet"`` or ``"webdataset"`` (bulk mode) [``--sink``].
+        shard_size: bulk mode: images per shard (the unit of atomic Parquet/WebDataset writes) [``--shard-size``].
+        threads: bulk mode: torch threads per CPU worker (default: cores / CPU workers) [``--threads``].
+
+    Bulk mode (``docs/bulk.md``: exactly once and resumable through a ledger in ``output/_bulk``) runs when
+    ``devices``, ``engine="ray"`` or a columnar ``sink`` is given, or an input is a manifest (``.txt``, ``.csv``,
+    ``.parquet``), a WebDataset ``.tar`` shard or a URL.
     """
 
     tasks: Sequence[str]
@@ -79,6 +89,12 @@ class PredictOptions:
     keypoint_format: str = "sapiens308"
     coco_results: str | os.PathLike | None = None
     flip_test: bool = True
+    devices: str | None = None
+    engine: str = "local"
+    ray_address: str | None = None
+    sink: str = "files"
+    shard_size: int = 256
+    threads: int | None = None
 
     def __post_init__(self) -> None:  # one task or input may be given bare; paths as Path, sizes as tuples
         set_field = object.__setattr__  # frozen: normalise once, here
@@ -254,10 +270,17 @@ def _resolve_sources(options: PredictOptions, tasks: list[str], option: OptionTe
     return sources, detector
 
 
-def _make_predictors(options: PredictOptions, tasks: list[str], option: OptionText) -> dict[str, Any]:
+def _make_predictors(
+    options: PredictOptions,
+    tasks: list[str],
+    option: OptionText,
+    resolved: tuple[dict[str, Any], Any] | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """A ``Predictor`` per task on ``device`` (default ``options.device``), from ``resolved`` sources if given."""
     from .predictor import Predictor
 
-    sources, detector = _resolve_sources(options, tasks, option)
+    sources, detector = resolved or _resolve_sources(options, tasks, option)
     predictors = {}
     for task in tasks:
         extra = {}
@@ -266,7 +289,7 @@ def _make_predictors(options: PredictOptions, tasks: list[str], option: OptionTe
         predictors[task] = Predictor(
             task,
             model=sources[task],
-            device=options.device,
+            device=device or options.device,
             dtype=options.dtype,
             input_size=options.input_size,
             batch_size=options.batch_size,
@@ -343,6 +366,8 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if is_bulk(options):
+        return _predict_bulk(options, tasks, boxes, option)
     inputs = [*options.inputs, *([SAMPLE_IMAGE] if options.sample else [])]
     items = expand_inputs(inputs, options.output, recursive=options.recursive)
     stats = RunStats()
@@ -401,39 +426,59 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
             stats.fail(str(error))
     if not loaded:
         return
+    boxes = None if run.boxes is None else [_boxes_for(item, run.boxes) for item, _, _ in loaded]
+    images, pending = [entry[1] for entry in loaded], [entry[2] for entry in loaded]
+    for task, index, result, mask in run_tasks(run.predictors, run.tasks, options.mask_from, images, pending, boxes):
+        item, image, _ = loaded[index]
+        if isinstance(result, Exception):  # a model failure on one batch is reported per image, the run goes on
+            stats.fail(f"{item.source}: {task} failed ({type(result).__name__}: {result})")
+            continue
+        write_options = WriteOptions(
+            save_npy=options.save_npy,
+            keypoint_format=options.keypoint_format,
+            mask=mask if WRITERS[task].maskable else None,
+        )
+        try:
+            stats.written += len(write_result(task, result, item, image, write_options))
+        except (OSError, ValueError) as error:
+            stats.fail(f"{item.source}: cannot write {task} outputs ({error})")
+            continue
+        if run.coco is not None and task == "pose":
+            run.coco.add(result, file_name=item.stem + item.source.suffix)
+    stats.images += len(loaded)
+
+
+def run_tasks(
+    predictors: Mapping[str, Any],
+    tasks: Sequence[str],
+    mask_from: str | None,
+    images: list[np.ndarray],
+    pending: list[list[str]],
+    boxes: list[np.ndarray] | None = None,
+) -> Iterator[tuple[str, int, Any, np.ndarray | None]]:
+    """Run every task on one batch of RGB images, task by task (the mask source first, as ``tasks`` orders them).
+
+    Yields ``(task, image index, result, mask)`` for each image that has ``task`` in its ``pending`` list; the
+    result is the exception instead when the task's batch failed (then every member image gets it); ``mask`` is
+    the image's ``mask_from`` foreground if computed. ``boxes`` (pose) holds one (N, 4|5) array per image.
+    """
     masks: dict[int, np.ndarray] = {}
-    for task in run.tasks:
-        members = [(i, entry) for i, entry in enumerate(loaded) if task in entry[2] or task == options.mask_from]
+    for task in tasks:
+        members = [i for i in range(len(images)) if task in pending[i] or task == mask_from]
         if not members:
             continue
-        images = [entry[1] for _, entry in members]
         try:
-            task_boxes = None
-            if task == "pose" and run.boxes is not None:
-                task_boxes = [_boxes_for(entry[0], run.boxes) for _, entry in members]
-            results = run.predictors[task].predict_batch(images, task_boxes)
-        except Exception as error:  # a model failure on one batch is reported per image, the run goes on
-            for _, (item, _, _) in members:
-                stats.fail(f"{item.source}: {task} failed ({type(error).__name__}: {error})")
+            task_boxes = [boxes[i] for i in members] if task == "pose" and boxes is not None else None
+            results = predictors[task].predict_batch([images[i] for i in members], task_boxes)
+        except Exception as error:  # reported per image by the caller
+            for index in members:
+                yield task, index, error, None
             continue
-        for (index, (item, image, pending)), result in zip(members, results, strict=True):
-            if task == options.mask_from:
+        for index, result in zip(members, results, strict=True):
+            if task == mask_from:
                 masks[index] = result.foreground()
-            if task not in pending:
-                continue
-            write_options = WriteOptions(
-                save_npy=options.save_npy,
-                keypoint_format=options.keypoint_format,
-                mask=masks.get(index) if WRITERS[task].maskable else None,
-            )
-            try:
-                stats.written += len(write_result(task, result, item, image, write_options))
-            except (OSError, ValueError) as error:
-                stats.fail(f"{item.source}: cannot write {task} outputs ({error})")
-                continue
-            if run.coco is not None and task == "pose":
-                run.coco.add(result, file_name=item.stem + item.source.suffix)
-    stats.images += len(loaded)
+            if task in pending[index]:
+                yield task, index, result, masks.get(index)
 
 
 def _print_summary(stats: RunStats, predictors: dict[str, Any], seconds: float, output: Path) -> None:
@@ -447,3 +492,93 @@ def _print_summary(stats: RunStats, predictors: dict[str, Any], seconds: float, 
     if stats.failed:
         lines.append(f"{len(stats.failed)} inputs failed (see errors above)")
     print("\n".join(lines))
+
+
+_BULK_INPUTS = (".txt", ".lst", ".csv", ".parquet", ".tar")  # manifests and WebDataset shards
+
+
+def is_bulk(options: PredictOptions) -> bool:
+    """True when ``options`` ask for bulk mode: devices, the Ray engine, a columnar sink, or a manifest, tar shard or
+    URL among the inputs."""
+    return (
+        options.devices is not None
+        or options.engine != "local"
+        or options.sink != "files"
+        or any("://" in os.fspath(i) or os.fspath(i).lower().endswith(_BULK_INPUTS) for i in options.inputs)
+    )
+
+
+def _bulk_devices(options: PredictOptions, option: OptionText) -> list[str]:
+    from ..bulk import parse_devices
+
+    if options.devices is not None and options.device is not None:
+        raise ValueError(f"give {option('device')} or {option('devices')}, not both")
+    if options.devices is not None:
+        try:
+            return parse_devices(options.devices)
+        except ValueError as error:
+            raise ValueError(f"{option('devices', options.devices)}: {error}") from None
+    check_device(options.device, option)
+    import torch
+
+    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return ["cpu:0"] if device.type == "cpu" else [f"cuda:{device.index or 0}"]
+
+
+def _predict_bulk(
+    options: PredictOptions, tasks: list[str], boxes: dict[str, np.ndarray] | None, option: OptionText
+) -> int:
+    """Bulk mode of ``predict_files``: ``sapiens2.bulk.run_bulk`` with a ``PredictJob`` (docs/bulk.md)."""
+    from ..bulk import ENGINES, SINKS, BulkOptions, LedgerMismatch, run_bulk
+    from .bulk_job import PredictJob
+
+    try:
+        if options.coco_results:
+            raise ValueError(
+                f"{option('coco_results')} is not available in bulk mode (devices, Ray, sinks, manifests); "
+                f"the pose keypoints of every image are in the Parquet sink ({option('sink', 'parquet')})"
+            )
+        if options.engine not in ENGINES:
+            raise ValueError(f"{option('engine', options.engine)}: choose from {', '.join(ENGINES)}")
+        if options.sink not in SINKS:
+            raise ValueError(f"{option('sink', options.sink)}: choose from {', '.join(SINKS)}")
+        if options.shard_size < 1:
+            raise ValueError(f"{option('shard_size')} must be >= 1")
+        if options.threads is not None and options.threads < 1:
+            raise ValueError(f"{option('threads')} must be >= 1")
+        devices = _bulk_devices(options, option)
+        if options.engine == "ray":
+            try:
+                import ray  # noqa: F401
+            except ImportError:
+                raise ValueError(f"{option('engine', 'ray')} needs Ray: pip install 'sapiens2[ray]'") from None
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        resolved = _resolve_sources(options, tasks, option)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    bulk = BulkOptions(
+        inputs=[*options.inputs, *([SAMPLE_IMAGE] if options.sample else [])],
+        output=options.output,
+        devices=devices,
+        engine=options.engine,
+        ray_address=options.ray_address,
+        sink=options.sink,
+        batch_size=options.batch_size,
+        shard_size=options.shard_size,
+        recursive=options.recursive,
+        threads=options.threads,
+    )
+    try:
+        report = run_bulk(PredictJob(options, tasks, resolved, options.sink, boxes), bulk)
+    except LedgerMismatch as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (ValueError, RuntimeError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print("\n".join([*report.lines(), f"outputs in {options.output} (ledger: {options.output / '_bulk'})"]))
+    return 1 if report.failed else 0
