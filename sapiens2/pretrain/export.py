@@ -50,7 +50,8 @@ def backbone_state(state_dict: Mapping[str, torch.Tensor], prefix: str = "backbo
     for key in reference:
         tensor = tensors[key]
         dtype = torch.bfloat16 if key.endswith("rope_embed.periods") else torch.float32
-        result[key] = tensor.detach().to("cpu", dtype).contiguous()
+        tensor = tensor.detach().to(dtype=dtype)
+        result[key] = (tensor if tensor.is_meta else tensor.cpu()).contiguous()
     return result
 
 

@@ -7,6 +7,8 @@ process computes on the whole batch (Sinkhorn-Knopp sums, the KoLeo neighbour se
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -44,25 +46,33 @@ def mae_loss(pred: Tensor, target: Tensor, mask: Tensor) -> Tensor:
     return (per_patch * mask).sum() / mask.sum()
 
 
+def _logsumexp_over_processes(x: Tensor, dim: int | None = None) -> Tensor:
+    """log(sum(exp(x))) over ``dim`` (all of x when None) and over every process's x, keepdim."""
+    if dim is None:
+        peak = _all_reduce(x.max().reshape(1).clone(), dist.ReduceOp.MAX)
+        return peak + torch.log(_all_reduce((x - peak).exp().sum().reshape(1)))
+    peak = _all_reduce(x.amax(dim=dim, keepdim=True).clone(), dist.ReduceOp.MAX)
+    return peak + torch.log(_all_reduce((x - peak).exp().sum(dim=dim, keepdim=True)))
+
+
 @torch.no_grad()
 def sinkhorn_knopp(logits: Tensor, temperature: float, iterations: int = 3) -> Tensor:
     """Teacher targets by Sinkhorn-Knopp (DINOv3): (B, K) logits of every teacher view of the step -> (B, K)
-    distributions whose rows sum to 1 and whose columns sum to about B/K. All sums run over every process (B is
-    the global count), in float32; one global maximum is subtracted before ``exp`` (it cancels in the first
-    normalisation) to avoid overflow."""
-    logits = logits.float()
-    peak = _all_reduce(logits.max().reshape(1).clone(), dist.ReduceOp.MAX)
-    q = torch.exp((logits - peak) / temperature).t()  # (K, B)
-    prototypes = q.shape[0]
-    total = torch.tensor([q.shape[1]], dtype=torch.float32, device=q.device)
-    batch = _all_reduce(total)
-    q = q / _all_reduce(q.sum().reshape(1))
+    distributions whose rows sum to 1 and whose columns sum to about B/K after the iterations.
+
+    Q = exp(logits / t) seen as K x B, divided by its total; then ``iterations`` x (each prototype's row divided by
+    its sum and by K; each sample's column divided by its sum and by B); finally x B. Computed in the log domain
+    (the same quantities, but no exp underflow or overflow at t = 0.04) in float32; the sums over samples run over
+    every process, with B the global count.
+    """
+    log_q = (logits.float() / temperature).t()  # (K, B)
+    prototypes = log_q.shape[0]
+    batch = _all_reduce(torch.tensor([log_q.shape[1]], dtype=torch.float32, device=log_q.device))
+    log_q = log_q - _logsumexp_over_processes(log_q)
     for _ in range(iterations):
-        q = q / _all_reduce(q.sum(dim=1, keepdim=True))
-        q = q / prototypes
-        q = q / q.sum(dim=0, keepdim=True)
-        q = q / batch
-    return (q * batch).t()
+        log_q = log_q - _logsumexp_over_processes(log_q, dim=1) - math.log(prototypes)
+        log_q = log_q - torch.logsumexp(log_q, dim=0, keepdim=True) - torch.log(batch)
+    return (log_q + torch.log(batch)).exp().t()
 
 
 class SoftmaxCentering(nn.Module):
