@@ -101,6 +101,11 @@ def pointmap_glb(result, image: np.ndarray, path: str | os.PathLike, mask: np.nd
     return save_glb(path, vertices, colours, triangles)
 
 
+def _short(source: str) -> str:
+    """A model source as the tables show it: a local file by its name (the server's folders are not shown)."""
+    return Path(source).name if Path(source).expanduser().is_file() else source
+
+
 def _stage_text(milliseconds: dict[str, float]) -> str:
     shown = [f"{stage} {value:.0f}" for stage, value in milliseconds.items() if value > 0]
     return f"{sum(milliseconds.values()):.0f} ms ({', '.join(shown)})" if shown else "–"
@@ -112,7 +117,7 @@ def status_markdown(analysis: Analysis, cache: ModelCache) -> str:
     lines = [
         f"**{html.escape(analysis.name)}**: {width}×{height} pixels",
         "",
-        "| task | model | load | this image | |",
+        "| task | model | load | this image | status |",
         "|---|---|---|---|---|",
     ]
     for task, outcome in analysis.outcomes.items():
@@ -122,7 +127,7 @@ def status_markdown(analysis: Analysis, cache: ModelCache) -> str:
         else:
             state = "ok"
         timing = _stage_text(outcome.milliseconds) if outcome.error is None else "–"
-        lines.append(f"| {task} | `{cache.options.source(task)}` | {load} | {timing} | {state} |")
+        lines.append(f"| {task} | `{_short(cache.options.source(task))}` | {load} | {timing} | {state} |")
     errors = [outcome.error for outcome in analysis.outcomes.values() if outcome.error]
     if errors:
         lines += ["", *[f"**Error**: {html.escape(message)}" for message in errors]]
@@ -142,7 +147,7 @@ def _how_to_pass_models() -> str:
 def models_markdown(options: DemoOptions, cache: ModelCache) -> str:
     """The page's first status: which model each task will use, and whether it is loaded."""
     rows = [
-        f"| {task} | `{options.source(task)}` | {'loaded' if cache.is_loaded(task) else 'loads on first use'} |"
+        f"| {task} | `{_short(options.source(task))}` | {'loaded' if cache.is_loaded(task) else 'loads on first use'} |"
         for task in TASKS
     ]
     detector = os.fspath(options.detector)

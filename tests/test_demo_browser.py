@@ -1,0 +1,234 @@
+"""The ``sapiens2 demo`` page in a real browser: Debian's headless Chromium (``/usr/bin/chromium``, installed by
+``.ci/run``; ``$SAPIENS2_CHROMIUM`` elsewhere) driven by Playwright against the app on a loopback port with tiny
+local checkpoints. One app and one browser for the whole module.
+
+Screenshots are written to a ``demo_screenshots`` folder of the test's temporary directory and, when
+``$SAPIENS2_ARTIFACTS`` is set (CI), copied there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import types
+from pathlib import Path
+
+import pytest
+from conftest import DATA, require, require_module
+
+from sapiens2.predict import PredictOptions, predict_files
+
+PHOTO = DATA / "astronaut.png"
+CHROMIUM = Path(os.environ.get("SAPIENS2_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TASKS = ("seg", "pose")
+WAIT_MS = 60_000
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def site(tiny_checkpoints, tmp_path_factory):
+    """The demo served on 127.0.0.1 (seg and pose: tiny models; other tasks: the released 1b, offline and not
+    cached) and one Chromium page on it."""
+    require_module("gradio")
+    sync_api = require_module("playwright.sync_api")
+    chromium = require(CHROMIUM)
+    from huggingface_hub import constants
+
+    from sapiens2.demo import DemoOptions, launch
+
+    folder = tmp_path_factory.mktemp("demo_browser")
+    options = DemoOptions(
+        models={task: tiny_checkpoints[task] for task in TASKS},
+        detector="none",
+        input_size=(64, 48),
+        device="cpu",
+        host="127.0.0.1",
+        port=_free_port(),
+        tasks=TASKS,
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_OFFLINE", True)  # a task without a local model must explain, not download
+        patch.setattr(constants, "HF_HUB_CACHE", str(folder / "empty_hub"))
+        app = launch(options, block=False)
+        try:
+            with sync_api.sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+                page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+                page.set_default_timeout(WAIT_MS)
+                page.goto(f"http://127.0.0.1:{options.port}/")
+                page.wait_for_selector("#run")
+                yield types.SimpleNamespace(page=page, folder=folder, options=options)
+                browser.close()
+        finally:
+            app.close()
+
+
+def upload(page, path: Path) -> None:
+    clear = page.locator("#photo-upload button[aria-label='Clear']")
+    if clear.count():
+        clear.first.click()
+    page.locator("#photo-upload input[type=file]").set_input_files(str(path))
+
+
+def run_and_wait(page) -> None:
+    """Press Run and wait until the request is over: the status's progress tracker was shown, then hidden again."""
+    tracker = "#status [data-testid=status-tracker]"
+    page.eval_on_selector(  # count the tracker's class changes: shown (pending) then hidden (done) is two
+        tracker,
+        """tracker => {
+            window.trackerChanges = 0;
+            new MutationObserver(changes => { window.trackerChanges += changes.length; })
+                .observe(tracker, {attributes: true, attributeFilter: ["class"]});
+        }""",
+    )
+    page.click("#run")
+    page.wait_for_function(
+        "s => window.trackerChanges >= 2 && document.querySelector(s).classList.contains('hide')", arg=tracker
+    )
+
+
+def natural_size(page, view: str) -> tuple[int, int]:
+    """(H, W) of the picture the browser received for a result view."""
+    image = f"#{view} img"
+    page.wait_for_function("s => { const e = document.querySelector(s); return e && e.complete && e.naturalWidth > 0 }",
+                           arg=image)  # fmt: skip
+    width, height = page.eval_on_selector(image, "e => [e.naturalWidth, e.naturalHeight]")
+    return height, width
+
+
+def set_tasks(page, tasks) -> None:
+    group = page.locator("#tasks")
+    for task in ("pose", "seg", "normal", "pointmap", "albedo", "matting"):
+        box = group.get_by_label(task, exact=True)
+        box.check() if task in tasks else box.uncheck()
+
+
+def download(page, name: str, folder: Path) -> Path:
+    with page.expect_download() as info:
+        page.click(f"#downloads a[download='{name}']")
+    path = folder / name
+    info.value.save_as(path)
+    return path
+
+
+def screenshot(page, folder: Path, name: str) -> Path:
+    """Save a screenshot of the page as a test artefact (and in $SAPIENS2_ARTIFACTS when set)."""
+    shots = folder / "demo_screenshots"
+    shots.mkdir(exist_ok=True)
+    path = page.screenshot(path=shots / name, full_page=True) and shots / name
+    if os.environ.get("SAPIENS2_ARTIFACTS"):
+        target = Path(os.environ["SAPIENS2_ARTIFACTS"])
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target / name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ran(site):
+    """The page after uploading the photo and running seg and pose on it."""
+    page = site.page
+    upload(page, PHOTO)
+    page.wait_for_selector("#view-photo img")
+    set_tasks(page, TASKS)
+    run_and_wait(page)
+    page.wait_for_selector("#view-pose img")
+    return site
+
+
+def test_photo_gives_seg_and_pose_at_the_photo_size(ran):
+    page = ran.page
+    for view in ("view-photo", "view-seg", "view-pose"):
+        assert natural_size(page, view) == (512, 512), view
+    status = page.inner_text("#status")
+    assert "astronaut.png" in status and "512×512" in status
+    for task in TASKS:  # per-task timings, and the models' first-use load
+        assert task in status
+    assert "inference" in status and "failed" not in status
+    legend = page.inner_text("#seg-legend")
+    assert "Background" in legend and "Tongue" in legend
+    shot = screenshot(page, ran.folder, "demo_seg_pose.png")
+    assert shot.stat().st_size > 10_000
+
+
+def test_downloads_equal_what_predict_writes(ran, tiny_checkpoints):
+    out = ran.folder / "predict"
+    status = predict_files(
+        PredictOptions(
+            tasks=TASKS,
+            inputs=[PHOTO],
+            output=out,
+            models={task: tiny_checkpoints[task] for task in TASKS},
+            detector="none",
+            input_size=(64, 48),
+            device="cpu",
+        )
+    )
+    assert status == 0
+    names = {element.get_attribute("download") for element in ran.page.locator("#downloads a[download]").all()}
+    assert names == {path.name for path in out.iterdir()}
+    got = download(ran.page, "astronaut_seg.png", ran.folder)
+    assert got.read_bytes() == (out / "astronaut_seg.png").read_bytes()
+    record = json.loads(download(ran.page, "astronaut_pose.json", ran.folder).read_text())
+    expected = json.loads((out / "astronaut_pose.json").read_text())
+    assert record.pop("path") == PHOTO.name and expected.pop("path") == str(PHOTO)
+    assert record == expected
+
+
+def test_keypoint_set_choice_redraws_and_rewrites_the_pose_file(ran):
+    page = ran.page
+    page.locator("#keypoint-set").get_by_label("COCO 17", exact=True).check()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#downloads a[download]')].some(a => a.download === 'astronaut_pose.json')"
+        " && document.querySelector('#view-pose img') !== null"
+    )
+    page.wait_for_timeout(500)  # the rewritten file list replaces the old one
+    record = json.loads(download(page, "astronaut_pose.json", ran.folder).read_text())
+    assert record["keypoint_format"] == "coco17" and record["num_keypoints"] == 17
+    assert natural_size(page, "view-pose") == (512, 512)
+    page.locator("#keypoint-set").get_by_label("Sapiens 308", exact=True).check()
+
+
+def test_corrupt_upload_is_explained_and_the_app_keeps_serving(ran):
+    page = ran.page
+    upload(page, DATA / "bad_inputs" / "truncated.jpg")
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('truncated.jpg')")
+    assert "cannot read image 'truncated.jpg': truncated JPEG" in page.inner_text("#status")
+    run_and_wait(page)
+    assert "truncated JPEG" in page.inner_text("#status")
+    assert page.locator("#view-seg img").count() == 0  # no stale result next to the message
+    screenshot(page, ran.folder, "demo_bad_input.png")
+    upload(page, DATA / "camera.png")  # the same server answers the next request
+    page.wait_for_selector("#view-photo img")
+    run_and_wait(page)
+    assert "camera.png" in page.inner_text("#status")
+    assert natural_size(page, "view-seg") == (512, 512)
+
+
+def test_a_task_without_a_model_says_how_to_pass_one(ran):
+    page = ran.page
+    upload(page, PHOTO)
+    page.wait_for_selector("#view-photo img")
+    set_tasks(page, ("seg", "normal"))
+    run_and_wait(page)
+    status = page.inner_text("#status")
+    assert "cannot load the normal model" in status and "HF_HUB_OFFLINE" in status
+    assert "sapiens2 demo --model pose=PATH" in status
+    assert page.locator("#view-normal img").count() == 0 and natural_size(page, "view-seg") == (512, 512)
+    set_tasks(page, TASKS)
