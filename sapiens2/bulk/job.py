@@ -13,7 +13,7 @@ from typing import Any
 
 from ..data.collections import Record, content_hash, decode_rgb
 
-__all__ = ["BulkJob", "ItemOutput", "Outcome", "WorkItem", "run_batch"]
+__all__ = ["BulkJob", "ItemOutput", "Outcome", "WorkItem", "prepare", "process_prepared", "run_batch"]
 
 STAGES = ("read", "decode", "process", "write")
 """Stages timed in the report: bytes + hash, decode, the job's ``process`` (per device), sink + ledger writes."""
@@ -108,6 +108,61 @@ def _one_line(error: BaseException) -> str:
     return text if isinstance(error, ValueError) else f"{type(error).__name__}: {text}"
 
 
+def prepare(
+    job: BulkJob, record: Record, done_hash: str | None, shard: str, device: str, timings: dict[str, float]
+) -> tuple[Outcome, WorkItem | None]:
+    """Read, hash and decode one record: (outcome, work item to process), or (final outcome, None) when it is
+    skipped (its bytes hash to ``done_hash``) or failed (unreadable or undecodable; one-line error)."""
+    outcome = Outcome(record.key, record.stem, record.source, shard, "failed", device=device)
+    start = time.perf_counter()
+    try:
+        data = record.read_bytes()
+        outcome.content_hash = content_hash(data)
+    except (ValueError, OSError) as error:
+        outcome.error = _one_line(error)
+        return outcome, None
+    finally:
+        timings["read"] = timings.get("read", 0.0) + time.perf_counter() - start
+    if done_hash is not None and done_hash == outcome.content_hash:
+        outcome.status = "skipped"
+        return outcome, None
+    start = time.perf_counter()
+    try:
+        decoded = job.decode(record, data)
+    except (ValueError, OSError) as error:
+        outcome.error = _one_line(error)
+        return outcome, None
+    finally:
+        timings["decode"] = timings.get("decode", 0.0) + time.perf_counter() - start
+    return outcome, WorkItem(record, decoded, outcome.content_hash)
+
+
+def process_prepared(
+    job: BulkJob, prepared: list[tuple[Outcome, WorkItem | None]], device: str, timings: dict[str, float]
+) -> list[Outcome]:
+    """Run ``job.process`` on the prepared items that need it (one call) and complete their outcomes, in order.
+
+    An exception for an item (returned by ``process``) fails that item; one raised by ``process`` fails the batch.
+    """
+    work = [(outcome, item) for outcome, item in prepared if item is not None]
+    if work:
+        start = time.perf_counter()
+        try:
+            results: list[Any] = list(job.process([item for _, item in work]))
+            if len(results) != len(work):
+                raise RuntimeError(f"process returned {len(results)} outputs for {len(work)} items")
+        except Exception as error:  # the batch failed as a whole: every item of it is reported, the job goes on
+            results = [error] * len(work)
+        timings["process"] = timings.get("process", 0.0) + time.perf_counter() - start
+        for (outcome, _), result in zip(work, results, strict=True):
+            outcome.device = device
+            if isinstance(result, BaseException):
+                outcome.error = f"{outcome.source}: {_one_line(result)}"
+            else:
+                outcome.status, outcome.output = "done", result
+    return [outcome for outcome, _ in prepared]
+
+
 def run_batch(
     job: BulkJob, batch: list[tuple[Record, str | None]], shard: str, device: str, timings: dict[str, float]
 ) -> list[Outcome]:
@@ -117,51 +172,5 @@ def run_batch(
     failure, or an exception for the item from ``job.process``, is ``failed`` with a one-line error. Stage seconds
     are added to ``timings`` (``read``, ``decode``, ``process``).
     """
-    outcomes: list[Outcome | None] = []
-    work: list[WorkItem] = []
-    slots: list[int] = []
-    for record, done_hash in batch:
-        base = Outcome(record.key, record.stem, record.source, shard, "failed", device=device)
-        start = time.perf_counter()
-        try:
-            data = record.read_bytes()
-            base.content_hash = content_hash(data)
-        except (ValueError, OSError) as error:
-            base.error = _one_line(error)
-            outcomes.append(base)
-            continue
-        finally:
-            timings["read"] = timings.get("read", 0.0) + time.perf_counter() - start
-        if done_hash is not None and done_hash == base.content_hash:
-            base.status = "skipped"
-            outcomes.append(base)
-            continue
-        start = time.perf_counter()
-        try:
-            decoded = job.decode(record, data)
-        except (ValueError, OSError) as error:
-            base.error = _one_line(error)
-            outcomes.append(base)
-            continue
-        finally:
-            timings["decode"] = timings.get("decode", 0.0) + time.perf_counter() - start
-        slots.append(len(outcomes))
-        outcomes.append(base)
-        work.append(WorkItem(record, decoded, base.content_hash))
-    if work:
-        start = time.perf_counter()
-        try:
-            results: list[Any] = list(job.process(work))
-            if len(results) != len(work):
-                raise RuntimeError(f"process returned {len(results)} outputs for {len(work)} items")
-        except Exception as error:  # the batch failed as a whole: every item of it is reported, the job goes on
-            results = [error] * len(work)
-        timings["process"] = timings.get("process", 0.0) + time.perf_counter() - start
-        for slot, result in zip(slots, results, strict=True):
-            outcome = outcomes[slot]
-            assert outcome is not None
-            if isinstance(result, BaseException):
-                outcome.error = f"{outcome.source}: {_one_line(result)}"
-            else:
-                outcome.status, outcome.output = "done", result
-    return [outcome for outcome in outcomes if outcome is not None]
+    prepared = [prepare(job, record, done, shard, device, timings) for record, done in batch]
+    return process_prepared(job, prepared, device, timings)

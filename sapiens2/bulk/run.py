@@ -197,7 +197,8 @@ def run_bulk(job: BulkJob, options: BulkOptions) -> Report:
         if options.engine == "ray":
             from .ray_engine import run_ray
 
-            run_ray(job, collection, ledger, committer, list(options.devices), options.batch_size, options.ray_address)
+            devices, size, address = list(options.devices), options.batch_size, options.ray_address
+            run_ray(job, collection, ledger, committer, devices, size, address, options.threads)
         else:
             from .local import run_local
 

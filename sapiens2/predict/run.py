@@ -513,6 +513,8 @@ def _bulk_devices(options: PredictOptions, option: OptionText) -> list[str]:
 
     if options.devices is not None and options.device is not None:
         raise ValueError(f"give {option('device')} or {option('devices')}, not both")
+    if options.engine == "ray" and options.devices == "all":
+        return ["all"]  # every GPU of the cluster, counted once Ray is connected
     if options.devices is not None:
         try:
             return parse_devices(options.devices)

@@ -1,0 +1,149 @@
+"""The Ray engine: a Ray Data pipeline on a local instance or an existing cluster, driven by ``run_bulk``.
+
+    shards (driver) -> read records + ledger check (CPU tasks) -> read bytes, hash, decode (CPU tasks, batches)
+        -> job.process (map_batches on an actor pool: one job per actor, set up once; one GPU each on GPU clusters)
+        -> outcomes streamed back to the driver in input order -> sink + ledger (the driver's committer)
+
+Rows carry their payload pickled (records, decoded images, outcomes), so any job's data crosses Ray unchanged. The
+ledger and the sink's files live in the output folder, which every node must see (a shared file system) for the
+files and Parquet sinks' arrays; the driver writes parts, tar shards and commits.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+from ..data.collections import Collection, Shard
+from .job import BulkJob, prepare, process_prepared
+from .ledger import Ledger
+
+__all__ = ["run_ray"]
+
+CPU_TASK = 0.25  # CPUs reserved per read/decode task, so the actors never starve them on a small instance
+
+
+class _ReadShard:
+    """flat_map: one shard description -> one row per record, with the content hash the ledger has as done."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def __call__(self, row: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        shard: Shard = pickle.loads(row["shard"])
+        done = self.ledger.done_hashes(shard.id)
+        for index, record in enumerate(shard):
+            yield {"shard": shard.id, "index": index, "payload": pickle.dumps((record, done.get(record.key)))}
+
+
+def _decode(batch: dict[str, Any], job: bytes) -> dict[str, Any]:
+    """map_batches on CPU tasks: read bytes, hash, skip or decode (``job.prepare``)."""
+    bulk_job: BulkJob = pickle.loads(job)
+    payloads = []
+    for shard, blob in zip(batch["shard"], batch["payload"], strict=True):
+        record, done = pickle.loads(blob)
+        timings: dict[str, float] = {}
+        prepared = prepare(bulk_job, record, done, str(shard), "", timings)
+        payloads.append(pickle.dumps((prepared, timings)))
+    return {"shard": batch["shard"], "index": batch["index"], "payload": payloads}
+
+
+class _Process:
+    """map_batches on an actor: the job set up once per actor, ``process`` per batch."""
+
+    def __init__(self, job: bytes, gpu: bool, threads: int) -> None:
+        import os
+
+        import ray
+
+        self.job: BulkJob = pickle.loads(job)
+        if not gpu and threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        device = "cuda" if gpu else "cpu"
+        context = ray.get_runtime_context()
+        self.label = f"ray:{context.get_node_id()[:6]}/{os.getpid()}/{device}"
+        self.job.setup(device)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        unpacked = [pickle.loads(blob) for blob in batch["payload"]]
+        timings: dict[str, float] = {}
+        outcomes = process_prepared(self.job, [prepared for prepared, _ in unpacked], self.label, timings)
+        share = timings.get("process", 0.0) / max(sum(o.output is not None for o in outcomes), 1)
+        payloads = []
+        for outcome, (_, item_timings) in zip(outcomes, unpacked, strict=True):
+            if outcome.output is not None:
+                item_timings["process"] = share
+            payloads.append(pickle.dumps((outcome, item_timings)))
+        return {"shard": batch["shard"], "index": batch["index"], "payload": payloads}
+
+
+def _actors(ray: Any, devices: list[str]) -> tuple[int, bool]:
+    """(actor count, one GPU each): ``all`` -> every GPU of the cluster (else one CPU actor)."""
+    if devices == ["all"]:
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        return (gpus, True) if gpus else (1, False)
+    return len(devices), any(label.startswith("cuda") for label in devices)
+
+
+def run_ray(
+    job: BulkJob,
+    collection: Collection,
+    ledger: Ledger,
+    committer: Any,
+    devices: list[str],
+    batch_size: int,
+    address: str | None = None,
+    threads: int | None = None,
+) -> None:
+    """Run ``job`` over ``collection`` as a Ray Data pipeline (see the module docstring).
+
+    Uses the Ray instance this process is connected to, else connects to ``address`` (an existing cluster), else
+    starts a local instance (no dashboard) and shuts it down at the end.
+    """
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("engine 'ray' needs Ray: pip install 'sapiens2[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        started = address is None
+    try:
+        _pipeline(ray, job, collection, ledger, committer, devices, batch_size, threads)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _pipeline(ray, job, collection, ledger, committer, devices, batch_size, threads) -> None:
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True  # outcomes reach the committer in input order
+    context.enable_progress_bars = False  # the job has one bar: the committer's
+    shards = [{"shard": pickle.dumps(shard)} for shard in collection.shards()]
+    if not shards:
+        return
+    count, gpu = _actors(ray, devices)
+    job_bytes = pickle.dumps(job)
+    dataset = (
+        ray.data.from_items(shards, override_num_blocks=len(shards))
+        .flat_map(_ReadShard(ledger), num_cpus=CPU_TASK)
+        .map_batches(_decode, fn_args=(job_bytes,), batch_size=batch_size, num_cpus=CPU_TASK)
+        .map_batches(_Process, fn_constructor_args=(job_bytes, gpu, threads or 1), batch_size=batch_size,
+                     concurrency=count, num_gpus=1 if gpu else 0, num_cpus=0 if gpu else CPU_TASK * 2)
+    )  # fmt: skip
+    current: str | None = None
+    rows = 0
+    for row in dataset.iter_rows():
+        shard = str(row["shard"])
+        if shard != current:
+            if current is not None:
+                committer.seal(current, rows)
+            current, rows = shard, 0
+        outcome, timings = pickle.loads(row["payload"])
+        committer.add(shard, rows, [outcome], timings, outcome.device or "ray")
+        rows += 1
+    if current is not None:
+        committer.seal(current, rows)
