@@ -10,7 +10,7 @@ from conftest import TINY_ARCH, TINY_HEADS, load_case
 from safetensors.torch import load_file, save_file
 
 from sapiens2 import Predictor, build_model, load_model
-from sapiens2.models.fast import PackedLinear, is_fast, make_fast, onednn_linear_available
+from sapiens2.models.fast import CompiledBuckets, PackedLinear, is_fast, make_fast, onednn_linear_available
 from sapiens2.models.layers import Attention
 from sapiens2.pose.codec import decode_heatmaps, decode_heatmaps_torch, encode_heatmaps
 
@@ -136,3 +136,24 @@ def test_cuda_default_is_fast_bf16(tiny_checkpoints):
     assert predictor.dtype == (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32)
     reference = Predictor("seg", model=tiny_checkpoints["seg"], device="cuda", mode="reference")
     assert reference.dtype == torch.float32 and not is_fast(reference.model)
+
+
+def test_compiled_buckets_round_batches_up_and_check_their_sizes():
+    buckets = CompiledBuckets(torch.nn.Identity(), buckets=(1, 2, 4))
+    assert [buckets.bucket(b) for b in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 12]
+    with pytest.raises(ValueError, match="ascending"):
+        CompiledBuckets(torch.nn.Identity(), buckets=(4, 2))
+
+
+@pytest.mark.slow
+def test_compiled_buckets_compile_once_per_bucket_and_agree_with_eager():
+    """torch.compile with static shapes (about a minute per bucket on 2 CPU cores)."""
+    model = make_fast(_tiny(), pack_linears=False)
+    compiled = CompiledBuckets(model, buckets=(2, 4))
+    x = torch.randn(3, 3, 64, 48)
+    with torch.inference_mode():
+        first = compiled(x)  # padded to 4
+        again = compiled(x[:1].expand(4, -1, -1, -1).contiguous())  # same bucket: reused
+        assert len(compiled.compiled) == 1 and first.shape == (3, 29, 64, 48)
+        torch.testing.assert_close(first, model(x), rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(again[0], model(x[:1])[0], rtol=1e-3, atol=1e-4)

@@ -15,7 +15,7 @@ from .. import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import curate, demo, eval, export, info, predict, pretrain, train
+    from . import benchmark, curate, demo, eval, export, info, predict, pretrain, train
 
     parser = argparse.ArgumentParser(prog="sapiens2", description="Sapiens2 human-centric vision models.")
     parser.add_argument("--version", action="version", version=f"sapiens2 {__version__}")

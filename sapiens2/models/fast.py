@@ -17,6 +17,8 @@ parity fixtures. The reference mode is the model as loaded: nothing here runs un
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +26,7 @@ from torch import nn
 
 from .layers import Attention, RopePositionEmbedding, SwiGLUFFN
 
-__all__ = ["PackedLinear", "is_fast", "make_fast", "onednn_linear_available"]
+__all__ = ["BATCH_BUCKETS", "CompiledBuckets", "PackedLinear", "is_fast", "make_fast", "onednn_linear_available"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,3 +124,81 @@ def make_fast(model: nn.Module, *, pack_linears: bool | None = None) -> nn.Modul
             raise ValueError("pack_linears needs a CPU model and a torch build with oneDNN")
         logger.debug("packed %d linear layers for oneDNN", _pack_block_linears(model))
     return model
+
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
+"""Batch sizes ``CompiledBuckets`` compiles for; a batch runs padded up to the next one."""
+
+
+class CompiledBuckets:
+    """Run a network through ``torch.compile`` with static shapes, compiled once per bucket and reused.
+
+    A bucket is (input shape with the batch rounded up to the next of ``buckets``, dtype, device): a batch of 3 runs
+    as 4 with zero images appended, whose outputs are cut off again (every image is computed independently, so the
+    padding does not touch the others). Larger batches round up to a multiple of the largest bucket. A new input
+    size or batch bucket compiles once (seconds to minutes); later calls reuse it.
+
+    Args:
+        model: the network (fast or reference form), on its device and dtype, in eval mode.
+        buckets: ascending batch sizes to compile for.
+        cuda_graphs: CUDA only: capture each bucket as a CUDA graph (``mode="reduce-overhead"``); ignored elsewhere.
+        compile_options: extra keyword arguments for ``torch.compile``.
+
+    Example:
+        >>> network = CompiledBuckets(make_fast(model))
+        >>> heatmaps = network(crops)  # compiles for crops.shape with the batch rounded up, then reuses it
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        buckets: Sequence[int] = BATCH_BUCKETS,
+        cuda_graphs: bool = False,
+        **compile_options: Any,
+    ) -> None:
+        buckets = tuple(int(b) for b in buckets)
+        if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
+            raise ValueError(f"buckets must be ascending positive batch sizes, got {buckets}")
+        self.model = model
+        self.buckets = buckets
+        self.cuda_graphs = cuda_graphs
+        self.compile_options = compile_options
+        self.compiled: dict[tuple, Any] = {}
+
+    def bucket(self, batch: int) -> int:
+        """The batch size a batch of ``batch`` images runs at."""
+        for size in self.buckets:
+            if batch <= size:
+                return size
+        largest = self.buckets[-1]
+        return -(-batch // largest) * largest
+
+    def _compiled_for(self, x: torch.Tensor) -> Any:
+        key = (tuple(x.shape), x.dtype, x.device)
+        if key not in self.compiled:
+            options = dict(self.compile_options)
+            if self.cuda_graphs and x.device.type == "cuda":  # CUDA graphs exist on CUDA only
+                options.setdefault("mode", "reduce-overhead")
+            logger.info("compiling %s for input %s %s on %s", type(self.model).__name__, tuple(x.shape), x.dtype,
+                        x.device)  # fmt: skip
+            self.compiled[key] = torch.compile(self.model, dynamic=False, **options)
+        return self.compiled[key]
+
+    def __call__(self, x: torch.Tensor) -> Any:
+        batch = x.shape[0]
+        size = self.bucket(batch)
+        if size != batch:
+            x = torch.cat([x, x.new_zeros((size - batch, *x.shape[1:]))])
+        output = self._compiled_for(x)(x)
+        if size == batch:
+            return output
+        if isinstance(output, (tuple, list)):
+            return type(output)(o[:batch] for o in output)
+        return output[:batch]
+
+    def __getattr__(self, name: str) -> Any:
+        # Attributes the callers read off the network (``backbone``, ``task``, ...) come from the wrapped model.
+        if name == "model":
+            raise AttributeError(name)
+        return getattr(self.model, name)

@@ -24,7 +24,7 @@ from ..checkpoints import load_model
 from ..data.io import to_rgb_array
 from ..dense import albedo, matting, normal, pointmap, seg
 from ..export.runtime import is_network_file, load_network
-from ..models.fast import make_fast
+from ..models.fast import CompiledBuckets, make_fast
 from ..models.task_model import check_task
 
 logger = logging.getLogger(__name__)
@@ -128,6 +128,9 @@ class Predictor:
             DARK-UDP decode in torch on the device), agreeing with the reference within the tolerances of
             ``tests/test_fast_agreement.py``. Default: fast on CUDA (with bf16 where the GPU has it, unless
             ``dtype`` says otherwise), reference elsewhere. A module given as ``model`` is made fast in place.
+        compile: fast mode only: run the network through ``torch.compile`` with static shapes, compiled once per
+            input size and batch bucket (``sapiens2.models.fast.CompiledBuckets``; the first batch of each bucket
+            waits for the compiler). On CUDA the buckets are captured as CUDA graphs.
 
     Images are file paths, PIL images or H×W×3 uint8 **RGB** arrays. ``predictor(image)`` returns one result,
     ``predictor([...])`` a list, ``predictor.stream(iterable)`` yields results as batches finish.
@@ -150,6 +153,7 @@ class Predictor:
         flip_test: bool = True,
         reference: bool = False,
         mode: str | None = None,
+        compile: bool = False,
     ) -> None:
         self.task = check_task(task)
         self.device = _resolve_device(device)
@@ -169,8 +173,12 @@ class Predictor:
             model = model.to(self.device, self.dtype).eval()
         else:  # built on meta and materialised in place: no float32 copy on the host on the way to a GPU
             model = load_model(task, model, device=self.device, dtype=self.dtype).eval()
+        if compile and (self.mode != "fast" or not isinstance(model, nn.Module)):
+            raise ValueError("compile=True needs mode='fast' and a PyTorch model (not an exported network)")
         if self.mode == "fast" and isinstance(model, nn.Module):
-            model = make_fast(model)
+            # Inductor packs the weights itself when compiling, so the eager oneDNN packing is left out then.
+            model = make_fast(model, pack_linears=False if compile else None)
+        self._compiled = CompiledBuckets(model, cuda_graphs=True) if compile else None
         input_size = input_size or (1024, 768)
         self.input_size = (int(input_size[0]), int(input_size[1]))
         self.model = model
@@ -258,14 +266,17 @@ class Predictor:
             order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                      SDPBackend.MATH]  # fmt: skip
             with sdpa_kernel(order, set_priority=True):
-                output = self.model(x)
+                output = self._network(x)
         else:
-            output = self.model(x)
+            output = self._network(x)
         if isinstance(output, (tuple, list)):
             return type(output)(o.float() for o in output)
         return output.float()
 
     # ---------------------------------------------------------------------------------------------- internals
+
+    def _network(self, x: torch.Tensor) -> Any:
+        return self.model(x) if self._compiled is None else self._compiled(x)
 
     @staticmethod
     def _network_input_size(network: Any, input_size: Any, dtype: Any) -> tuple[int, int] | None:

@@ -1,0 +1,258 @@
+"""Network throughput of one model at one batch size and precision: ``sapiens2 benchmark`` (issue #11).
+
+``run_benchmark(BenchmarkOptions(...))`` times the forward pass (random normalised input, random or loaded weights)
+after warm-up and reports images/s, latency percentiles per batch, peak memory, achieved TFLOP/s and the model FLOPs
+utilisation (MFU): FLOPs per image are the arch table's backbone formula (``Arch.flops``) plus the decode head's,
+counted by ``torch.utils.flop_counter`` on a ``meta`` copy; the device peak comes from ``GPU_PEAK_TFLOPS`` or
+``peak_tflops``. On a CPU the MFU is reported only with ``peak_tflops`` (CPU peaks vary with clocks and SKUs).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .checkpoints import load_backbone, load_model
+from .models import Sapiens2
+from .models.fast import CompiledBuckets, make_fast
+from .models.task_model import build_model
+from .models.zoo import Arch, get_arch
+from .tasks import TASKS
+
+__all__ = ["BACKBONE", "GPU_PEAK_TFLOPS", "BenchmarkOptions", "BenchmarkReport", "device_peak_tflops", "run_benchmark"]
+
+logger = logging.getLogger(__name__)
+
+BACKBONE = "backbone"
+"""The ``task`` that times the bare backbone (featmap output), no head."""
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# Dense peak TFLOP/s (no sparsity) of known GPUs from the vendors' data sheets: (bf16/fp16 tensor cores, fp32 without
+# TF32). Matched against torch.cuda.get_device_name() in this order (first pattern that matches).
+GPU_PEAK_TFLOPS: dict[str, tuple[float, float]] = {
+    r"H100.*PCIe": (756.0, 51.2),
+    r"H100.*NVL": (835.0, 60.0),
+    r"H100": (989.4, 66.9),  # SXM (HBM3)
+    r"H200": (989.4, 66.9),
+    r"B200": (2250.0, 80.0),
+    r"A100": (312.0, 19.5),
+    r"L40S": (362.1, 91.6),
+    r"\bL4\b": (121.0, 30.3),
+    r"\bA10\b": (125.0, 31.2),
+    r"RTX 4090": (165.2, 82.6),
+}
+
+
+def device_peak_tflops(device: torch.device, dtype: torch.dtype) -> float | None:
+    """The dense peak TFLOP/s of ``device`` for ``dtype`` from ``GPU_PEAK_TFLOPS``; None for CPUs and unknown GPUs."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for pattern, (tensor_core, fp32) in GPU_PEAK_TFLOPS.items():
+        if re.search(pattern, name):
+            return fp32 if dtype == torch.float32 else tensor_core
+    return None
+
+
+@dataclass(frozen=True)
+class BenchmarkOptions:
+    """What to time (the flags of ``sapiens2 benchmark``).
+
+    Attributes:
+        task: ``"backbone"`` (featmap output, no head) or a task name [``--task``].
+        model: an arch name or size (random weights: speed does not depend on them), or a checkpoint source as
+            ``load_model`` takes it [``--model``].
+        batch: images per forward [``--batch``].
+        dtype: ``fp32``, ``bf16`` or ``fp16``; None: bf16 on CUDA, fp32 elsewhere [``--dtype``].
+        resolution: network input (H, W); None: the arch's training size [``--resolution HxW``].
+        device: ``cpu``, ``cuda``, ``cuda:1``...; None: CUDA when available [``--device``].
+        mode: ``fast`` or ``reference`` network (``sapiens2.models.fast``) [``--mode``].
+        compile: ``torch.compile`` with static shapes (fast mode) [``--compile``].
+        peak_tflops: the device's peak for the MFU, overriding the known-GPU table [``--peak-tflops``].
+        iters, warmup: timed and untimed forwards [``--iters``, ``--warmup``].
+    """
+
+    task: str = BACKBONE
+    model: str = "1b"
+    batch: int = 1
+    dtype: str | None = None
+    resolution: tuple[int, int] | None = None
+    device: str | None = None
+    mode: str = "fast"
+    compile: bool = False
+    peak_tflops: float | None = None
+    iters: int = 20
+    warmup: int = 3
+
+
+@dataclass
+class BenchmarkReport:
+    """Figures of one benchmark run; ``str(report)`` is the printed summary."""
+
+    options: BenchmarkOptions
+    device: str
+    arch: str
+    dtype: str
+    resolution: tuple[int, int]
+    latencies_ms: list[float] = field(repr=False)
+    images_per_s: float
+    peak_memory_gib: float
+    memory_kind: str
+    flops_per_image: float
+    peak_tflops: float | None
+
+    def percentile(self, q: float) -> float:
+        """Latency per forward (ms) at percentile ``q`` in [0, 100] (nearest rank)."""
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+    @property
+    def achieved_tflops(self) -> float:
+        return self.images_per_s * self.flops_per_image / 1e12
+
+    @property
+    def mfu(self) -> float | None:
+        return None if not self.peak_tflops else self.achieved_tflops / self.peak_tflops
+
+    def __str__(self) -> str:
+        o = self.options
+        mfu = "n/a (give --peak-tflops)" if self.mfu is None else f"{100 * self.mfu:.1f} % of {self.peak_tflops:g}"
+        lines = [
+            f"sapiens2 benchmark: {o.task} {self.arch} on {self.device}, {self.dtype}, batch {o.batch}, "
+            f"{self.resolution[0]}x{self.resolution[1]}, {o.mode} mode{', compiled' if o.compile else ''}",
+            f"images/s          {self.images_per_s:.2f}",
+            f"latency ms/batch  p50 {self.percentile(50):.1f}  p90 {self.percentile(90):.1f}  "
+            f"p99 {self.percentile(99):.1f}  ({len(self.latencies_ms)} timed forwards)",
+            f"peak memory       {self.peak_memory_gib:.2f} GiB ({self.memory_kind})",
+            f"FLOPs per image   {self.flops_per_image / 1e9:.1f} GFLOP (backbone from the arch table + head counted)",
+            f"achieved          {self.achieved_tflops:.3f} TFLOP/s",
+            f"MFU               {mfu}",
+        ]
+        return "\n".join(lines)
+
+
+def _check(options: BenchmarkOptions) -> tuple[torch.device, torch.dtype]:
+    if options.task != BACKBONE and options.task not in TASKS:
+        raise ValueError(f"--task must be {BACKBONE} or one of {', '.join(TASKS)}, got {options.task!r}")
+    if options.batch < 1 or options.iters < 1 or options.warmup < 0:
+        raise ValueError("--batch and --iters must be >= 1 and --warmup >= 0")
+    if options.mode not in ("fast", "reference"):
+        raise ValueError(f"--mode must be fast or reference, got {options.mode!r}")
+    if options.compile and options.mode != "fast":
+        raise ValueError("--compile needs --mode fast")
+    if options.peak_tflops is not None and options.peak_tflops <= 0:
+        raise ValueError(f"--peak-tflops must be > 0, got {options.peak_tflops}")
+    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but CUDA is not available; use --device cpu")
+    name = options.dtype or ("bf16" if device.type == "cuda" else "fp32")
+    if name not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return device, DTYPES[name]
+
+
+def _named_arch(model: str) -> Arch | None:
+    try:
+        return get_arch(model)
+    except ValueError:
+        return None
+
+
+def _build(options: BenchmarkOptions, resolution: tuple[int, int] | None, device, dtype) -> nn.Module:
+    arch = _named_arch(options.model)
+    if arch is not None:  # random weights, made on the target device
+        size = resolution or arch.img_size
+        if options.task == BACKBONE:
+            return Sapiens2(arch, img_size=size, out_type="featmap", device=device, dtype=dtype)
+        return build_model(options.task, arch, input_size=size, device=device, dtype=dtype)
+    if options.task == BACKBONE:
+        return load_backbone(options.model, out_type="featmap", device=device, dtype=dtype)
+    return load_model(options.task, options.model, device=device, dtype=dtype)
+
+
+def _flops_per_image(model: nn.Module, arch: Arch, options: BenchmarkOptions, size: tuple[int, int]) -> float:
+    """The arch table's backbone FLOPs plus the head's, counted on a meta copy of the head (no memory, no compute)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    flops = float(arch.flops(size))
+    head = getattr(model, "decode_head", None)
+    if head is None:
+        return flops
+    meta_model = build_model(options.task, arch, input_size=size, device="meta", **_head_kwargs(head, options.task))
+    grid = (size[0] // 16, size[1] // 16)
+    featmap = torch.empty(1, arch.embed_dims, *grid, device="meta")
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        meta_model.decode_head(featmap)
+    return flops + counter.get_total_flops()
+
+
+def _head_kwargs(head: nn.Module, task: str) -> dict:
+    from .models.heads import infer_head_config
+
+    config = infer_head_config(task, {k: v for k, v in head.state_dict().items()})
+    config.pop("in_channels", None)
+    return config
+
+
+def _peak_memory_gib(device: torch.device) -> tuple[float, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30, "CUDA max allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "process peak RSS"
+
+
+def run_benchmark(options: BenchmarkOptions) -> BenchmarkReport:
+    """Build or load the network, run ``warmup`` + ``iters`` forwards of ``batch`` random images, report.
+
+    Raises:
+        ValueError: bad options (named by their CLI flags), or a model source that is neither an arch nor loadable.
+    """
+    device, dtype = _check(options)
+    model = _build(options, options.resolution, device, dtype).eval()
+    backbone = model if isinstance(model, Sapiens2) else model.backbone
+    arch = backbone.arch
+    size = tuple(options.resolution or arch.img_size)
+    flops = _flops_per_image(model, arch, options, size)
+    if options.mode == "fast":
+        model = make_fast(model, pack_linears=False if options.compile else None)
+    network = CompiledBuckets(model, cuda_graphs=True) if options.compile else model
+    x = torch.randn(options.batch, 3, *size, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    latencies = []
+    with torch.inference_mode():
+        for _ in range(options.warmup):
+            network(x)
+        synchronize()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        for _ in range(options.iters):
+            start = time.perf_counter()
+            network(x)
+            synchronize()
+            latencies.append(1000 * (time.perf_counter() - start))
+    peak_memory, memory_kind = _peak_memory_gib(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    return BenchmarkReport(
+        options=options,
+        device=name,
+        arch=arch.name,
+        dtype={v: k for k, v in DTYPES.items()}[dtype],
+        resolution=size,
+        latencies_ms=latencies,
+        images_per_s=options.batch * 1000 / statistics.median(latencies),
+        peak_memory_gib=peak_memory,
+        memory_kind=memory_kind,
+        flops_per_image=flops,
+        peak_tflops=options.peak_tflops or device_peak_tflops(device, dtype),
+    )

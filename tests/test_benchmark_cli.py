@@ -1,0 +1,79 @@
+"""``sapiens2 benchmark`` through the real entry point on tiny models (smoke only: no timing assertions)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from conftest import TINY_ARCH
+from safetensors.torch import save_file
+
+from sapiens2 import Sapiens2
+from sapiens2.benchmark import BenchmarkOptions, device_peak_tflops, run_benchmark
+from sapiens2.cli import main
+from sapiens2.models.zoo import get_arch
+
+FIELDS = ("images/s", "latency ms/batch", "peak memory", "FLOPs per image", "achieved", "MFU")
+
+
+def _run(capsys, *flags: str) -> tuple[int, str, str]:
+    status = main(["benchmark", "--device", "cpu", "--iters", "2", "--warmup", "1", *flags])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_benchmark_prints_every_figure_for_a_task_model(tiny_checkpoints, capsys, mode):
+    status, out, _ = _run(
+        capsys, "--task", "seg", "--model", str(tiny_checkpoints["seg"]), "--resolution", "64x48", "--mode", mode,
+        "--batch", "2", "--peak-tflops", "0.5",
+    )  # fmt: skip
+    assert status == 0
+    assert all(field in out for field in FIELDS), out
+    assert f"{mode} mode" in out and "batch 2, 64x48" in out
+    mfu = float(re.search(r"MFU\s+([\d.]+) % of 0.5", out).group(1))
+    achieved = float(re.search(r"achieved\s+([\d.]+) TFLOP/s", out).group(1))
+    assert mfu == pytest.approx(100 * achieved / 0.5, abs=0.2)
+
+
+def test_benchmark_of_a_backbone_file_and_mfu_only_with_a_peak_on_cpu(tmp_path, capsys):
+    path = tmp_path / "tiny_backbone.safetensors"
+    save_file({k: v.contiguous() for k, v in Sapiens2(TINY_ARCH).state_dict().items()}, str(path))
+    status, out, _ = _run(capsys, "--model", str(path), "--resolution", "64x48")
+    assert status == 0 and "backbone custom" in out and "n/a (give --peak-tflops)" in out
+
+
+def test_flops_are_the_arch_table_backbone_plus_the_counted_head(tiny_checkpoints):
+    options = BenchmarkOptions(task="pose", model=str(tiny_checkpoints["pose"]), resolution=(64, 48), iters=1,
+                               warmup=0, device="cpu")  # fmt: skip
+    report = run_benchmark(options)
+    # The tiny pose head: two 4x4 stride-2 deconvolutions, a 1x1 conv unit and the 308-channel output conv.
+    grid = 4 * 3
+    head = 2 * (32 * 16 * 16 * grid + 16 * 16 * 16 * 4 * grid) + 2 * 16 * 16 * 16 * grid + 2 * 16 * 308 * 16 * grid
+    assert report.flops_per_image == get_arch(TINY_ARCH).flops((64, 48)) + head
+    assert report.images_per_s > 0 and len(report.latencies_ms) == 1 and report.mfu is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--compile", "--mode", "reference"], "--compile needs --mode fast"),
+        (["--batch", "0"], "--batch and --iters must be >= 1"),
+        (["--peak-tflops", "-1"], "--peak-tflops must be > 0"),
+        (["--model", "no/such-model-anywhere"], "no/such-model-anywhere"),
+    ],
+)
+def test_benchmark_refuses_bad_flags_in_one_line(capsys, flags, message):
+    status, out, err = _run(capsys, "--model", "0.1b", *flags) if flags[0] != "--model" else _run(capsys, *flags)
+    assert status == 2 and message in err and not out and len(err.strip().splitlines()) == 1
+
+
+def test_bad_resolution_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["benchmark", "--resolution", "1024by768"])
+    assert exit_info.value.code == 2 and "--resolution" in capsys.readouterr().err
+
+
+def test_peak_table_knows_gpus_and_not_cpus():
+    assert device_peak_tflops(torch.device("cpu"), torch.bfloat16) is None
