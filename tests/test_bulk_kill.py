@@ -1,0 +1,117 @@
+"""kill -9 a bulk ``sapiens2 predict`` mid-way (local workers, or the Ray driver), rerun the same command: every
+output present once, none corrupt, and nothing the ledger had as done recomputed (its files keep their mtimes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import cv2
+import numpy as np
+import pytest
+from conftest import DATA, require_module
+
+from sapiens2.bulk import Ledger
+
+pytestmark = pytest.mark.slow
+
+
+def many_photos(folder, count):
+    folder.mkdir(parents=True)
+    image = cv2.imread(str(DATA / "astronaut.png"))
+    for i in range(count):
+        cv2.imwrite(str(folder / f"p{i:02d}.png"), np.roll(image, 7 * i, axis=1)[: 200 + i])
+    (folder / "zz_broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 30)
+    return folder
+
+
+def command(tiny_checkpoints, inputs, out, *extra):
+    return [sys.executable, "-m", "sapiens2", "predict", "--task", "seg", str(inputs), "-o", str(out),
+            "--input-size", "64", "48", f"--model=seg={tiny_checkpoints['seg']}", "--batch-size", "1",
+            "--shard-size", "3", *extra]  # fmt: skip
+
+
+def kill_when_done(argv, out, at_least, timeout=240):
+    """Start the job, SIGKILL it once the ledger holds ``at_least`` done items; returns those entries."""
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                               env=env)  # fmt: skip
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            done = {k: e for k, e in Ledger(out).entries().items() if e.status == "done"} if (out / "_bulk").is_dir() \
+                else {}  # fmt: skip
+            if len(done) >= at_least:
+                os.kill(process.pid, signal.SIGKILL)
+                break
+            assert process.poll() is None, f"the job ended before it could be killed: {process.stderr.read()}"
+            time.sleep(0.02)
+        else:
+            pytest.fail("the job did not get far enough in time")
+        process.wait()
+        time.sleep(3)  # workers notice their parent is gone within a second and stop
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # anything still alive in the job's session
+        except ProcessLookupError:
+            pass
+    return done
+
+
+def rerun(argv):
+    result = subprocess.run(argv, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"},
+                            timeout=300)  # fmt: skip
+    assert result.returncode == 1, result.stderr  # the broken file, recorded again
+    return result
+
+
+def test_local_workers_killed_then_rerun_finish_exactly_once(tiny_checkpoints, tmp_path):
+    inputs = many_photos(tmp_path / "in", 18)
+    out = tmp_path / "out"
+    argv = command(tiny_checkpoints, inputs, out, "--devices", "cpu:2", "--threads", "1")
+    done = kill_when_done(argv, out, at_least=4)
+    assert len(done) < 18
+    stamps = {key: (out / key.replace(".png", "_seg.png")).stat().st_mtime_ns for key in done}
+    result = rerun(argv)
+    assert f"{len(Ledger(out).entries()) - 1 - len(done)} done, 1 failed, {len(done)} skipped" in result.stdout
+    for key, stamp in stamps.items():  # completed before the kill: not recomputed
+        assert (out / key.replace(".png", "_seg.png")).stat().st_mtime_ns == stamp
+    for i in range(18):
+        labels = cv2.imread(str(out / f"p{i:02d}_seg.png"), cv2.IMREAD_UNCHANGED)
+        assert labels is not None and labels.shape == (200 + i, 512)
+    visible = [p.name for p in out.iterdir() if not p.name.startswith(".")]
+    expected = [f"p{i:02d}_seg{suffix}" for i in range(18) for suffix in (".png", "_overlay.jpg")]
+    assert sorted(visible) == sorted(["_bulk", *expected])
+    entries = Ledger(out).entries()
+    assert sum(e.status == "done" for e in entries.values()) == 18 and entries["zz_broken.png"].status == "failed"
+
+
+def parquet_keys(out):
+    pq = require_module("pyarrow.parquet")
+    keys = []
+    for part in sorted((out / "parts").glob("*.parquet")):
+        keys += pq.read_table(part).column("key").to_pylist()  # every part readable: none corrupt
+    return keys
+
+
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_parquet_job_killed_then_rerun_has_every_row_once(tiny_checkpoints, tmp_path, engine):
+    if engine == "ray":
+        require_module("ray")
+    inputs = many_photos(tmp_path / "in", 15)
+    out = tmp_path / "out"
+    devices = ["--devices", "cpu:2", "--threads", "1"] if engine == "local" else ["--devices", "cpu:1"]
+    argv = command(tiny_checkpoints, inputs, out, "--sink", "parquet", "--engine", engine, *devices)
+    done = kill_when_done(argv, out, at_least=3)
+    parts = {p: p.stat().st_mtime_ns for p in (out / "parts").glob("*.parquet")}
+    assert len(done) < 15 and parts
+    result = rerun(argv)
+    assert f"{len(done)} skipped" in result.stdout
+    keys = parquet_keys(out)
+    assert sorted(keys) == [f"p{i:02d}.png" for i in range(15)]  # each once
+    assert {p: p.stat().st_mtime_ns for p in parts} == parts  # committed parts untouched by the rerun
+    for key in done:
+        assert Ledger(out).entries()[key].part in {f"parts/{p.name}" for p in parts}
