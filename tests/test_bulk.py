@@ -158,3 +158,11 @@ def test_a_torn_journal_line_is_ignored(tmp_path):
     )
     assert ledger.done_hashes("000-000000") == {"a": "h"}
 
+
+
+def test_the_pipelined_reader_changes_nothing_but_timing(tmp_path):
+    folder = make_images(tmp_path / "in")
+    bulk(folder, tmp_path / "ahead", sink="parquet")
+    report = bulk(folder, tmp_path / "plain", sink="parquet", prefetch=False)
+    assert (report.done, report.failed) == (7, 1)
+    assert parquet_rows(tmp_path / "ahead") == parquet_rows(tmp_path / "plain")

@@ -14,16 +14,18 @@ import queue
 import sys
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait
 from typing import Any
 
 from ..data.collections import Shard
-from .job import BulkJob, run_batch
+from .job import BulkJob, prepare, process_prepared, run_batch
 from .ledger import Ledger
 
 __all__ = ["run_local", "torch_device"]
 
 IN_FLIGHT = 2  # batches per worker: one running, one waiting, so the device never idles on the parent
+READ_AHEAD = 2  # batches read and decoded ahead of the device when it runs in this process
 
 
 def torch_device(label: str) -> str:
@@ -80,23 +82,58 @@ def _worker(job: BulkJob, label: str, threads: int, tasks: Any, connection: Any,
     job.close()
 
 
-def _inline(job: BulkJob, label: str, threads: int, tasks: Iterator[tuple], committer: Any) -> None:
+def _inline(
+    job: BulkJob, label: str, threads: int, tasks: Iterator[tuple], committer: Any, prefetch: bool = True
+) -> None:
     _set_threads(label, threads)
     try:
         job.setup(torch_device(label))
     except Exception as error:  # same message as from a worker process
         raise RuntimeError(f"{label}: setup failed ({type(error).__name__}: {error})") from error
     try:
-        for task in tasks:
-            if task[0] == "seal":
-                committer.seal(task[1], task[2])
-                continue
-            _, shard, index, batch = task
-            timings: dict[str, float] = {}
-            outcomes = run_batch(job, batch, shard, label, timings)
-            committer.add(shard, index, outcomes, timings, label)
+        if not prefetch:
+            for task in tasks:
+                if task[0] == "seal":
+                    committer.seal(task[1], task[2])
+                    continue
+                _, shard, index, batch = task
+                timings: dict[str, float] = {}
+                committer.add(shard, index, run_batch(job, batch, shard, label, timings), timings, label)
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="bulk-reader") as reader:
+            for task in _read_ahead(job, label, tasks, reader):
+                if task[0] == "seal":
+                    committer.seal(task[1], task[2])
+                    continue
+                _, shard, index, prepared, timings = task
+                committer.add(shard, index, process_prepared(job, prepared, label, timings), timings, label)
     finally:
         job.close()
+
+
+def _read_ahead(job: BulkJob, label: str, tasks: Iterator[tuple], reader: ThreadPoolExecutor) -> Iterator[tuple]:
+    """The tasks with each batch read and decoded on the reader thread, ``READ_AHEAD`` batches ahead of the
+    device (decoders release the GIL); yields ("batch", shard, index, prepared, timings) and the seals in order."""
+    ahead: deque = deque()
+
+    def read(batch: list, shard: str, timings: dict[str, float]) -> list:
+        return [prepare(job, record, done, shard, label, timings) for record, done in batch]
+
+    def resolved(task: tuple) -> tuple:
+        if task[0] == "seal":
+            return task
+        _, shard, index, future, timings = task
+        return ("batch", shard, index, future.result(), timings)
+
+    for task in tasks:
+        if task[0] == "batch":
+            timings: dict[str, float] = {}
+            task = ("batch", task[1], task[2], reader.submit(read, task[3], task[1], timings), timings)
+        ahead.append(task)
+        while sum(t[0] == "batch" for t in ahead) > READ_AHEAD:
+            yield resolved(ahead.popleft())
+    while ahead:
+        yield resolved(ahead.popleft())
 
 
 def run_local(
@@ -107,13 +144,15 @@ def run_local(
     devices: list[str],
     batch_size: int,
     threads: int | None = None,
+    prefetch: bool = True,
 ) -> None:
     """Run ``job`` over ``shards`` on ``devices`` (worker labels: ``cpu:0``, ``cpu:1``, ``cuda:0`` ...).
 
     One device runs in this process (its torch threads left as they are unless ``threads`` is given); more run one
     spawned process each (CPU workers get ``threads``, default ``cores // CPU workers``, torch threads).
     Outcomes go to ``committer.add(shard, batch index, outcomes, timings, device)``; the end of a
-    shard to ``committer.seal(shard, batches)``.
+    shard to ``committer.seal(shard, batches)``. With ``prefetch`` a single in-process device gets its batches
+    read and decoded on a reader thread, ahead of it (the pipelined reader).
 
     Raises:
         RuntimeError: a worker's ``setup`` failed, or every worker died.
@@ -122,7 +161,7 @@ def run_local(
     cpu_workers = sum(label.startswith("cpu") for label in devices)
     tasks = _tasks(shards, ledger, batch_size)
     if len(devices) == 1:
-        _inline(job, devices[0], threads or 0, tasks, committer)
+        _inline(job, devices[0], threads or 0, tasks, committer, prefetch)
         return
     threads = threads or max(1, cores // max(cpu_workers, 1))
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA or OpenMP state

@@ -43,6 +43,7 @@ class BulkOptions:
         recursive: descend into subfolders.
         progress: show the progress bar (tqdm; hidden when not a terminal).
         threads: torch threads per CPU worker; default: cores / CPU workers (one worker: left as it is).
+        prefetch: one local device: read and decode on a reader thread ahead of it (the pipelined reader).
     """
 
     inputs: Sequence[str | os.PathLike]
@@ -56,6 +57,7 @@ class BulkOptions:
     recursive: bool = True
     progress: bool = True
     threads: int | None = None
+    prefetch: bool = True
 
 
 def parse_devices(text: str | None) -> list[str]:
@@ -203,7 +205,10 @@ def run_bulk(job: BulkJob, options: BulkOptions) -> Report:
             from .local import run_local
 
             devices = list(options.devices)
-            run_local(job, collection.shards(), ledger, committer, devices, options.batch_size, options.threads)
+            run_local(
+                job, collection.shards(), ledger, committer, devices, options.batch_size, options.threads,
+                options.prefetch,
+            )
     finally:
         progress.close()
     report.seconds = time.perf_counter() - start
