@@ -290,3 +290,31 @@ def test_pointmap_mesh_reads_back_with_the_points_and_no_bridge_over_depth_jumps
     assert np.isfinite(vertices).all()
     # Two triangles per grid cell on one surface (none over the jump or the mask), less the one touching the hole.
     assert len(faces) == 2 * 59 * 39 - 1 + 2 * 59 * 29
+
+
+# ---------------------------------------------------------------------------------------------------------- video
+
+
+def test_video_request_runs_the_clip_and_explains_bad_clips(tiny_checkpoints, tmp_path):
+    require_module("av")
+    from videoclips import moving_crops, write_clip
+
+    from sapiens2.demo.render import video_markdown
+    from sapiens2.demo.video import analyse_video
+
+    clip = write_clip(tmp_path / "clip.mp4", list(moving_crops(5)))
+    cache = ModelCache(tiny_options(tiny_checkpoints))
+    outcome = analyse_video(clip, ["seg"], cache, tmp_path / "ok", max_frames=3, max_file_mb=50)
+    assert outcome.errors == [] and outcome.frames == 3 and outcome.truncated
+    assert outcome.overlay.name == "clip_overlay.mp4" and outcome.overlay in outcome.files
+    assert "Only the first 3 frames" in video_markdown(outcome, 3)
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(clip.read_bytes()[:2000])
+    (tmp_path / "notes.mp4").write_text("not a video")
+    for bad in (cut, tmp_path / "notes.mp4"):
+        outcome = analyse_video(bad, ["seg"], cache, tmp_path / bad.stem, max_frames=3, max_file_mb=50)
+        assert outcome.frames == 0 and len(outcome.errors) == 1
+        message = outcome.errors[0]  # one line naming the upload, never the server's path
+        assert f"'{bad.name}'" in message and str(tmp_path) not in message and "\n" not in message
+    outcome = analyse_video(clip, ["seg"], cache, tmp_path / "big", max_frames=3, max_file_mb=0.001)
+    assert "up to 0.001 MB" in outcome.errors[0] and outcome.frames == 0

@@ -120,9 +120,9 @@ def set_tasks(page, tasks) -> None:
         box.check() if task in tasks else box.uncheck()
 
 
-def download(page, name: str, folder: Path) -> Path:
+def download(page, name: str, folder: Path, where: str = "#downloads") -> Path:
     with page.expect_download() as info:
-        page.click(f"#downloads a[download='{name}']")
+        page.click(f"{where} a[download='{name}']")
     path = folder / name
     info.value.save_as(path)
     return path
@@ -232,3 +232,31 @@ def test_a_task_without_a_model_says_how_to_pass_one(ran):
     assert "sapiens2 demo --model pose=PATH" in status
     assert page.locator("#view-normal img").count() == 0 and natural_size(page, "view-seg") == (512, 512)
     set_tasks(page, TASKS)
+
+
+def test_short_video_tab_plays_the_overlay_and_offers_predicts_files(site, tiny_checkpoints):
+    require_module("av")
+    from videoclips import moving_crops, write_clip
+
+    from sapiens2 import Predictor
+
+    clip = write_clip(site.folder / "clip.mp4", list(moving_crops(6)))
+    page = site.page
+    page.get_by_role("tab", name="Short video").click()
+    page.locator("#clip-upload input[type=file]").set_input_files(str(clip))
+    page.locator("#clip-upload a[download='clip.mp4']").wait_for()
+    page.click("#video-run")
+    page.wait_for_function(
+        "() => { const v = document.querySelector('#view-overlay video'); return v && v.videoWidth > 0 }"
+    )
+    assert page.eval_on_selector("#view-overlay video", "v => [v.videoWidth, v.videoHeight]") == [128, 96]
+    assert "clip.mp4: 6 frames" in page.inner_text("#video-status")
+    names = {element.get_attribute("download") for element in page.locator("#video-downloads a[download]").all()}
+    assert {"clip_frames.jsonl", "clip_overlay.mp4", "clip_video.json"} <= names
+    got = download(page, "clip_frames.jsonl", site.folder, "#video-downloads")
+    pose = Predictor("pose", tiny_checkpoints["pose"], device="cpu", input_size=(64, 48), detector=None)
+    report = pose.video(clip, site.folder / "video_predict", end=site.options.max_video_frames)
+    assert report.error is None
+    assert got.read_bytes() == (site.folder / "video_predict" / "clip_frames.jsonl").read_bytes()
+    screenshot(page, site.folder, "demo_video.png")
+    page.get_by_role("tab", name="Photo").click()

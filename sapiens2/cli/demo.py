@@ -69,6 +69,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-megapixels", type=float, default=40.0, help="refuse larger images (default 40)")
     serve.add_argument("--max-file-mb", type=float, default=50.0, help="refuse larger uploads (default 50)")
     serve.add_argument("--queue-size", type=int, default=16, help="requests that may wait in the queue (default 16)")
+    serve.add_argument(
+        "--max-video-frames", type=int, default=150, help="frames of a clip the video tab processes (default 150)"
+    )
     parser.set_defaults(func=run, share=False)
 
 
@@ -97,6 +100,7 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         max_megapixels=args.max_megapixels,
         max_file_mb=args.max_file_mb,
         queue_size=args.queue_size,
+        max_video_frames=args.max_video_frames,
     )
 
 

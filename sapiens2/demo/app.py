@@ -92,42 +92,48 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
     with gr.Blocks(title="Sapiens2 demo", analytics_enabled=False, delete_cache=(1800, 3600)) as app:
         state = gr.State(None)
         gr.Markdown(_INTRO)
-        with gr.Row():
-            with gr.Column(scale=1, min_width=300):
-                upload = gr.File(label="Photo", type="filepath", elem_id="photo-upload")
-                gr.Examples([[str(path)] for path in options.samples], inputs=[upload], label="Sample photos")
-                tasks = gr.CheckboxGroup(list(TASKS), value=list(options.tasks), label="Tasks", elem_id="tasks")
-                run = gr.Button("Run", variant="primary", elem_id="run")
-                keypoints = gr.Radio(KEYPOINT_SETS, value="sapiens308", label="Keypoint set", elem_id="keypoint-set")
-                boxes = gr.Checkbox(True, label="Person boxes", elem_id="person-boxes")
-            with gr.Column(scale=3):
-                status = gr.Markdown(render.models_markdown(options, cache), elem_id="status")
-                with gr.Row():
-                    views = {
-                        "photo": _image(gr, "Photo", "view-photo"),
-                        "seg": _image(gr, "Body parts (seg)", "view-seg"),
-                        "pose": _image(gr, "Pose", "view-pose"),
-                        "normal": _image(gr, "Surface normals", "view-normal"),
-                        "depth": _image(gr, "Depth (pointmap)", "view-depth"),
-                        "albedo": _image(gr, "Albedo", "view-albedo"),
-                        "matting": _image(gr, "Matting cut-out", "view-matting"),
-                    }
-                    mesh = gr.Model3D(
-                        label="Pointmap in 3D (drag to turn; the person only when seg ran)",
-                        clear_color=(0.12, 0.12, 0.14, 1.0),
-                        visible=False,
-                        min_width=260,
-                        elem_id="view-mesh",
+        with gr.Tab("Photo", elem_id="photo-tab"):
+            with gr.Row():
+                with gr.Column(scale=1, min_width=300):
+                    upload = gr.File(label="Photo", type="filepath", elem_id="photo-upload")
+                    gr.Examples([[str(path)] for path in options.samples], inputs=[upload], label="Sample photos")
+                    tasks = gr.CheckboxGroup(list(TASKS), value=list(options.tasks), label="Tasks", elem_id="tasks")
+                    run = gr.Button("Run", variant="primary", elem_id="run")
+                    keypoints = gr.Radio(
+                        KEYPOINT_SETS, value="sapiens308", label="Keypoint set", elem_id="keypoint-set"
                     )
-                with gr.Accordion("Body-part classes (seg)", open=True, visible=False) as seg_panel:
-                    legend = gr.HTML(render.seg_legend(None), elem_id="seg-legend")
-                    classes = gr.CheckboxGroup(class_names, value=class_names, label="Shown", elem_id="seg-classes")
-                files = gr.File(
-                    label="Downloads: the files sapiens2 predict writes",
-                    file_count="multiple",
-                    interactive=False,
-                    elem_id="downloads",
-                )
+                    boxes = gr.Checkbox(True, label="Person boxes", elem_id="person-boxes")
+                with gr.Column(scale=3):
+                    status = gr.Markdown(render.models_markdown(options, cache), elem_id="status")
+                    with gr.Row():
+                        views = {
+                            "photo": _image(gr, "Photo", "view-photo"),
+                            "seg": _image(gr, "Body parts (seg)", "view-seg"),
+                            "pose": _image(gr, "Pose", "view-pose"),
+                            "normal": _image(gr, "Surface normals", "view-normal"),
+                            "depth": _image(gr, "Depth (pointmap)", "view-depth"),
+                            "albedo": _image(gr, "Albedo", "view-albedo"),
+                            "matting": _image(gr, "Matting cut-out", "view-matting"),
+                        }
+                        mesh = gr.Model3D(
+                            label="Pointmap in 3D (drag to turn; the person only when seg ran)",
+                            clear_color=(0.12, 0.12, 0.14, 1.0),
+                            visible=False,
+                            min_width=260,
+                            elem_id="view-mesh",
+                        )
+                    with gr.Accordion("Body-part classes (seg)", open=True, visible=False) as seg_panel:
+                        legend = gr.HTML(render.seg_legend(None), elem_id="seg-legend")
+                        classes = gr.CheckboxGroup(class_names, value=class_names, label="Shown", elem_id="seg-classes")
+                    files = gr.File(
+                        label="Downloads: the files sapiens2 predict writes",
+                        file_count="multiple",
+                        interactive=False,
+                        elem_id="downloads",
+                    )
+
+        with gr.Tab("Short video", elem_id="video-tab"):
+            _video_tab(gr, options, cache, folders)
 
         view_outputs = [*views.values(), mesh, seg_panel, legend]
         progress_tracker = gr.Progress(track_tqdm=True)  # Gradio fills in the request's tracker (downloads too)
@@ -208,6 +214,55 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
     app.queue(max_size=options.queue_size, default_concurrency_limit=1)
     app.sapiens2_cache = cache  # for notebooks and tests: which models are loaded, and their load times
     return app
+
+
+def _video_tab(gr, options: DemoOptions, cache: ModelCache, folders: _RequestFolders) -> None:
+    """The short-video tab (inside the app's Blocks): a clip through ``sapiens2.video`` with the cached models."""
+    import importlib.util
+
+    if importlib.util.find_spec("av") is None:
+        gr.Markdown("Video needs PyAV: `pip install 'sapiens2[video]'`, then restart the demo.")
+        return
+    from .video import analyse_video
+
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            clip = gr.File(label="Short clip (mp4, mov, webm, ...)", type="filepath", elem_id="clip-upload")
+            tasks = gr.CheckboxGroup(list(TASKS), value=["pose"], label="Tasks", elem_id="video-tasks")
+            run = gr.Button("Run on the clip", variant="primary", elem_id="video-run")
+            keypoints = gr.Radio(KEYPOINT_SETS, value="sapiens308", label="Keypoint set", elem_id="video-keypoints")
+        with gr.Column(scale=3):
+            status = gr.Markdown(
+                f"People are tracked across frames and their results smoothed, as `sapiens2 predict clip.mp4` does; "
+                f"the first {options.max_video_frames} frames of a clip are processed.",
+                elem_id="video-status",
+            )
+            overlay = gr.Video(label="Results drawn on the frames", interactive=False, elem_id="view-overlay")
+            files = gr.File(
+                label="Downloads: the files sapiens2 predict writes for a clip",
+                file_count="multiple",
+                interactive=False,
+                elem_id="video-downloads",
+            )
+    progress_tracker = gr.Progress(track_tqdm=True)  # the frames' progress bar
+
+    def on_video(path, ticked, keypoint_format, progress=progress_tracker):
+        if path is None:
+            return render.error_markdown("drop a clip first"), None, None
+        if not ticked:
+            return render.error_markdown("tick at least one task"), None, None
+        try:
+            outcome = analyse_video(path, ticked, cache, folders.new(), max_frames=options.max_video_frames,
+                                    max_file_mb=options.max_file_mb, keypoint_format=keypoint_format)  # fmt: skip
+        except Exception as error:  # whatever happens, the page says so and the server goes on
+            logger.exception("demo video request failed")
+            return render.error_markdown(f"the request failed: {type(error).__name__}: {error}"), None, None
+        overlay_path = None if outcome.overlay is None else str(outcome.overlay)
+        return render.video_markdown(outcome, options.max_video_frames), overlay_path, [str(p) for p in outcome.files]
+
+    run.click(on_video, [clip, tasks, keypoints], [status, overlay, files], concurrency_id="models",
+              concurrency_limit=1)  # fmt: skip
+
 
 
 def _image(gr, label: str, elem_id: str):

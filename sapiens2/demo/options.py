@@ -46,6 +46,7 @@ class DemoOptions:
             image take about 100 bytes per pixel) [``--max-megapixels``].
         max_file_mb: larger uploads are refused [``--max-file-mb``].
         queue_size: requests waiting beyond this are turned away (each sees its place in the queue) [``--queue-size``].
+        max_video_frames: the video tab processes at most this many frames of a clip [``--max-video-frames``].
     """
 
     model: str | os.PathLike = "1b"
@@ -64,6 +65,7 @@ class DemoOptions:
     max_megapixels: float = 40.0
     max_file_mb: float = 50.0
     queue_size: int = 16
+    max_video_frames: int = 150
 
     def __post_init__(self) -> None:  # frozen: normalise once, here
         set_field = object.__setattr__
@@ -104,7 +106,7 @@ class DemoOptions:
             raise ValueError(f"{option('batch_size', self.batch_size)}: must be >= 1")
         if self.port is not None and not 1 <= self.port <= 65535:
             raise ValueError(f"{option('port', self.port)}: a port is 1 to 65535")
-        for name in ("max_megapixels", "max_file_mb", "queue_size"):
+        for name in ("max_megapixels", "max_file_mb", "queue_size", "max_video_frames"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{option(name, getattr(self, name))}: must be > 0")
         missing = [str(path) for path in self.samples if not path.is_file()]

@@ -162,5 +162,22 @@ def models_markdown(options: DemoOptions, cache: ModelCache) -> str:
     )
 
 
+def video_markdown(outcome, max_frames: int) -> str:
+    """A clip's status: frames done, frames per second end to end and per stage, the frame limit, errors."""
+    lines = []
+    if outcome.frames:
+        rates = outcome.frames_per_second
+        stages = ", ".join(f"{stage} {value:.1f}" for stage, value in rates.items() if stage != "total")
+        total = f"{rates['total']:.1f} frames/s" if "total" in rates else ""
+        lines.append(f"**{html.escape(outcome.name)}**: {outcome.frames} frames, {total} ({stages})")
+    if outcome.truncated:
+        lines.append(f"Only the first {max_frames} frames were processed (the page's limit; `sapiens2 predict` "
+                     "takes whole videos).")  # fmt: skip
+    lines += [error_markdown(message) for message in outcome.errors]
+    if any("cannot load" in message for message in outcome.errors):
+        lines.append(_how_to_pass_models())
+    return "\n\n".join(lines) or error_markdown(f"{outcome.name!r}: no frames were processed")
+
+
 def error_markdown(message: str) -> str:
     return f"**Error**: {html.escape(message)}"
