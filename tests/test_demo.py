@@ -318,3 +318,45 @@ def test_video_request_runs_the_clip_and_explains_bad_clips(tiny_checkpoints, tm
         assert f"'{bad.name}'" in message and str(tmp_path) not in message and "\n" not in message
     outcome = analyse_video(clip, ["seg"], cache, tmp_path / "big", max_frames=3, max_file_mb=0.001)
     assert "up to 0.001 MB" in outcome.errors[0] and outcome.frames == 0
+
+
+def _get(url: str) -> str | None:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+@pytest.mark.slow  # two Python processes importing torch and Gradio: ~15 s alone, much more on a busy machine
+def test_sapiens2_demo_serves_the_page_as_a_new_user_starts_it(tiny_checkpoints, tmp_path):
+    """``sapiens2 demo --model ...`` through ``python -m sapiens2`` serves the page on loopback; a second server on
+    the same port stops with one line and exit status 1."""
+    import os
+    import socket
+    import time
+
+    require_module("gradio")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [sys.executable, "-m", "sapiens2", "demo", f"--model=seg={tiny_checkpoints['seg']}", "--detector", "none",
+            "--input-size", "64", "48", "--device", "cpu", "--port", str(port)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+    server = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        page = None
+        deadline = time.monotonic() + 90
+        while page is None and time.monotonic() < deadline and server.poll() is None:
+            time.sleep(0.5)
+            page = _get(f"http://127.0.0.1:{port}/")
+        assert page is not None, server.stdout.read() if server.poll() is not None else "no answer in 90 s"
+        assert "Sapiens2 demo" in page  # the page title
+        second = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+        assert second.returncode == 1, second.stderr
+        assert f"error: cannot serve on 127.0.0.1:{port}" in second.stderr and "--port" in second.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

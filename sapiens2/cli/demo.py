@@ -118,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except OSError as error:  # e.g. the port is taken
-        print(f"error: cannot serve on {options.host}:{options.port or 7860}: {error}", file=sys.stderr)
+    except OSError as error:  # e.g. the port is taken; Gradio's advice names its own API, so keep its first sentence
+        reason = str(error).split(". ")[0]
+        where = f"{options.host}:{options.port or 7860}"
+        print(f"error: cannot serve on {where}: {reason}; choose another with --port or --host", file=sys.stderr)
         return 1
     return 0
