@@ -11,7 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from sapiens2 import Predictor, build_model, load_model
 from sapiens2.models.fast import CompiledBuckets, PackedLinear, is_fast, make_fast, onednn_linear_available
-from sapiens2.models.layers import Attention
+from sapiens2.models.layers import Attention, RopePositionEmbedding, apply_rope
+from sapiens2.models.layers.rope import apply_rope_fast
 from sapiens2.pose.codec import decode_heatmaps, decode_heatmaps_torch, encode_heatmaps
 
 GQA_ARCH = {"embed_dims": 64, "num_layers": 18, "num_heads": 4, "feedforward_channels": 128, "num_tokenizer_layers": 0}
@@ -157,3 +158,14 @@ def test_compiled_buckets_compile_once_per_bucket_and_agree_with_eager():
         assert len(compiled.compiled) == 1 and first.shape == (3, 29, 64, 48)
         torch.testing.assert_close(first, model(x), rtol=1e-3, atol=1e-4)
         torch.testing.assert_close(again[0], model(x[:1])[0], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("rope_dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_rope_rotation_is_bit_identical_to_the_reference(rope_dtype, dtype):
+    rope = RopePositionEmbedding(64, dtype=rope_dtype)
+    rope.reset_parameters()
+    sin, cos = rope((6, 5))
+    x = torch.randn(2, 39, 4, 64).to(dtype).transpose(1, 2)  # a strided view, as the fused path hands it over
+    got = apply_rope_fast(x, sin, cos)
+    assert torch.equal(got, apply_rope(x, sin, cos)) and got.dtype == dtype

@@ -13,7 +13,7 @@ from torch import nn
 
 from .layer_scale import LayerScale
 from .norm import RMSNorm
-from .rope import apply_rope
+from .rope import apply_rope, apply_rope_fast
 
 
 class Attention(nn.Module):
@@ -113,7 +113,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             sin, cos = rope
-            q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
+            q, k = apply_rope_fast(q, sin, cos), apply_rope_fast(k, sin, cos)
         # GQA inside SDPA: query head j*r ... j*r+r-1 reads kv head j, the same grouping as repeat_interleave.
         x = F.scaled_dot_product_attention(q, k, v, enable_gqa=kv_heads != heads)
         x = x.transpose(1, 2).reshape(batch, tokens, dim)  # (B, h, N, hd) -> (B, N, D)
