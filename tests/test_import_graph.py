@@ -128,3 +128,16 @@ def test_upward_hooks_are_lazy_imports_inside_functions():
         hooks = [line for name, line in _imported_modules(REPO / file) if _node(name) == target]
         assert hooks, f"{file} no longer imports {target}: drop it from UPWARD_HOOKS"
         assert not set(hooks) & top_level, f"{file} imports {target} at module level (lines {hooks})"
+
+
+def test_only_the_cli_imports_the_demo_and_gradio_loads_lazily():
+    """The web page is the top layer beside the CLI; Gradio (an optional extra) is imported only inside functions of
+    ``sapiens2/demo``, so ``import sapiens2.demo`` and ``sapiens2 demo --help`` work without it."""
+    importers = {node for node, targets in _import_graph().items() if "sapiens2.demo" in targets}
+    assert importers <= {"sapiens2.cli", "sapiens2.demo"}, f"sapiens2.demo is imported by {sorted(importers)}"
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:  # module level only
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n.split(".")[0] == "gradio" for n in names), f"{path}:{node.lineno} imports gradio eagerly"
