@@ -52,6 +52,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     dropped = ", ".join(f"{reason} {count}" for reason, count in result.dropped.items()) or "none"
     print(f"{result.images_in} images in, {result.kept} kept; dropped: {dropped}")
-    print(f"shards computed {result.computed_shards}, reused {result.reused_shards}")
+    print(f"images scored now {result.computed}, reused from an earlier run {result.reused}")
     print(f"manifest: {result.manifest}\nreport: {result.report}")
     return 0

@@ -229,13 +229,16 @@ class CurateConfig:
     Attributes:
         inputs: folders, glob patterns, manifests (``.parquet``, ``.csv`` with a ``uri`` column, ``.txt`` one path per
             line; other columns are carried through) — relative paths are relative to the config file.
-        output: the run folder (``work/`` per-shard scores, ``manifest.parquet``, ``scores.parquet``, report).
-        shard_size: images per shard, the unit of work and of resume.
+        output: the run folder (``work/`` per-image scores and their ledger, ``manifest.parquet``, ``scores.parquet``,
+            the report).
+        shard_size: images per shard: the unit of the bulk ledger's atomic commits (resume granularity).
+        batch_size: images per call of the per-image stages (each model splits it into its own batches).
         seed: the one seed every random step derives its own from.
-        device: ``cpu``, ``cuda``, ``cuda:1`` ...; null: CUDA when available.
-        engine: ``local`` (one process, a progress bar) or ``ray`` (one shard per Ray task/actor).
+        devices: as ``sapiens2 predict --devices``: ``all`` (every GPU), ``0,1``, ``cuda:N``, ``cpu``, ``cpu:N`` (N
+            CPU workers); one worker (and model replica) per device, or per Ray actor. Null: ``all`` with CUDA,
+            else ``cpu``.
+        engine: ``local`` (workers on this host, a progress bar) or ``ray`` (a Ray Data pipeline, ``sapiens2.bulk``).
         ray_address: an existing Ray cluster (``ray://...`` or ``auto``); null: a local instance.
-        num_workers: decode threads (local) or concurrent shard actors (Ray).
         allow_download: let model stages fetch released weights; off, a missing model is an error.
         strict: every skipped stage is an error, raised before any compute.
     """
@@ -243,11 +246,11 @@ class CurateConfig:
     inputs: tuple[str, ...] = ()
     output: str = "curated"
     shard_size: int = 10000
+    batch_size: int = 16
     seed: int = 0
-    device: str | None = None
+    devices: str | None = None
     engine: Literal["local", "ray"] = "local"
     ray_address: str | None = None
-    num_workers: int = 4
     allow_download: bool = False
     strict: bool = False
     ingest: IngestConfig = field(default_factory=IngestConfig)
@@ -264,7 +267,7 @@ class CurateConfig:
 def _validate(config: CurateConfig) -> None:
     checks = [
         (config.shard_size >= 1, "shard_size must be >= 1"),
-        (config.num_workers >= 1, "num_workers must be >= 1"),
+        (config.batch_size >= 1, "batch_size must be >= 1"),
         (config.ingest.max_aspect >= 1.0, "ingest.max_aspect must be >= 1"),
         (0 <= config.dedup.phash_max_distance <= 64, "dedup.phash_max_distance must be in 0..64"),
         (config.dedup.knn_k >= 1, "dedup.knn_k must be >= 1"),

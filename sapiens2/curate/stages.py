@@ -21,7 +21,8 @@ import numpy as np
 from .config import CurateConfig
 from .headpose import face_points, head_pose
 
-__all__ = ["MODEL_STAGES", "ModelMissing", "build_stages", "load_plugin", "person_columns", "plan_skips"]
+__all__ = ["MODEL_STAGES", "ModelMissing", "build_stages", "check_models", "load_plugin", "person_columns",
+           "plan_skips"]
 
 logger = logging.getLogger(__name__)
 
@@ -299,6 +300,46 @@ def plan_skips(config: CurateConfig) -> dict[str, str]:
     if config.embed.model is None and config.embed.plugin is None:
         skips["embed"] = "stage skipped: no model given (set embed.model=... or embed.plugin=module:Class)"
     return skips
+
+
+def _check_plugin(spec: str, where: str) -> None:
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"{where}={spec!r}: a plug-in is written 'module:Class' (importable from the Python path)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ModelMissing(f"{where}={spec!r}: cannot import {module_name!r} ({error})") from None
+    if not hasattr(module, attribute):
+        raise ModelMissing(f"{where}={spec!r}: module {module_name!r} has no {attribute!r}")
+
+
+def check_models(config: CurateConfig) -> None:
+    """Check, without loading anything, that every model a stage was given can be found (before any compute).
+
+    Raises:
+        ModelMissing: a missing file, an unimportable plug-in, or a download that ``allow_download`` forbids.
+    """
+    skips = plan_skips(config)
+    person = config.person
+    if "person" not in skips:
+        if person.boxes is not None and not Path(person.boxes).is_file():
+            raise ModelMissing(f"person.boxes={person.boxes!r}: no such file")
+        detector = person.detector
+        if detector is not None and ":" in detector and not Path(detector).exists():
+            _check_plugin(detector, "person.detector")
+        elif detector == "rtmdet" and not config.allow_download:
+            raise ModelMissing("person.detector='rtmdet' downloads weights: set allow_download: true, or give the "
+                               "path of a local rtmdet_m.pth")  # fmt: skip
+        elif detector not in (None, "rtmdet") and not Path(detector).is_file():
+            raise ModelMissing(f"person.detector={detector!r}: no such file")
+    if "head_pose" not in skips:
+        _local_or_download(config.head_pose.model, config.allow_download, "head_pose.model")
+    for stage, spec in (("clip", config.clip.plugin), ("text", config.text.plugin), ("embed", config.embed.plugin)):
+        if stage not in skips and spec is not None:
+            _check_plugin(spec, f"{stage}.plugin")
+    if "embed" not in skips and config.embed.model is not None:
+        _local_or_download(config.embed.model, config.allow_download, "embed.model")
 
 
 def build_stages(config: CurateConfig, device: Any) -> dict[str, Any]:
