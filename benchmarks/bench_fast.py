@@ -5,6 +5,11 @@ same random normalised batch; the variants alternate, one timed call each per ro
 Markdown table: median ms per image, speed against the official demo's way and against our reference mode, minor
 page faults per image, and the output's distance from the fp32 reference (max|d| / max|ref|).
 
+With ``--pose-people N`` the pose pipeline is timed end to end through ``Predictor`` instead (N person boxes on one
+1080x1920 image: crops, forward with flip test, decode): the official way is one crop per forward with the flipped
+crop in a second forward and the numpy decoder; fast mode puts the crops and their mirrors in one forward and decodes
+in torch.
+
 Variants: the official demo's way (fp32, one image per forward: our reference network, which is the official op
 order), ours reference, ours fast (fp32; bf16 with ``--bf16``), transformers' port (fp32; bf16 with ``--bf16``).
 
@@ -21,6 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from sapiens2 import Sapiens2, build_model, save_transformers
@@ -67,6 +73,48 @@ def _first_tensor(output) -> torch.Tensor:
     raise TypeError(f"no tensor in {type(output).__name__}")
 
 
+def pose_end_to_end(args: argparse.Namespace) -> None:
+    """Persons/s of Predictor("pose") on one 1080x1920 image with ``--pose-people`` given boxes."""
+    from sapiens2 import Predictor
+
+    size = tuple(args.resolution)
+    state = _network("pose", args.arch, size, torch.float32, None).state_dict()
+    rng = torch.Generator().manual_seed(2)
+    image = torch.randint(0, 256, (1080, 1920, 3), generator=rng, dtype=torch.uint8).numpy()
+    boxes = [[100 + 280 * i, 150 + 20 * i, 330 + 280 * i, 900 + 20 * i] for i in range(args.pose_people)]
+    people = args.pose_people
+    runs = {
+        "official demo's way (fp32, 1 crop/forward, numpy decode)": ("reference", torch.float32, 1),
+        f"ours reference fp32, {people} crops/forward": ("reference", torch.float32, people),
+        f"ours fast fp32, {people} crops + mirrors in one forward, torch decode": ("fast", torch.float32, people),
+    }
+    if args.bf16:
+        runs[f"ours fast bf16, {people} crops + mirrors in one forward"] = ("fast", torch.bfloat16, people)
+    predictors = {}
+    for label, (mode, dtype, batch) in runs.items():
+        model = _network("pose", args.arch, size, dtype, state)
+        options = {"input_size": size, "batch_size": batch, "detector": None, "mode": mode}
+        predictors[label] = Predictor("pose", model=model, device="cpu", dtype=dtype, **options)
+    times: dict[str, list[float]] = {label: [] for label in runs}
+    results = {label: predictor(image, boxes=boxes) for label, predictor in predictors.items()}  # warm-up
+    for _ in range(args.repeats):
+        for label, predictor in predictors.items():
+            start = time.perf_counter()
+            predictor(image, boxes=boxes)
+            times[label].append(time.perf_counter() - start)
+    want = next(iter(results.values())).keypoints
+    baseline = statistics.median(next(iter(times.values())))
+    print(f"\npose {args.arch} {size[0]}x{size[1]}, {people} people on a 1080x1920 image, {args.threads} threads, "
+          f"{args.repeats} alternating rounds, torch {torch.__version__}")  # fmt: skip
+    # Random weights give flat heatmaps whose peaks are unstable: the median movement is the meaningful figure.
+    print("| run | ms/image | persons/s | vs official way | median keypoint px vs official way |")
+    print("|---|---|---|---|---|")
+    for label, values in times.items():
+        median = statistics.median(values)
+        moved = float(np.median(np.abs(results[label].keypoints - want)))
+        print(f"| {label} | {1000 * median:.0f} | {people / median:.2f} | {baseline / median:.2f}× | {moved:.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="backbone", choices=("backbone", *TRANSFORMERS_CLASSES, "albedo"))
@@ -78,8 +126,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--bf16", action="store_true", help="add the bf16 fast mode and bf16 transformers rows")
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--pose-people", type=int, default=0, help="time Predictor('pose') end to end instead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.pose_people:
+        pose_end_to_end(args)
+        return
     size = tuple(args.resolution)
     reference = _network(args.task, args.arch, size, torch.float32, None)
     with torch.no_grad():
