@@ -141,3 +141,10 @@ def test_only_the_cli_imports_the_demo_and_gradio_loads_lazily():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(n.split(".")[0] == "gradio" for n in names), f"{path}:{node.lineno} imports gradio eagerly"
+
+
+def test_pretrain_sits_above_train_and_below_cli():
+    graph = _import_graph()
+    assert "sapiens2.train" in graph["sapiens2.pretrain"]  # it reuses the training loop
+    assert not {"sapiens2.pretrain"} & (set(graph["sapiens2.train"]) | set(graph["sapiens2.models"]))
+    assert "sapiens2.pretrain" in graph["sapiens2.cli"]
