@@ -33,6 +33,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 TASKS = ("seg", "pose")
+LOCAL = (*TASKS, "pointmap")  # tasks with a tiny local model; the others are the released 1b, offline
+INPUT_SIZE = (256, 192)  # the tiny pointmap head's grid (conftest.TINY_INPUT), for every task
 WAIT_MS = 60_000
 
 
@@ -44,8 +46,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def site(tiny_checkpoints, tmp_path_factory):
-    """The demo served on 127.0.0.1 (seg and pose: tiny models; other tasks: the released 1b, offline and not
-    cached) and one Chromium page on it."""
+    """The demo served on 127.0.0.1 (seg, pose and pointmap: tiny models; other tasks: the released 1b, offline and
+    not cached) and one Chromium page on it."""
     require_module("gradio")
     sync_api = require_module("playwright.sync_api")
     chromium = require(CHROMIUM)
@@ -55,9 +57,9 @@ def site(tiny_checkpoints, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("demo_browser")
     options = DemoOptions(
-        models={task: tiny_checkpoints[task] for task in TASKS},
+        models={task: tiny_checkpoints[task] for task in LOCAL},
         detector="none",
-        input_size=(64, 48),
+        input_size=INPUT_SIZE,
         device="cpu",
         host="127.0.0.1",
         port=_free_port(),
@@ -176,7 +178,7 @@ def test_downloads_equal_what_predict_writes(ran, tiny_checkpoints):
             output=out,
             models={task: tiny_checkpoints[task] for task in TASKS},
             detector="none",
-            input_size=(64, 48),
+            input_size=INPUT_SIZE,
             device="cpu",
         )
     )
@@ -221,6 +223,21 @@ def test_corrupt_upload_is_explained_and_the_app_keeps_serving(ran):
     assert natural_size(page, "view-seg") == (512, 512)
 
 
+def test_pointmap_shows_depth_and_a_turnable_3d_view(ran):
+    page = ran.page
+    upload(page, PHOTO)
+    page.wait_for_selector("#view-photo img")
+    set_tasks(page, ("pointmap",))
+    run_and_wait(page)
+    assert natural_size(page, "view-depth") == (512, 512)
+    page.wait_for_function(  # the glTF viewer draws into a canvas once the mesh file has loaded
+        "() => { const c = document.querySelector('#view-mesh canvas'); return c && c.width > 0 && c.height > 0 }"
+    )
+    names = {element.get_attribute("download") for element in page.locator("#downloads a[download]").all()}
+    assert {"astronaut.ply", "astronaut_pointmap.npy", "astronaut_depth.npy", "astronaut_focal.json"} <= names
+    set_tasks(page, TASKS)
+
+
 def test_a_task_without_a_model_says_how_to_pass_one(ran):
     page = ran.page
     upload(page, PHOTO)
@@ -254,7 +271,7 @@ def test_short_video_tab_plays_the_overlay_and_offers_predicts_files(site, tiny_
     names = {element.get_attribute("download") for element in page.locator("#video-downloads a[download]").all()}
     assert {"clip_frames.jsonl", "clip_overlay.mp4", "clip_video.json"} <= names
     got = download(page, "clip_frames.jsonl", site.folder, "#video-downloads")
-    pose = Predictor("pose", tiny_checkpoints["pose"], device="cpu", input_size=(64, 48), detector=None)
+    pose = Predictor("pose", tiny_checkpoints["pose"], device="cpu", input_size=INPUT_SIZE, detector=None)
     report = pose.video(clip, site.folder / "video_predict", end=site.options.max_video_frames)
     assert report.error is None
     assert got.read_bytes() == (site.folder / "video_predict" / "clip_frames.jsonl").read_bytes()

@@ -118,7 +118,8 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
                         mesh = gr.Model3D(
                             label="Pointmap in 3D (drag to turn; the person only when seg ran)",
                             clear_color=(0.12, 0.12, 0.14, 1.0),
-                            visible=False,
+                            height=360,
+                            visible="hidden",  # mounted from the start: one made visible later draws nothing
                             min_width=260,
                             elem_id="view-mesh",
                         )
@@ -151,8 +152,8 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
             return gr.update(value=image, visible=True), note
 
         def on_run(path, ticked, keypoint_format, draw_boxes, shown, progress=progress_tracker):
-            hidden = [gr.update(value=None, visible=False)] * (len(view_outputs) - 2)
-            hidden += [gr.update(visible=False), render.seg_legend(None)]  # the seg panel and its legend
+            hidden = [gr.update(value=None, visible=False)] * len(views)
+            hidden += [gr.update(value=None, visible="hidden"), gr.update(visible=False), render.seg_legend(None)]
             if path is None:
                 return [None, render.error_markdown("drop a photo or pick a sample first"), None, *hidden]
             if not ticked:
@@ -294,7 +295,7 @@ def _views(gr, analysis: Analysis, keypoint_format: str, draw_boxes: bool, shown
         show(None if pointmap is None else render.depth_picture(pointmap)),
         show(None if albedo is None else albedo.albedo),
         show(None if matting is None else render.matting_picture(matting)),
-        show(mesh_path),
+        gr.update(value=mesh_path, visible=True if mesh_path else "hidden"),
         gr.update(visible=seg is not None),
         render.seg_legend(None if seg is None else seg.labels),
     ]
