@@ -140,12 +140,20 @@ def test_swapped_q_and_k_fails_the_seg_agreement_check():
     assert agreement < SEG_EQUAL
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+# bf16: the fixtures' tiny random models are far more sensitive to bf16 than trained ones (bf16 against fp32 moves 2 %
+# of their seg labels and their normals by 1.7 degrees, in either mode), so bf16 fast mode is held to the bounds
+# against bf16 reference mode: what the fast mode itself adds. On CPU here; on the GPU with CUDA's kernels.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("task", ["seg", "normal"])
-def test_bf16_fast_mode_on_cuda_agrees_with_fp32_reference(task):
-    _, reference, images, _ = case_predictor(task, mode="reference")
-    model = case_predictor(task, mode="reference")[1].model  # a second copy, moved to the GPU and made fast
-    fast = Predictor(task, model=model, device="cuda", dtype="bf16", input_size=reference.input_size, mode="fast")
+def test_bf16_fast_mode_agrees_with_bf16_reference(task, device):
+    _, cpu_reference, images, _ = case_predictor(task, mode="reference")
+    model, size = cpu_reference.model, cpu_reference.input_size
+    reference = Predictor(task, model=model, device=device, dtype="bf16", input_size=size, mode="reference")
+    fast_model = case_predictor(task, mode="reference")[1].model  # its own copy: the fast mode rearranges in place
+    fast = Predictor(task, model=fast_model, device=device, dtype="bf16", input_size=size, mode="fast")
     for image in images.values():
         want, got = reference(image), fast(image)
         if task == "seg":
@@ -154,11 +162,16 @@ def test_bf16_fast_mode_on_cuda_agrees_with_fp32_reference(task):
             assert mean_angle_deg(got.normals, want.normals) <= NORMAL_MEAN_DEG
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_bf16_fast_pose_on_cuda_agrees_with_fp32_reference():
-    _, predictor, _, _ = pose_case_predictor()
-    size, detector = predictor.input_size, predictor.detector
-    fast = Predictor(
-        "pose", model=predictor.model, device="cuda", dtype="bf16", input_size=size, detector=detector, mode="fast"
-    )
-    assert _pose_keypoint_error(fast) <= KEYPOINT_PX
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_fast_pose_agrees_with_bf16_reference(device):
+    def predictor(mode: str) -> Predictor:
+        _, loaded, _, _ = pose_case_predictor()
+        size, detector = loaded.input_size, loaded.detector
+        return Predictor("pose", model=loaded.model, device=device, dtype="bf16", input_size=size, detector=detector,
+                         batch_size=2, mode=mode)  # fmt: skip
+
+    _, _, images, expected = pose_case_predictor()
+    arrays = list(images.values())
+    for name, want, got in zip(images, predictor("reference")(arrays), predictor("fast")(arrays), strict=True):
+        stable = expected[f"{name}__keypoint_stable"].numpy().astype(bool)
+        assert np.abs(got.keypoints - want.keypoints).max(axis=-1)[stable].max() <= KEYPOINT_PX
