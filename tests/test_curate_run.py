@@ -253,13 +253,13 @@ def test_kill_during_the_run_and_resume_gives_the_same_manifest_without_recomput
     env.update(CURATE_CALLS=str(tmp_path / "calls_1.txt"), CURATE_DELAY="0.4")
     process = subprocess.Popen([*command, str(interrupted)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
-    while time.time() < deadline and len(scores_parts(tmp_path / "interrupted")) < 2 and process.poll() is None:
+    while time.time() < deadline and len(committed_shards(tmp_path / "interrupted")) < 2 and process.poll() is None:
         time.sleep(0.02)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
-    finished = scores_parts(tmp_path / "interrupted")
+    finished = committed_shards(tmp_path / "interrupted")
     assert 2 <= len(finished) < 5, finished  # killed mid-run, 5 shards in all
-    embedded_before_kill = sum(embedded_rows(p) for p in finished)
+    embedded_before_kill = embedded_and_committed(tmp_path / "interrupted")
     assert not (tmp_path / "interrupted" / "manifest.parquet").exists()
     env.update(CURATE_CALLS=str(tmp_path / "calls_2.txt"), CURATE_DELAY="0")
     subprocess.run([*command, str(interrupted)], env=env, check=True, capture_output=True)
@@ -271,13 +271,22 @@ def test_kill_during_the_run_and_resume_gives_the_same_manifest_without_recomput
     assert read(tmp_path / "interrupted" / "scores.parquet")["uri"].is_unique
 
 
-def scores_parts(output: Path) -> list[Path]:
-    return sorted(output.glob("work/scores-*/parts/*.parquet"))
+def committed_shards(output: Path) -> list[Path]:
+    """The shards the bulk ledger has committed (hidden files are atomic writes in progress)."""
+    return sorted(p for p in output.glob("work/scores-*/_bulk/ledger/*.json") if not p.name.startswith("."))
 
 
-def embedded_rows(path: Path) -> int:
-    column = pq.read_table(path, columns=["embedding"]).column(0)
-    return len(column) - column.null_count
+def embedded_and_committed(output: Path) -> int:
+    """Images whose embedding a committed shard holds."""
+    from sapiens2.bulk import Ledger
+
+    folder = next(output.glob("work/scores-*"))
+    entries = Ledger(folder).entries()
+    total = 0
+    for part in {e.part for e in entries.values() if e.status == "done" and e.part}:
+        rows = pq.read_table(folder / part, columns=["key", "embedding"]).to_pylist()
+        total += sum(row["embedding"] is not None and entries[row["key"]].part == part for row in rows)
+    return total
 
 
 @pytest.fixture(scope="module")
