@@ -8,7 +8,7 @@ multi-crop views are the augmentation. Fine-tuning data: ``make_demo_dataset("se
 validation split lists the same images un-augmented, so the metric measures how well each start fits the task in the
 budget, not generalisation to new people).
 
-    python benchmarks/pretrain_finetune_gain.py --out runs/gain --pretrain-steps 1500 --finetune-steps 150 --seeds 3
+    python benchmarks/pretrain_finetune_gain.py --out runs/gain --pretrain-steps 800 --finetune-steps 150 --seeds 3
 """
 
 from __future__ import annotations
@@ -90,13 +90,14 @@ def finetune(out: Path, name: str, backbone: Path, steps: int, seed: int, root: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/pretrain_gain"))
-    parser.add_argument("--pretrain-steps", type=int, default=1500)
+    parser.add_argument("--pretrain-steps", type=int, default=800)
     parser.add_argument("--finetune-steps", type=int, default=150)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
+    cv2.setNumThreads(args.threads)
     torch.set_flush_denormal(True)
     started = time.perf_counter()
     pretrained = pretrain_backbone(args.out, args.pretrain_steps)

@@ -231,7 +231,14 @@ def test_two_gloo_processes_match_one_and_resume_bitwise(strategy, photos, tmp_p
     one, two = rows(tmp_path / "one"), rows(tmp_path / "two")
     for row_one, row_two in zip(one, two, strict=True):
         for key in ("loss", "mae", "dino", "koleo", "grad_norm", "lr"):
-            assert float(row_two[key]) == pytest.approx(float(row_one[key]), rel=1e-5, abs=1e-7), key
+            # KoLeo is -log(distance to the nearest sample), its gradient ~ 1 / distance: the float32 rounding of
+            # features computed on a split batch (other GEMM shapes) is amplified where two crops of the same photo
+            # lie close together, in the KoLeo value and the gradient norm.
+            # FSDP2's reduce-scatter also sums the gradients in another order, which the same effect grows to
+            # ~2e-4 of the loss by step 4.
+            amplified = key in ("koleo", "grad_norm") or (strategy == "fsdp" and int(row_one["step"]) > 2)
+            rel = 1e-3 if amplified else 1e-5
+            assert float(row_two[key]) == pytest.approx(float(row_one[key]), rel=rel, abs=1e-7), key
     start = tmp_path / "two" / "checkpoints" / "step_00000002.pt"
     result = _torchrun(["-m", "sapiens2", "pretrain", str(tmp_path / "two_resumed.yaml"), "--resume", str(start)],
                        tmp_path)  # fmt: skip
@@ -334,10 +341,14 @@ def test_folders_manifests_and_webdataset_shards_are_indexed_and_read(photos, tm
     assert summary["steps"] == 1
 
 
-def test_person_filter_keeps_images_whose_largest_person_is_prominent(photos, tmp_path):
+def test_largest_person_fraction_counts_confident_boxes_only():
     detections = np.array([[0, 0, 10, 10, 0.9], [0, 0, 50, 40, 0.4], [10, 10, 40, 40, 0.8]], np.float32)
     assert largest_person_fraction(detections, (100, 100, 3), 0.5) == pytest.approx(900 / 10000)
     assert largest_person_fraction(detections[:0], (100, 100, 3), 0.5) == 0.0
+
+
+@pytest.mark.slow  # RTMDet-m on 512x512 photos on the CPU
+def test_person_filter_keeps_images_whose_largest_person_is_prominent(photos, tmp_path):
     # The real RTMDet-m network (random weights): no box can cover the whole image, so min area 1 keeps nothing.
     weights = require(SHARED / "fixtures" / "detector" / "rtmdet_m_random_mmengine.pth")
     data = {"person_filter": True, "detector": str(weights), "probe_images": 2, "min_person_area": 1.0}
@@ -396,3 +407,18 @@ def test_saved_config_round_trips(photos, tmp_path):
     assert pretrain_config_from_dict(yaml.safe_load(yaml.safe_dump(pretrain_config_to_dict(config)))) == config
     example = yaml.safe_load((REPO / "configs" / "pretrain_tiny.yaml").read_text())
     assert pretrain_config_from_dict(example).views.n_global_student >= 1
+
+
+def test_views_and_masks_do_not_depend_on_the_worker_count(photos, tmp_path):
+    from sapiens2.pretrain.data import build_dataset
+
+    dataset = build_dataset(tiny_config([photos], tmp_path / "run"), use_tokenizer=False)
+    dataset.set_epoch(3)
+    batches = []
+    for workers in (0, 2):
+        loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=workers)
+        batches.append(list(loader))
+    for one, two in zip(*batches, strict=True):
+        for key in ("globals", "locals", "masks", "block"):
+            assert torch.equal(one[key], two[key]), key
+    assert not torch.equal(batches[0][0]["masks"][0], batches[0][0]["masks"][1])  # samples differ
