@@ -148,3 +148,18 @@ def test_pretrain_sits_above_train_and_below_cli():
     assert "sapiens2.train" in graph["sapiens2.pretrain"]  # it reuses the training loop
     assert not {"sapiens2.pretrain"} & (set(graph["sapiens2.train"]) | set(graph["sapiens2.models"]))
     assert "sapiens2.pretrain" in graph["sapiens2.cli"]
+
+
+def test_curate_sits_above_bulk_and_below_cli_and_its_optional_libraries_load_lazily():
+    """Only the CLI imports ``sapiens2.curate``; faiss, pandas, pyarrow and ray (the ``[curate]``/``[ray]`` extras) are
+    imported inside its functions, so ``sapiens2 --help`` works without them."""
+    graph = _import_graph()
+    assert "sapiens2.bulk" in graph["sapiens2.curate"]  # the per-image scores run as a bulk job
+    importers = {node for node, targets in graph.items() if "sapiens2.curate" in targets}
+    assert importers <= {"sapiens2.cli", "sapiens2.curate"}, f"sapiens2.curate is imported by {sorted(importers)}"
+    for path in sorted((PACKAGE / "curate").rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            eager = {n.split(".")[0] for n in names} & {"faiss", "pandas", "pyarrow", "ray"}
+            assert not eager, f"{path}:{node.lineno} imports {eager} at module level"
