@@ -140,6 +140,10 @@ def test_run_writes_scores_manifest_and_report_whose_numbers_add_up(full_run, co
     assert report["images_in"] == len(scores) == report["kept"] + sum(report["dropped"].values())
     assert len(manifest) == report["kept"] == 6 == manifest["sample_weight"].sum()
     assert set(manifest["uri"]) == set(scores.loc[scores["keep"], "uri"])
+    from sapiens2.data.collections import open_collection  # the manifest is a data source as is (pretrain reads so)
+
+    records = list(open_collection([full_run / "manifest.parquet"]).records())
+    assert sorted(r.location for r in records) == sorted(manifest["uri"]) and records[0].load_rgb().ndim == 3
     for column in ("image_id", "width", "phash", "n_person", "best_box", "yaw", "head_pose_valid", "aesthetic",
                    "text_area_frac", "cluster_l1", "cluster_l2", "sample_weight", "split_seed", "drop_reason"):
         assert column in manifest, column  # fmt: skip

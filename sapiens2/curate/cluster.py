@@ -40,6 +40,12 @@ def _faiss():
     return faiss
 
 
+def faiss_gpus() -> int:
+    """GPUs faiss can use here (0 with faiss-cpu): k-means and the kNN search move there when there are any."""
+    faiss = _faiss()
+    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+
+
 def _kmeans_pp_init(points: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     """k-means++ seeding (D² sampling) in float64; (k, D) float32 centroids."""
     x = points.astype(np.float64)
@@ -55,9 +61,10 @@ def _kmeans_pp_init(points: np.ndarray, k: int, rng: np.random.Generator) -> np.
 
 
 def kmeans(
-    points: np.ndarray, k: int, *, seed: int, niter: int = 50, init: np.ndarray | None = None, gpu: bool = False
+    points: np.ndarray, k: int, *, seed: int, niter: int = 50, init: np.ndarray | None = None, gpu: bool | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """k-means (L2) through faiss, k-means++ init unless ``init`` is given.
+    """k-means (L2) through faiss (on the GPU when ``gpu``; None: when faiss sees one), k-means++ init unless ``init``
+    is given.
 
     faiss subsamples above ``max_points_per_centroid``·k points by default; that limit is raised to cover all points
     so every point takes part (as the reference does).
@@ -66,6 +73,7 @@ def kmeans(
         centroids (k, D) float32 and the (N,) int64 cluster of every point.
     """
     faiss = _faiss()
+    gpu = faiss_gpus() > 0 if gpu is None else gpu
     points = np.ascontiguousarray(points, dtype=np.float32)
     k = max(1, min(int(k), len(points)))
     if init is None:
@@ -150,7 +158,7 @@ def hierarchical_kmeans(
     sample_sizes: Sequence[int] | None = None,
     strategy: str = "closest",
     niter: int = 50,
-    gpu: bool = False,
+    gpu: bool | None = None,
 ) -> HierarchicalClusters:
     """Cluster ``points`` level by level; levels with resampling steps re-fit on per-cluster subsets (§7.1).
 
@@ -162,7 +170,7 @@ def hierarchical_kmeans(
         sample_sizes: per level; default ceil(average cluster size / 2).
         strategy: ``closest`` or ``random`` resampling subsets.
         niter: k-means iterations per run.
-        gpu: run faiss k-means on the GPU.
+        gpu: run faiss k-means on the GPU; None: when faiss sees one.
     """
     items = np.ascontiguousarray(points, dtype=np.float32)
     centroids_l, assign_l, parents_l = [], [], []

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from .cluster import _faiss
+from .cluster import _faiss, faiss_gpus
 
 __all__ = [
     "components",
@@ -69,7 +69,8 @@ def hamming_edges(hashes: np.ndarray, max_distance: int) -> np.ndarray:
 
 
 def knn_edges(embeddings: np.ndarray, k: int, threshold: float) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs among each point's ``k`` nearest neighbours (inner product) with similarity ≥ ``threshold``.
+    """Pairs among each point's ``k`` nearest neighbours (exact inner product; on the GPUs faiss sees, if any) with
+    similarity ≥ ``threshold``.
 
     Args:
         embeddings: (N, D) L2-normalised, so inner product = cosine.
@@ -82,6 +83,8 @@ def knn_edges(embeddings: np.ndarray, k: int, threshold: float) -> tuple[np.ndar
     faiss = _faiss()
     x = np.ascontiguousarray(embeddings, dtype=np.float32)
     index = faiss.IndexFlatIP(x.shape[1])
+    if faiss_gpus():
+        index = faiss.index_cpu_to_all_gpus(index)  # exact search either way; the GPU is just faster
     index.add(x)
     similarity, neighbours = index.search(x, min(k + 1, len(x)))  # +1: each point finds itself
     queries = np.repeat(np.arange(len(x)), neighbours.shape[1])

@@ -33,8 +33,8 @@ class ModelMissing(FileNotFoundError):
     """A model a stage was given cannot be found or loaded (before any compute)."""
 
 
-def load_plugin(spec: str, options: dict[str, Any], where: str) -> Callable:
-    """Import ``"module:Name"``; a class is instantiated with ``options``, a function is returned as is."""
+def _import_plugin(spec: str, where: str) -> Any:
+    """The object ``"module:Name"`` names (imported, not built)."""
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise ValueError(f"{where}={spec!r}: a plug-in is written 'module:Class' (importable from the Python path)")
@@ -42,9 +42,14 @@ def load_plugin(spec: str, options: dict[str, Any], where: str) -> Callable:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ModelMissing(f"{where}={spec!r}: cannot import {module_name!r} ({error})") from None
-    target = getattr(module, attribute, None)
-    if target is None:
+    if not hasattr(module, attribute):
         raise ModelMissing(f"{where}={spec!r}: module {module_name!r} has no {attribute!r}")
+    return getattr(module, attribute)
+
+
+def load_plugin(spec: str, options: dict[str, Any], where: str) -> Callable:
+    """Import ``"module:Name"``; a class is instantiated with ``options``, a function is returned as is."""
+    target = _import_plugin(spec, where)
     if isinstance(target, type):
         return target(**options)
     if options:
@@ -302,18 +307,6 @@ def plan_skips(config: CurateConfig) -> dict[str, str]:
     return skips
 
 
-def _check_plugin(spec: str, where: str) -> None:
-    module_name, sep, attribute = spec.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ValueError(f"{where}={spec!r}: a plug-in is written 'module:Class' (importable from the Python path)")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ModelMissing(f"{where}={spec!r}: cannot import {module_name!r} ({error})") from None
-    if not hasattr(module, attribute):
-        raise ModelMissing(f"{where}={spec!r}: module {module_name!r} has no {attribute!r}")
-
-
 def check_models(config: CurateConfig) -> None:
     """Check, without loading anything, that every model a stage was given can be found (before any compute).
 
@@ -327,7 +320,7 @@ def check_models(config: CurateConfig) -> None:
             raise ModelMissing(f"person.boxes={person.boxes!r}: no such file")
         detector = person.detector
         if detector is not None and ":" in detector and not Path(detector).exists():
-            _check_plugin(detector, "person.detector")
+            _import_plugin(detector, "person.detector")
         elif detector == "rtmdet" and not config.allow_download:
             raise ModelMissing("person.detector='rtmdet' downloads weights: set allow_download: true, or give the "
                                "path of a local rtmdet_m.pth")  # fmt: skip
@@ -337,7 +330,7 @@ def check_models(config: CurateConfig) -> None:
         _local_or_download(config.head_pose.model, config.allow_download, "head_pose.model")
     for stage, spec in (("clip", config.clip.plugin), ("text", config.text.plugin), ("embed", config.embed.plugin)):
         if stage not in skips and spec is not None:
-            _check_plugin(spec, f"{stage}.plugin")
+            _import_plugin(spec, f"{stage}.plugin")
     if "embed" not in skips and config.embed.model is not None:
         _local_or_download(config.embed.model, config.allow_download, "embed.model")
 
