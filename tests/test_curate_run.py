@@ -308,3 +308,66 @@ def test_ray_engine_equals_the_local_engine(corpus, tmp_path, ray_instance):
     assert run_cli(local) == 0 and run_cli(distributed) == 0
     assert read(tmp_path / "local" / "scores.parquet").equals(read(tmp_path / "ray" / "scores.parquet"))
     assert read(tmp_path / "local" / "manifest.parquet").equals(read(tmp_path / "ray" / "manifest.parquet"))
+
+
+class FakeClip:
+    """A CLIP-scorer plug-in: aesthetic from the mean brightness (0-10), realism 0.9, text probability 0.1."""
+
+    def __init__(self, scale: float = 10.0) -> None:
+        self.scale = scale
+
+    def __call__(self, images):
+        return {"aesthetic": [self.scale * float(image.mean()) / 255 for image in images],
+                "realism": [0.9] * len(images), "clip_text_prob": [0.1] * len(images)}  # fmt: skip
+
+
+def fake_text_detector(image):
+    """A text-detector plug-in (function form): a banner over the top fifth of bright images, nothing on others."""
+    height, width = image.shape[:2]
+    return [[0, 0, width, height / 5]] if image.mean() > 120 else []
+
+
+def test_plugin_scores_feed_the_filters(corpus, tmp_path):
+    clip = {"plugin": "test_curate_run:FakeClip", "options": {"scale": 10}, "min_aesthetic": 4.0}
+    text = {"plugin": "test_curate_run:fake_text_detector"}
+    path = config_file(corpus, tmp_path / "out", clip=clip, text=text, balance={"target_size": None})
+    assert run_cli(path) == 0
+    scores = read(tmp_path / "out" / "scores.parquet")
+    reached = scores["text_area_frac"].notna()
+    assert reached.sum() == scores["aesthetic"].notna().sum() > 0  # the images that passed S0 and S1
+    assert set(scores.loc[reached, "text_source"]) == {"detector"}
+    aesthetic, area = scores["aesthetic"], scores["text_area_frac"]
+    low = reached & (aesthetic < 4.0)
+    banner = reached & (aesthetic >= 4.0) & (area > 0.05)
+    assert (scores.loc[low, "drop_reason"] == "low_aesthetic").all()
+    assert (scores.loc[banner, "drop_reason"] == "text_overlay").all()
+    assert np.allclose(area[area > 0], 0.2, atol=0.01) and (low | banner).any()
+    kept = scores[scores["keep"]]
+    assert (kept["aesthetic"] >= 4.0).all() and (kept["text_area_frac"] <= 0.05).all()
+
+
+def test_text_area_is_the_union_of_boxes_and_quadrilaterals():
+    from sapiens2.curate.stages import text_area_fraction
+
+    overlapping = [[0, 0, 100, 100], [50, 0, 150, 100]]  # union 150 x 100 of 1000 x 1000
+    assert text_area_fraction(overlapping, (1000, 1000)) == pytest.approx(0.015, abs=0.002)
+    diamond = [[(50, 0), (100, 50), (50, 100), (0, 50)]]  # area 5000 of 200 x 200
+    assert text_area_fraction(diamond, (200, 200)) == pytest.approx(0.125, abs=0.01)
+    assert text_area_fraction([], (10, 10)) == 0.0
+
+
+def test_builtin_detector_from_a_local_checkpoint_fills_the_person_columns():
+    from conftest import SHARED, require
+
+    from sapiens2.curate.config import curate_config_from_dict
+    from sapiens2.curate.stages import PersonStage
+
+    checkpoint = require(SHARED / "fixtures" / "detector" / "rtmdet_m_random_mmengine.pth")
+    config = curate_config_from_dict({"person": {"detector": str(checkpoint), "det_score_min": 0.0}})
+    stage = PersonStage(config, "cpu")
+    images = [make_synthetic_image(0), photos()[0]]
+    out = stage({"images": images, "uri": ["a.png", "b.png"]})
+    assert len(out["n_person"]) == 2 and all(n >= 1 for n in out["n_person"])  # random weights: boxes of any score
+    for box, image in zip(out["best_box"], images, strict=True):
+        x1, y1, x2, y2 = box
+        assert 0 <= x1 <= x2 <= image.shape[1] and 0 <= y1 <= y2 <= image.shape[0]  # clipped to the image
