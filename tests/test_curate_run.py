@@ -220,6 +220,10 @@ def test_a_given_model_that_is_missing_fails_before_compute(corpus, tmp_path, ca
     assert run_cli(path) == 2
     assert "embed.model" in capsys.readouterr().err
     assert not list((tmp_path / "out").rglob("*.parquet"))
+    inside = config_file(corpus, corpus["images"] / "curated")
+    assert run_cli(inside) == 2 and "inside input folder" in capsys.readouterr().err
+    (corpus["images"] / "curated").rmdir()
+    inside.unlink()
 
 
 def test_builtin_backbone_groups_reencodes_and_resizes_and_keeps_distinct_images(corpus):

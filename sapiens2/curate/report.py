@@ -44,7 +44,7 @@ def _score_summary(values: Any) -> dict[str, Any] | None:
     return {"count": len(values), "quantiles": quantiles, "histogram": counts.tolist(), "edges": edges.tolist()}
 
 
-def build_report(selection: Selection, *, timings: dict[str, float], config_hash: str, seed: int,
+def build_report(selection: Selection, *, timings: dict[str, Any], config_hash: str, seed: int,
                  device: str) -> dict[str, Any]:  # fmt: skip
     """Every number of the report as JSON-ready data."""
     table, stats = selection.table, selection.stats

@@ -162,13 +162,14 @@ def curate(config: CurateConfig | CurateOptions, *, progress: bool = True) -> Cu
     for stage, reason in job.skips.items():
         logger.warning("%s: %s", stage, reason)
     output = Path(config.output)
+    _check_output_outside_inputs(output, config.inputs)
     atomic_write(output / "config.yaml", dump_config(config).encode())
     devices = _devices(config)
     options = BulkOptions(inputs=list(config.inputs), output=scores_folder(config), devices=devices,
                           engine=config.engine, ray_address=config.ray_address, sink="parquet",
                           batch_size=config.batch_size, shard_size=config.shard_size, progress=progress)  # fmt: skip
     bulk = run_bulk(job, options)
-    timings = {"scores": bulk.seconds}
+    timings: dict[str, Any] = {"scores": bulk.seconds, "bulk": bulk.to_json()}
     start = time.perf_counter()
     table, embeddings = load_scores(config)
     selection = select(table, embeddings, config, job.skips)
@@ -180,6 +181,15 @@ def curate(config: CurateConfig | CurateOptions, *, progress: bool = True) -> Cu
     write_report(output, selection, report)
     return CurateResult(manifest_path, scores_path, output / "report.md", report["images_in"], report["kept"],
                         report["dropped"], bulk.done + bulk.failed, bulk.skipped)  # fmt: skip
+
+
+def _check_output_outside_inputs(output: Path, inputs: tuple[str, ...]) -> None:
+    """The report's pictures must not become inputs of the next run."""
+    where = output.resolve()
+    for spec in inputs:
+        folder = Path(spec).expanduser()
+        if folder.is_dir() and where.is_relative_to(folder.resolve()):
+            raise ValueError(f"output {str(output)!r} lies inside input folder {spec!r}: choose an output outside it")
 
 
 def _write_tables(output: Path, table: Any) -> tuple[Path, Path]:
