@@ -154,6 +154,9 @@ def test_run_writes_scores_manifest_and_report_whose_numbers_add_up(full_run, co
     phash = report["duplicates"]["phash"]
     assert phash["groups"] == 10 and phash["removed"] == 10 and sum(phash["size_histogram_log2"]) == 10
     assert report["stages"]["clip"].startswith("stage skipped: no model given")
+    attributes = report["attributes"]
+    assert sum(attributes["before_filter"]["yaw"].values()) == len(scores)
+    assert sum(attributes["kept"]["yaw"].values()) == sum(attributes["kept"]["n_person"].values()) == 6
     for name in ("report.md", "drops.png", "duplicate_groups.png", "clusters_l1.png", "clusters_top.png",
                  "thumbnails.png"):
         assert (full_run / name).stat().st_size > 0  # fmt: skip

@@ -44,6 +44,26 @@ def _score_summary(values: Any) -> dict[str, Any] | None:
     return {"count": len(values), "quantiles": quantiles, "histogram": counts.tolist(), "edges": edges.tolist()}
 
 
+YAW_BINS = (-90, -60, -30, 0, 30, 60, 90)
+
+
+def _attributes(frame: Any) -> dict[str, dict[str, int]]:
+    """Counts of the balance attributes (spec §7.3): people per image, yaw bins (+ no face), prominent-box area."""
+    people = frame["n_person"].dropna().astype(int)
+    yaw = frame["yaw"].astype("float64")
+    valid = yaw.dropna()
+    yaw_counts = np.histogram(valid.clip(-90, 90), bins=YAW_BINS)[0].tolist()
+    yaw_names = [f"{a}..{b}" for a, b in zip(YAW_BINS[:-1], YAW_BINS[1:], strict=True)]
+    area = frame["best_box_area_frac"].dropna().astype("float64")
+    area_counts = np.histogram(area.clip(0, 1), bins=(0, 0.1, 0.25, 0.5, 1.0))[0].tolist()
+    return {
+        "n_person": {"1": int((people == 1).sum()), "2-3": int(people.between(2, 3).sum()),
+                     ">=4": int((people >= 4).sum())},
+        "yaw": {**dict(zip(yaw_names, map(int, yaw_counts), strict=True)), "no face": int(len(frame) - len(valid))},
+        "box_area_frac": dict(zip(("0-0.1", "0.1-0.25", "0.25-0.5", "0.5-1"), map(int, area_counts), strict=True)),
+    }
+
+
 def build_report(selection: Selection, *, timings: dict[str, Any], config_hash: str, seed: int,
                  device: str) -> dict[str, Any]:  # fmt: skip
     """Every number of the report as JSON-ready data."""
@@ -67,6 +87,7 @@ def build_report(selection: Selection, *, timings: dict[str, Any], config_hash: 
         "cluster": stats.get("cluster"),
         "scores": {"before_filter": {c: _score_summary(table[c]) for c in SCORE_COLUMNS if c in table},
                    "kept": {c: _score_summary(kept[c]) for c in SCORE_COLUMNS if c in kept}},
+        "attributes": {"before_filter": _attributes(table), "kept": _attributes(kept)},
         "decode_errors": table.loc[table["drop_reason"] == "decode_error", ["uri", "decode_error"]].to_dict("records"),
         "timings_s": timings,
         "config_hash": config_hash,
@@ -117,6 +138,11 @@ def _markdown(report: dict[str, Any], charts: list[str]) -> str:
             if summary:
                 q = summary["quantiles"]
                 lines.append(f"| {name} | {summary['count']} | {q['1']:.3g} | {q['50']:.3g} | {q['99']:.3g} |")
+    for name in ("n_person", "yaw", "box_area_frac"):
+        before, after = report["attributes"]["before_filter"][name], report["attributes"]["kept"][name]
+        lines += ["", f"| {name} | " + " | ".join(before) + " |", "|---|" + "---:|" * len(before)]
+        lines += [f"| all images | {' | '.join(map(str, before.values()))} |",
+                  f"| kept | {' | '.join(map(str, after.values()))} |"]  # fmt: skip
     if report["decode_errors"]:
         lines += ["", "Unreadable images:", ""]
         lines += [f"- `{e['uri']}`: {e['decode_error']}" for e in report["decode_errors"]]
