@@ -281,6 +281,7 @@ def test_bad_inputs_cost_one_line_each_and_the_run_goes_on(tiny_checkpoints, tmp
     assert 0 < len(kept) < 30 and [r["frame"] for r in kept] == list(range(len(kept)))
     assert probe(out / "truncated_overlay.mp4")["frames"] == len(kept)
     assert json.loads((out / "truncated_video.json").read_text())["error"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(("good", "truncated"))) == []
 
 
 class _DroppingHandler(http.server.BaseHTTPRequestHandler):

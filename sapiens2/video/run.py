@@ -400,7 +400,12 @@ def predict_video(
         report.resumed_frames = sum(m["frames"] for m in markers)
     frames: FrameSource | None = None
     if options.end is None or start < options.end:
-        frames = open_frames(source, start=start, end=options.end, stride=options.stride, fps=options.fps)
+        try:
+            frames = open_frames(source, start=start, end=options.end, stride=options.stride, fps=options.fps)
+        except VideoReadError:
+            if not markers:  # nothing to keep: leave no trace of this source in the output folder
+                shutil.rmtree(stem.parent / f"{stem.name}.parts", ignore_errors=True)
+            raise
     live = frames is not None and frames.kind == "live"
     mode = options.smooth if options.smooth != "auto" else ("online" if live else "offline")
     fps = frames.fps if frames is not None else 30.0
