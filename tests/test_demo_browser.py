@@ -76,7 +76,7 @@ def site(tiny_checkpoints, tmp_path_factory):
                 page.set_default_timeout(WAIT_MS)
                 page.goto(f"http://127.0.0.1:{options.port}/")
                 page.wait_for_selector("#run")
-                yield types.SimpleNamespace(page=page, folder=folder, options=options)
+                yield types.SimpleNamespace(page=page, browser=browser, folder=folder, options=options)
                 browser.close()
         finally:
             app.close()
@@ -106,13 +106,20 @@ def run_and_wait(page) -> None:
     )
 
 
-def natural_size(page, view: str) -> tuple[int, int]:
-    """(H, W) of the picture the browser received for a result view."""
+def assert_size(page, view: str, size: tuple[int, int]) -> None:
+    """The picture the browser received for a result view has (H, W) ``size`` (waiting for it to load)."""
     image = f"#{view} img"
-    page.wait_for_function("s => { const e = document.querySelector(s); return e && e.complete && e.naturalWidth > 0 }",
-                           arg=image)  # fmt: skip
-    width, height = page.eval_on_selector(image, "e => [e.naturalWidth, e.naturalHeight]")
-    return height, width
+    try:
+        page.wait_for_function(
+            "([s, h, w]) => { const e = document.querySelector(s); return e && e.complete && e.naturalHeight === h "
+            "&& e.naturalWidth === w }",
+            arg=[image, size[0], size[1]],
+            timeout=20_000,
+        )
+    except Exception:
+        shown = page.locator(image).count()
+        got = page.eval_on_selector(image, "e => [e.naturalHeight, e.naturalWidth]") if shown else None
+        raise AssertionError(f"{view}: the browser shows a picture of (H, W) {got}, expected {size}") from None
 
 
 def set_tasks(page, tasks) -> None:
@@ -157,7 +164,7 @@ def ran(site):
 def test_photo_gives_seg_and_pose_at_the_photo_size(ran):
     page = ran.page
     for view in ("view-photo", "view-seg", "view-pose"):
-        assert natural_size(page, view) == (512, 512), view
+        assert_size(page, view, (512, 512))
     status = page.inner_text("#status")
     assert "astronaut.png" in status and "512×512" in status
     for task in TASKS:  # per-task timings, and the models' first-use load
@@ -203,7 +210,7 @@ def test_keypoint_set_choice_redraws_and_rewrites_the_pose_file(ran):
     page.wait_for_timeout(500)  # the rewritten file list replaces the old one
     record = json.loads(download(page, "astronaut_pose.json", ran.folder).read_text())
     assert record["keypoint_format"] == "coco17" and record["num_keypoints"] == 17
-    assert natural_size(page, "view-pose") == (512, 512)
+    assert_size(page, "view-pose", (512, 512))
     page.locator("#keypoint-set").get_by_label("Sapiens 308", exact=True).check()
 
 
@@ -220,7 +227,7 @@ def test_corrupt_upload_is_explained_and_the_app_keeps_serving(ran):
     page.wait_for_selector("#view-photo img")
     run_and_wait(page)
     assert "camera.png" in page.inner_text("#status")
-    assert natural_size(page, "view-seg") == (512, 512)
+    assert_size(page, "view-seg", (512, 512))
 
 
 def test_pointmap_shows_depth_and_a_turnable_3d_view(ran):
@@ -229,7 +236,7 @@ def test_pointmap_shows_depth_and_a_turnable_3d_view(ran):
     page.wait_for_selector("#view-photo img")
     set_tasks(page, ("pointmap",))
     run_and_wait(page)
-    assert natural_size(page, "view-depth") == (512, 512)
+    assert_size(page, "view-depth", (512, 512))
     page.wait_for_function(  # the glTF viewer draws into a canvas once the mesh file has loaded
         "() => { const c = document.querySelector('#view-mesh canvas'); return c && c.width > 0 && c.height > 0 }"
     )
@@ -247,7 +254,8 @@ def test_a_task_without_a_model_says_how_to_pass_one(ran):
     status = page.inner_text("#status")
     assert "cannot load the normal model" in status and "HF_HUB_OFFLINE" in status
     assert "sapiens2 demo --model pose=PATH" in status
-    assert page.locator("#view-normal img").count() == 0 and natural_size(page, "view-seg") == (512, 512)
+    assert page.locator("#view-normal img").count() == 0
+    assert_size(page, "view-seg", (512, 512))
     set_tasks(page, TASKS)
 
 
@@ -277,3 +285,29 @@ def test_short_video_tab_plays_the_overlay_and_offers_predicts_files(site, tiny_
     assert got.read_bytes() == (site.folder / "video_predict" / "clip_frames.jsonl").read_bytes()
     screenshot(page, site.folder, "demo_video.png")
     page.get_by_role("tab", name="Photo").click()
+
+
+@pytest.mark.slow  # a 4-megapixel seg run to queue behind: ~5 s alone, far more on a busy machine
+def test_a_second_request_waits_in_the_queue_and_sees_its_place(site):
+    """One model run at a time: while one page's request runs, another page's request shows "queue: 1/1"."""
+    import cv2
+
+    big = site.folder / "big.jpg"  # 4 megapixels: seg at full resolution takes a moment
+    cv2.imwrite(str(big), cv2.resize(cv2.imread(str(PHOTO)), (2000, 2000)))
+    first, second = site.page, site.browser.new_page(viewport={"width": 1400, "height": 1000})
+    second.set_default_timeout(WAIT_MS)
+    second.goto(first.url)
+    for page, photo in ((first, big), (second, PHOTO)):
+        upload(page, photo)
+        page.wait_for_selector("#view-photo img")
+        set_tasks(page, ("seg",))
+    first.click("#run")
+    first.wait_for_function("() => document.querySelector('#status').innerText.includes('seg: running')")
+    second.click("#run")
+    second.wait_for_function("() => /queue: 1\\/1/.test(document.querySelector('#status').innerText)")
+    first.wait_for_function("() => document.querySelector('#status').innerText.includes('2000×2000')")
+    second.wait_for_function("() => document.querySelector('#status').innerText.includes('512×512')")
+    assert_size(first, "view-seg", (2000, 2000))
+    assert_size(second, "view-seg", (512, 512))
+    second.close()
+    set_tasks(first, TASKS)
