@@ -90,7 +90,7 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
     gr.set_static_paths([str(path.parent) for path in options.samples])  # packaged samples, wherever installed
 
     with gr.Blocks(title="Sapiens2 demo", analytics_enabled=False, delete_cache=(1800, 3600)) as app:
-        state = gr.State(None)
+        state = gr.State(None, time_to_live=3600)  # a session's last results (full-size arrays), dropped after an hour
         gr.Markdown(_INTRO)
         with gr.Tab("Photo", elem_id="photo-tab"):
             with gr.Row():
