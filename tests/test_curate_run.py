@@ -134,6 +134,11 @@ def test_run_writes_scores_manifest_and_report_whose_numbers_add_up(full_run, co
     assert {reason["base03.png"], reason["copy_of_base03.png"]} >= {"exact_duplicate"}
     assert sum(reason[f"base{i:02d}_q75.jpg"] == "phash_duplicate" or reason[f"base{i:02d}.png"] == "phash_duplicate"
                for i in range(10)) == 10  # fmt: skip
+    from sapiens2.curate.dedup import perceptual_hash
+
+    stored = scores.set_index(scores["uri"].map(lambda u: Path(u).name))["phash"]
+    for name in ("base00.png", "base07.png"):  # all 64 bits, although a failed image's row has none
+        assert stored[name] == perceptual_hash(cv2.imread(str(corpus["images"] / name))[..., ::-1].copy())[0]
     error = scores.loc[scores["drop_reason"] == "decode_error", "decode_error"].item()
     assert "JPEG" in error and report["decode_errors"][0]["decode_error"] == error
     # T11: input = kept + every drop reason; the manifest holds exactly the kept images, with every score column.

@@ -82,6 +82,9 @@ class CurateResult:
     reused: int
 
 
+_INTEGER_COLUMNS = ("width", "height", "bytes", "phash", "n_person")
+
+
 def scores_folder(config: CurateConfig) -> Path:
     """The bulk job folder of the per-image scores: named by everything that changes them."""
     return Path(config.output) / "work" / f"scores-{plan_stages(config)[0]}"
@@ -112,6 +115,8 @@ def load_scores(config: CurateConfig) -> tuple[Any, np.ndarray | None]:
     frames = []
     for part in sorted({e.part for e in entries.values() if e.status == "done" and e.part}):
         frame = pq.read_table(folder / part).to_pandas()
+        # Nullable integers: a failed image's missing values must not turn the 64-bit hashes into float64.
+        frame = frame.astype({c: "Int64" for c in _INTEGER_COLUMNS if c in frame})
         frames.append(frame[[entries[k].part == part for k in frame["key"]]])  # rows a later attempt did not redo
     failed = [{"key": k, "source": k, "decode_error": e.error, "content_hash": e.content_hash}
               for k, e in entries.items() if e.status == "failed"]  # fmt: skip

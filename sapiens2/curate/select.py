@@ -45,10 +45,10 @@ class Selection:
 
 
 def _value(row_value: Any) -> float | None:
-    if row_value is None:
-        return None
-    value = float(row_value)
-    return None if np.isnan(value) else value
+    """A score as a float, None for every kind of missing (None, NaN, pandas NA)."""
+    import pandas as pd
+
+    return None if row_value is None or pd.isna(row_value) else float(row_value)
 
 
 def _filter_reasons(table: Any, config: CurateConfig) -> list[str | None]:
@@ -143,8 +143,10 @@ def select(table: Any, embeddings: np.ndarray | None, config: CurateConfig, skip
     table["phash_group"] = None
     if config.dedup.phash:
         members = alive()
-        members = members[table["texture"].to_numpy()[members] >= config.ingest.low_texture_std]
-        edges = hamming_edges(table["phash"].to_numpy()[members].astype(np.int64), config.dedup.phash_max_distance)
+        texture = table["texture"].to_numpy(dtype=np.float64, na_value=0.0)
+        members = members[texture[members] >= config.ingest.low_texture_std]
+        hashes = table["phash"].to_numpy(dtype=np.int64, na_value=0)[members]
+        edges = hamming_edges(hashes, config.dedup.phash_max_distance)
         stats["phash_groups"] = _drop_group_members(
             table, members, components(len(members), edges), rank, "phash_duplicate", "phash_group"
         )
