@@ -316,3 +316,15 @@ def test_a_stream_that_drops_mid_way_keeps_its_frames_and_names_the_frame(tiny_c
     assert report.error and "at frame" in report.error and url in report.error
     records = frames_jsonl(tmp_path / "out", "127.0.0.1_" + url.rsplit(":", 1)[1] + "_live.mkv")
     assert len(records) == report.frames > 0
+
+
+def test_a_broken_frame_in_a_folder_stops_that_sequence_at_it(tiny_checkpoints, tmp_path):
+    folder = tmp_path / "seq"
+    folder.mkdir()
+    for i, image in enumerate(moving_crops(7)):
+        cv2.imwrite(str(folder / f"{i}.png"), image)
+    (folder / "5.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    report = tiny_predictor(tiny_checkpoints, "seg").video(folder, tmp_path / "out", chunk_frames=2)
+    assert "5.png" in report.error and "at frame 5" in report.error and str(folder) in report.error
+    assert [r["frame"] for r in frames_jsonl(tmp_path / "out", "seq")] == [0, 1, 2, 3, 4]
+    assert probe(tmp_path / "out" / "seq_overlay.mp4")["frames"] == 5

@@ -187,9 +187,7 @@ def _open_sequence(folder: Path, start: int, end: int | None, stride: int, fps: 
             size = image.shape[:2]
             yield Frame(index, index / fps, None, image)
 
-    first = read_image(files[0]) if files else None
-    return FrameSource(str(folder), fps, first.shape[:2] if first is not None else None, len(files), start, end,
-                       stride, "sequence", None, frames)  # fmt: skip
+    return FrameSource(str(folder), fps, None, len(files), start, end, stride, "sequence", None, frames)
 
 
 def _rotate(image: np.ndarray, degrees: float) -> np.ndarray:
