@@ -223,6 +223,10 @@ def _torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_two_gloo_processes_match_one_and_resume_bitwise(strategy, photos, tmp_path):
     options = {"steps": 4, "checkpoint_every": 2, "keep_checkpoints": 0, "distributed": {"strategy": strategy},
                "model": {"rope_rescale": 2.0}}  # fmt: skip
+    if strategy == "fsdp":
+        # FSDP2's reduce-scatter sums gradients in another order, and KoLeo's 1 / distance gradient amplifies such
+        # rounding (below) step after step: the sharded run is compared without KoLeo, at the strict tolerance.
+        options["dino"] = {"koleo_weight": 0.0}
     pretrain(tiny_config([photos], tmp_path / "one", **options))
     for name in ("two", "two_resumed"):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(tiny_values([photos], tmp_path / name, **options)))
@@ -234,10 +238,7 @@ def test_two_gloo_processes_match_one_and_resume_bitwise(strategy, photos, tmp_p
             # KoLeo is -log(distance to the nearest sample), its gradient ~ 1 / distance: the float32 rounding of
             # features computed on a split batch (other GEMM shapes) is amplified where two crops of the same photo
             # lie close together, in the KoLeo value and the gradient norm.
-            # FSDP2's reduce-scatter also sums the gradients in another order, which the same effect grows to
-            # ~2e-4 of the loss by step 4.
-            amplified = key in ("koleo", "grad_norm") or (strategy == "fsdp" and int(row_one["step"]) > 2)
-            rel = 1e-3 if amplified else 1e-5
+            rel = 1e-3 if key in ("koleo", "grad_norm") and strategy == "ddp" else 1e-5
             assert float(row_two[key]) == pytest.approx(float(row_one[key]), rel=rel, abs=1e-7), key
     start = tmp_path / "two" / "checkpoints" / "step_00000002.pt"
     result = _torchrun(["-m", "sapiens2", "pretrain", str(tmp_path / "two_resumed.yaml"), "--resume", str(start)],

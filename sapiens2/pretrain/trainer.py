@@ -201,6 +201,10 @@ class PretrainTrainer(Trainer):
         with self._autocast():
             out = self.module(student_views, keep, local_views, self._rope_augment())
             _, teacher_logits = self.teacher(teacher_views)
+        if hasattr(self.teacher, "reshard"):
+            # FSDP2 keeps a root module's parameters gathered after its forward (it expects a backward); the teacher
+            # has none, so drop the gathered copy or the next forward would miss this step's EMA update.
+            self.teacher.reshard()
         prototypes = teacher_logits.shape[-1]
         targets = self._targets(teacher_logits, temperature).reshape(batch_size, n_teacher, prototypes)
         student_global = out["global_logits"].reshape(batch_size, n_student, prototypes)
