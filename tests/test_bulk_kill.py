@@ -115,3 +115,35 @@ def test_parquet_job_killed_then_rerun_has_every_row_once(tiny_checkpoints, tmp_
     assert {p: p.stat().st_mtime_ns for p in parts} == parts  # committed parts untouched by the rerun
     for key in done:
         assert Ledger(out).entries()[key].part in {f"parts/{p.name}" for p in parts}
+
+
+def test_one_worker_killed_its_batches_go_to_the_other(tiny_checkpoints, tmp_path):
+    inputs = many_photos(tmp_path / "in", 14)
+    out = tmp_path / "out"
+    argv = command(tiny_checkpoints, inputs, out, "--devices", "cpu:2", "--threads", "1")
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=os.environ | {"OMP_NUM_THREADS": "1"}, start_new_session=True)  # fmt: skip
+    try:
+        victim = None
+        deadline = time.monotonic() + 240
+        while victim is None and time.monotonic() < deadline:
+            done = Ledger(out).entries() if (out / "_bulk" / "ledger").is_dir() else {}
+            listing = ["ps", "-ww", "-o", "pid=,args=", "--ppid", str(process.pid)]
+            children = subprocess.run(listing, capture_output=True, text=True).stdout.splitlines()
+            workers = [int(line.split()[0]) for line in children if "spawn_main" in line]
+            if process.poll() is not None:
+                break
+            if len(done) >= 2 and len(workers) == 2:
+                victim = workers[0]
+                os.kill(victim, signal.SIGKILL)
+            time.sleep(0.02)
+        assert victim is not None, "the job ended before a worker could be killed"
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert process.returncode == 1, stderr  # the broken file only
+    assert "stopped (exit code -9)" in stderr and "14 done, 1 failed" in stdout
+    assert all(cv2.imread(str(out / f"p{i:02d}_seg.png")) is not None for i in range(14))

@@ -232,8 +232,8 @@ def _drive(workers: list[dict], tasks: Iterator[tuple], committer: Any) -> None:
                         _, shard, index, _ = worker["held"].pop(task_id)
                         committer.add(shard, index, outcomes, timings, worker["label"])
             except (EOFError, OSError):
-                pass
-            if not worker["process"].is_alive() and not worker["pipe"].poll():
+                worker["ended"] = True  # its end of the pipe is closed: it is gone (or going)
+            if not worker["process"].is_alive() and (worker.get("ended") or not worker["pipe"].poll()):
                 alive.remove(worker)
                 lost = sorted(worker["held"].values())
                 retry.extend(lost)
