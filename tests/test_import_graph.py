@@ -163,3 +163,18 @@ def test_curate_sits_above_bulk_and_below_cli_and_its_optional_libraries_load_la
             names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             eager = {n.split(".")[0] for n in names} & {"faiss", "pandas", "pyarrow", "ray"}
             assert not eager, f"{path}:{node.lineno} imports {eager} at module level"
+
+
+def test_bulk_engine_knows_no_model_and_its_optional_libraries_load_lazily():
+    """``sapiens2.bulk`` (ledger, sinks, engines) sits on ``data`` alone, so any job can use it; predict plugs in from
+    above. Ray, pyarrow and fsspec (the ``[ray]``/``[parquet]``/``[remote]`` extras) are imported inside functions
+    in ``bulk`` and ``data.collections``, so the core install imports them nowhere."""
+    graph = _import_graph()
+    assert set(graph["sapiens2.bulk"]) <= {"sapiens2.data", *FACTS}, sorted(graph["sapiens2.bulk"])
+    assert "sapiens2.bulk" in graph["sapiens2.predict"]
+    for path in [*sorted((PACKAGE / "bulk").rglob("*.py")), PACKAGE / "data" / "collections.py"]:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            eager = {n.split(".")[0] for n in names} & {"ray", "pyarrow", "fsspec", "torch"}
+            assert not eager, f"{path}:{node.lineno} imports {eager} at module level"
