@@ -55,7 +55,10 @@ class _Process:
     def __init__(self, job: bytes, gpu: bool, threads: int) -> None:
         import os
 
-        import ray
+        try:
+            import ray
+        except ImportError:  # an actor runs where Ray is installed; kept for the lazy-import rule
+            raise RuntimeError("Ray workers need ray installed") from None
 
         self.job: BulkJob = pickle.loads(job)
         if not gpu and threads:

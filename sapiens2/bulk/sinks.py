@@ -80,20 +80,25 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+def _pyarrow() -> tuple[Any, Any]:
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        raise ValueError("the Parquet sink needs pyarrow: pip install 'sapiens2[parquet]'") from None
+    return pyarrow, pyarrow.parquet
+
+
 class ParquetSink(Sink):
     kind = "parquet"
 
     def __init__(self, output: str | os.PathLike, schema: Any = None) -> None:
         super().__init__(output)
         self.schema = schema
-        try:
-            import pyarrow  # noqa: F401  (checked at the start of the job, not after the first shard)
-        except ImportError:
-            raise ValueError("the Parquet sink needs pyarrow: pip install 'sapiens2[parquet]'") from None
+        _pyarrow()  # checked at the start of the job, not after the first shard
 
     def commit(self, shard: str, attempt: int, outcomes: list[Outcome]) -> str | None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        pa, pq = _pyarrow()
 
         rows = []
         for outcome in outcomes:

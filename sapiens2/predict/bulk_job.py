@@ -78,7 +78,11 @@ class PredictJob(BulkJob):
             check_model_input_size(self.options.input_size, predictor.model)
 
     def parquet_schema(self) -> Any:
-        import pyarrow as pa
+        """Column types for the Parquet sink (None without pyarrow: the sink then says how to install it)."""
+        try:
+            import pyarrow as pa
+        except ImportError:
+            return None
 
         floats = pa.list_(pa.float64())
         return pa.schema([
