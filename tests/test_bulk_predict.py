@@ -55,7 +55,7 @@ def test_two_cpu_workers_write_the_single_process_files(tiny_checkpoints, tmp_pa
     assert Ledger(tmp_path / "two").entries()["broken.png"].status == "failed"
     # the same command again: nothing recomputed, every file untouched
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "two").rglob("*_seg.png")}
-    assert predict(tiny_checkpoints, [inputs], tmp_path / "two", "--devices", "cpu:2", "--threads", "1") == 1
+    assert predict(tiny_checkpoints, [inputs], tmp_path / "two", "--devices", "cpu:1") == 1  # devices may change
     assert "0 done, 1 failed, 3 skipped" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "two").rglob("*_seg.png")} == stamps
 
