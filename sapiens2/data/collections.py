@@ -239,7 +239,8 @@ class Shard:
             location = text
             parsed = urlparse(text) if local is None else None
             stem_source = (parsed.netloc + parsed.path) if parsed is not None else text
-        stem = _strip_extension(PurePosixPath(stem_source.replace("\\", "/")).as_posix().lstrip("/"))
+        parts = [p for p in PurePosixPath(stem_source.replace("\\", "/")).parts if p not in ("/", ".", "..")]
+        stem = _strip_extension("/".join(parts)) or "_"  # outputs stay inside the output folder
         return Record(text, stem, f"{text} ({self.where}:{line})" if local is None else location, location)
 
     def _manifest_lines(self) -> Iterator[Record]:
