@@ -6,6 +6,9 @@
   keys: ``state_dict`` splits the fused tensors, ``load_state_dict`` joins them); GQA runs inside SDPA without
   repeated K/V (``enable_gqa``); the FFN's gate/up projection ``w12`` is fused in the official layout already;
 - RoPE sin/cos tables cached per token grid (``RopePositionEmbedding.cache_tables``);
+- on CPU, glibc's allocator keeps freed blocks up to 32 MiB in the heap instead of unmapping them
+  (``keep_freed_host_memory``): otherwise a process that runs another network in between (or frees a large
+  buffer) page-faults ~0.4 GB back in per 0.1b forward;
 - on CPU, optionally (``pack_linears``), every linear layer of the blocks runs through oneDNN with its weight
   reordered once into oneDNN's blocked layout (``PackedLinear``); MKL's ``addmm`` is the default otherwise.
 
@@ -16,7 +19,9 @@ parity fixtures. The reference mode is the model as loaded: nothing here runs un
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +31,15 @@ from torch import nn
 
 from .layers import Attention, RopePositionEmbedding, SwiGLUFFN
 
-__all__ = ["BATCH_BUCKETS", "CompiledBuckets", "PackedLinear", "is_fast", "make_fast", "onednn_linear_available"]
+__all__ = [
+    "BATCH_BUCKETS",
+    "CompiledBuckets",
+    "PackedLinear",
+    "is_fast",
+    "keep_freed_host_memory",
+    "make_fast",
+    "onednn_linear_available",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +89,29 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (glibc malloc.h)
+
+
+def keep_freed_host_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2**30) -> bool:
+    """Tell glibc's malloc to serve blocks below ``mmap_threshold`` from the heap and to return freed heap memory to
+    the OS only above ``trim_threshold``; returns True when applied (Linux with glibc), False elsewhere.
+
+    Process-wide and permanent (as ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the environment would
+    be): the activations of one forward are reused by the next instead of being unmapped and faulted in again, at
+    the cost of the process keeping up to ``trim_threshold`` of freed memory. 32 MiB is glibc's largest allowed
+    mmap threshold on 64-bit systems.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (e.g. musl)
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+
+
 def is_fast(model: nn.Module) -> bool:
     """True when ``make_fast`` has run on ``model`` (or the model has no attention to fuse)."""
     return all(module.fused for module in model.modules() if isinstance(module, Attention))
@@ -95,13 +131,14 @@ def _pack_block_linears(model: nn.Module) -> int:
 
 
 @torch.no_grad()
-def make_fast(model: nn.Module, *, pack_linears: bool | None = None) -> nn.Module:
+def make_fast(model: nn.Module, *, pack_linears: bool | None = None, tune_allocator: bool | None = None) -> nn.Module:
     """Turn ``model`` (a ``Sapiens2`` backbone, a ``TaskModel`` or anything holding them) into its fast form, in place.
 
     Args:
         model: the loaded network, on its final device and dtype (move it first: packed weights do not move).
         pack_linears: route the blocks' linear layers through oneDNN with prepacked weights (``PackedLinear``).
             None: on when the model is on the CPU and oneDNN is available. Costs a second copy of those weights.
+        tune_allocator: call ``keep_freed_host_memory`` (process-wide). None: when the model is on the CPU.
 
     Returns:
         ``model`` itself. Calling it twice is harmless.
@@ -117,6 +154,8 @@ def make_fast(model: nn.Module, *, pack_linears: bool | None = None) -> nn.Modul
             module.cache_tables = True
     parameter = next(model.parameters(), None)
     on_cpu = parameter is not None and parameter.device.type == "cpu"
+    if tune_allocator if tune_allocator is not None else on_cpu:
+        keep_freed_host_memory()
     if pack_linears is None:
         pack_linears = on_cpu and onednn_linear_available()
     if pack_linears:
