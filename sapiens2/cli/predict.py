@@ -52,9 +52,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--input-size",
         type=int,
         nargs=2,
-        default=(1024, 768),
+        default=None,
         metavar=("H", "W"),
-        help="network input height and width in pixels, multiples of 16 (of 64 for 4K models); default 1024 768, "
+        help="network input height and width in pixels, multiples of 16 (of 64 for 4K models); default 1024 768 "
+        "(an exported .onnx/.pt2 file: its own size), "
         "the size of the released models (pointmap models take only the size their scale head was built for)",
     )
     model.add_argument(
@@ -130,7 +131,7 @@ def options_from_args(args: argparse.Namespace) -> PredictOptions:
         device=args.device,
         dtype=args.dtype,
         batch_size=args.batch_size,
-        input_size=tuple(args.input_size),
+        input_size=tuple(args.input_size) if args.input_size else None,
         reference=args.reference,
         mask_from=args.mask_from,
         save_npy=args.save_npy,

@@ -61,7 +61,7 @@ class ModelCache:
                 flip_test=options.flip_test,
             )
             predictor = _make_predictors(predict_options, [task], self.option)[task]
-            check_model_input_size(options.input_size, predictor.model, self.option)
+            check_model_input_size(predictor.input_size, predictor.model, self.option)
             self._predictors[task] = predictor
             self.load_seconds[task] = time.perf_counter() - start
             return predictor

@@ -22,6 +22,7 @@ from .program import OUTPUT_NAMES
 
 __all__ = [
     "NETWORK_SUFFIXES",
+    "InputSizeError",
     "NetworkFileError",
     "OnnxNetwork",
     "Pt2Network",
@@ -36,6 +37,10 @@ PREFERRED_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CP
 
 class NetworkFileError(ValueError):
     """An exported network file that cannot be used: the message names the file and the problem."""
+
+
+class InputSizeError(ValueError):
+    """An input size other than the one an exported network was built for."""
 
 
 def is_network_file(source: Any) -> bool:

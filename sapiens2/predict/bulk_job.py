@@ -67,7 +67,8 @@ class PredictJob(BulkJob):
         return {
             "job": "predict", "tasks": self.tasks, "models": {t: os.fspath(s) for t, s in sources.items()},
             "detector": None if detector is None else os.fspath(detector), "dtype": options.dtype,
-            "input_size": list(options.input_size), "reference": options.reference, "mask_from": options.mask_from,
+            "input_size": list(options.input_size) if options.input_size else None,
+            "reference": options.reference, "mask_from": options.mask_from,
             "save_npy": options.save_npy, "keypoint_format": options.keypoint_format,
             "flip_test": options.flip_test, "boxes": None if options.boxes is None else os.fspath(options.boxes),
         }  # fmt: skip
@@ -75,7 +76,7 @@ class PredictJob(BulkJob):
     def setup(self, device: str) -> None:
         self.predictors = _make_predictors(self.options, self.tasks, python_option, self.resolved, device)
         for predictor in self.predictors.values():
-            check_model_input_size(self.options.input_size, predictor.model)
+            check_model_input_size(predictor.input_size, predictor.model)
 
     def parquet_schema(self) -> Any:
         """Column types for the Parquet sink (None without pyarrow: the sink then says how to install it)."""

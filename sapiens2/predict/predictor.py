@@ -23,7 +23,7 @@ from torch import nn
 from ..checkpoints import load_model
 from ..data.io import to_rgb_array
 from ..dense import albedo, matting, normal, pointmap, seg
-from ..export.runtime import is_network_file, load_network
+from ..export.runtime import InputSizeError, is_network_file, load_network
 from ..models.fast import CompiledBuckets, make_fast
 from ..models.task_model import check_task
 
@@ -290,7 +290,7 @@ class Predictor:
         fixed = getattr(network, "input_size", None)
         if fixed is not None and input_size is not None and tuple(map(int, input_size)) != tuple(fixed):
             asked = f"{input_size[0]}x{input_size[1]}"
-            raise ValueError(f"{name}: exported for input size {fixed[0]}x{fixed[1]}, not {asked}")
+            raise InputSizeError(f"{name}: exported for input size {fixed[0]}x{fixed[1]}, not {asked}")
         return tuple(fixed) if fixed is not None else input_size
 
     def _timed(self, stage: str, function: Callable, *args, **kwargs):

@@ -43,7 +43,8 @@ class PredictOptions:
         device: cpu, cuda, cuda:1 ...; None: CUDA if available [``--device``].
         dtype: inference precision, fp32, bf16 or fp16 [``--dtype``].
         batch_size: images (pose: person crops) per forward pass [``--batch-size``].
-        input_size: network input (H, W) in pixels, multiples of 16 (of 64 for 4K models) [``--input-size H W``].
+        input_size: network input (H, W) in pixels, multiples of 16 (of 64 for 4K models); None: an exported
+            file's own size, else 1024×768 [``--input-size H W``].
         reference: the official demo's post-processing where ours differs [``--reference``].
         mask_from: "seg" blanks the normal/pointmap/albedo background with its foreground [``--mask-from``].
         save_npy: also save raw arrays where optional (seg labels) [``--save-npy``].
@@ -78,7 +79,7 @@ class PredictOptions:
     device: str | None = None
     dtype: str = "fp32"
     batch_size: int = 4
-    input_size: tuple[int, int] = (1024, 768)
+    input_size: tuple[int, int] | None = None
     reference: bool = False
     mask_from: str | None = None
     save_npy: bool = False
@@ -103,7 +104,8 @@ class PredictOptions:
         set_field(self, "inputs", (self.inputs,) if single else tuple(self.inputs))
         set_field(self, "output", Path(self.output))
         set_field(self, "models", dict(self.models))
-        set_field(self, "input_size", tuple(self.input_size))
+        if self.input_size is not None:
+            set_field(self, "input_size", tuple(self.input_size))
         for name in ("boxes", "coco_results"):
             if getattr(self, name) is not None:
                 set_field(self, name, Path(getattr(self, name)))
@@ -187,9 +189,12 @@ def check_device(text: str | None, option: OptionText = python_option) -> None:
 
 
 def check_input_size(
-    size: tuple[int, int], step: int = PATCH_SIZE, why: str = "", option: OptionText = python_option
+    size: tuple[int, int] | None, step: int = PATCH_SIZE, why: str = "", option: OptionText = python_option
 ) -> None:
-    """Input (H, W): both positive multiples of ``step`` (the patch size; 64 for the 4K tokenizer)."""
+    """Input (H, W): both positive multiples of ``step`` (the patch size; 64 for the 4K tokenizer); None: the
+    model's own size, checked once the model is loaded."""
+    if size is None:
+        return
     height, width = size
     if height < step or width < step or height % step or width % step:
         raise ValueError(
@@ -278,6 +283,7 @@ def _make_predictors(
     device: str | None = None,
 ) -> dict[str, Any]:
     """A ``Predictor`` per task on ``device`` (default ``options.device``), from ``resolved`` sources if given."""
+    from ..export.runtime import InputSizeError
     from .predictor import Predictor
 
     sources, detector = resolved or _resolve_sources(options, tasks, option)
@@ -286,16 +292,19 @@ def _make_predictors(
         extra = {}
         if task == "pose":
             extra = {"detector": detector, "flip_test": options.flip_test}
-        predictors[task] = Predictor(
-            task,
-            model=sources[task],
-            device=device or options.device,
-            dtype=options.dtype,
-            input_size=options.input_size,
-            batch_size=options.batch_size,
-            reference=options.reference,
-            **extra,
-        )
+        try:
+            predictors[task] = Predictor(
+                task,
+                model=sources[task],
+                device=device or options.device,
+                dtype=options.dtype,
+                input_size=options.input_size,
+                batch_size=options.batch_size,
+                reference=options.reference,
+                **extra,
+            )
+        except InputSizeError as error:  # an exported file has its size: say so in the words of the option
+            raise InputSizeError(f"{option('input_size', options.input_size)}: {error}; leave it out") from None
     return predictors
 
 
@@ -378,14 +387,19 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
     if not work:
         print("error: no images to process", file=sys.stderr)
         return 1
+    from ..export.runtime import InputSizeError
+
     try:
         predictors = _make_predictors(options, tasks, option)
+    except InputSizeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     try:
         for predictor in predictors.values():
-            check_model_input_size(options.input_size, predictor.model, option)
+            check_model_input_size(predictor.input_size, predictor.model, option)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

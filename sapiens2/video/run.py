@@ -536,7 +536,7 @@ def predict_videos(options: Any, video: VideoOptions, *, option: Any = None) -> 
         check_input_size(options.input_size, option=option)
         predictors = _make_predictors(options, tasks, option)
         for predictor in predictors.values():
-            check_model_input_size(options.input_size, predictor.model, option)
+            check_model_input_size(predictor.input_size, predictor.model, option)
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -1,0 +1,96 @@
+"""`sapiens2 export` of a training run into the network formats and the transformers layout, and the exported
+files used end to end by `sapiens2 predict` and `sapiens2 eval` as the PyTorch model is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import DATA, require_module
+from test_train import tiny_config
+
+from sapiens2 import cli, load_model
+from sapiens2.export.runtime import load_network
+from sapiens2.train.demo_data import make_demo_dataset
+from sapiens2.train.trainer import fit
+
+SIZE = ["--input-size", "64", "48"]
+
+
+@pytest.fixture(scope="module")
+def seg_run(tmp_path_factory) -> Path:
+    """A two-step tiny seg training run folder."""
+    base = tmp_path_factory.mktemp("export_cli")
+    root = make_demo_dataset("seg", base / "data", num_images=3)
+    fit(tiny_config("seg", root, base / "run", steps=2))
+    return base / "run"
+
+
+def _seg_logits(network, image: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return network(image).float().numpy()
+
+
+def test_a_training_run_exports_to_onnx_pt2_and_transformers_and_each_runs_like_its_weights(seg_run, tmp_path):
+    require_module("onnxruntime")
+    weights = tmp_path / "seg.safetensors"
+    assert cli.main(["export", str(seg_run), "-o", str(weights)]) == 0  # safetensors: the default for a run
+    reference = load_model("seg", weights).eval()
+    image = torch.rand(2, 3, 64, 48)
+    expected = _seg_logits(reference, image)
+
+    for format_, name in (("onnx", "seg.onnx"), ("pt2", "seg.pt2")):
+        path = tmp_path / name
+        assert cli.main(["export", str(seg_run), "--format", format_, "-o", str(path), *SIZE]) == 0
+        network = load_network(path, "seg")
+        assert network.task == "seg" and network.input_size == (64, 48)
+        logits = network(image).float().numpy()
+        np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4, err_msg=format_)
+
+    folder = tmp_path / "seg_transformers"
+    assert cli.main(["export", str(seg_run), "--format", "transformers", "-o", str(folder)]) == 0
+    assert (folder / "config.json").is_file() and json.loads((folder / "config.json").read_text())
+    again = load_model("seg", folder).eval()  # our loader reads the transformers folder back
+    np.testing.assert_array_equal(_seg_logits(again, image), expected)
+
+
+def test_predict_and_eval_take_an_onnx_file_as_the_model(tiny_checkpoints, tmp_path, capsys):
+    require_module("onnxruntime")
+    onnx = tmp_path / "seg.onnx"
+    assert cli.main(["export", str(tiny_checkpoints["seg"]), "-o", str(onnx), *SIZE]) == 0
+    photo = str(DATA / "camera.png")
+    outputs = {}
+    for kind, model in (("torch", tiny_checkpoints["seg"]), ("onnx", onnx)):
+        out = tmp_path / f"predict_{kind}"
+        argv = ["predict", "--task", "seg", "--model", f"seg={model}", photo, "-o", str(out), *SIZE, "--device", "cpu"]
+        assert cli.main(argv) == 0, capsys.readouterr().err
+        outputs[kind] = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+        labels = [p for p in out.rglob("*.npy")] or [p for p in out.rglob("*seg*.png")]
+        outputs[kind + "_files"] = {p.name: p.read_bytes() for p in labels}
+    assert outputs["torch"] == outputs["onnx"] and outputs["torch"]
+    assert outputs["torch_files"] == outputs["onnx_files"]  # fp32 ONNX: the same labels as PyTorch on a photo
+
+    data = make_demo_dataset("seg", tmp_path / "data", num_images=2)
+    reports = {}
+    for kind, model in (("torch", tiny_checkpoints["seg"]), ("onnx", onnx)):
+        argv = ["eval", "--task", "seg", "--data", str(data), "--model", str(model), *SIZE, "--device", "cpu"]
+        assert cli.main([*argv, "-o", str(tmp_path / f"eval_{kind}")]) == 0, capsys.readouterr().err
+        reports[kind] = json.loads((tmp_path / f"eval_{kind}" / "report.json").read_text())["metrics"]
+    assert reports["onnx"].keys() == reports["torch"].keys()
+    for key, value in reports["torch"].items():
+        assert reports["onnx"][key] == pytest.approx(value, rel=1e-6, abs=1e-9, nan_ok=True), key
+
+
+def test_an_onnx_file_decides_the_input_size_when_none_is_given(tiny_checkpoints, tmp_path, capsys):
+    require_module("onnxruntime")
+    onnx = tmp_path / "seg.onnx"
+    assert cli.main(["export", str(tiny_checkpoints["seg"]), "-o", str(onnx), *SIZE]) == 0
+    out = tmp_path / "out"
+    argv = ["predict", "--task", "seg", "--model", f"seg={onnx}", str(DATA / "camera.png"), "-o", str(out)]
+    assert cli.main([*argv, "--device", "cpu"]) == 0, capsys.readouterr().err  # 64x48 from the file, not 1024x768
+    assert cli.main([*argv, "--device", "cpu", "--input-size", "128", "96"]) == 2
+    error = capsys.readouterr().err
+    assert "--input-size" in error and "64x48" in error and error.count("\n") == 1, error
