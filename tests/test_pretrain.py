@@ -423,3 +423,13 @@ def test_views_and_masks_do_not_depend_on_the_worker_count(photos, tmp_path):
         for key in ("globals", "locals", "masks", "block"):
             assert torch.equal(one[key], two[key]), key
     assert not torch.equal(batches[0][0]["masks"][0], batches[0][0]["masks"][1])  # samples differ
+
+
+def test_bf16_autocast_activation_checkpointing_and_drop_path_train(photos, tmp_path):
+    config = tiny_config([photos], tmp_path / "run", steps=2, precision="bf16",
+                         model={"activation_checkpointing": True, "drop_path": 0.1, "rope_jitter": 1.2,
+                                "rope_shift": 0.1})  # fmt: skip
+    summary = pretrain(config)
+    values = column(tmp_path / "run", "loss")
+    assert len(values) == 2 and all(math.isfinite(v) for v in values)
+    load_backbone(summary["model"])
