@@ -283,8 +283,10 @@ def load_pretrain_config(path: str | os.PathLike | None, overrides: tuple[str, .
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as error:
             raise ValueError(f"{path}: not valid YAML: {error}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a pretraining config must be a mapping of sections, got {type(data).__name__}")
     try:
-        return pretrain_config_from_dict(apply_overrides(data if isinstance(data, dict) else {"": data}, overrides))
+        return pretrain_config_from_dict(apply_overrides(data, overrides))
     except ValueError as error:
         raise ValueError(f"{path or 'config'}: {error}") from None
 
