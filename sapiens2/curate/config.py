@@ -375,3 +375,15 @@ def section_hash(*parts: Any) -> str:
 def dump_config(config: CurateConfig) -> str:
     """The resolved config as YAML text (what the run folder keeps)."""
     return yaml.safe_dump(config_to_dict(config), sort_keys=False)
+
+
+def tables() -> tuple[Any, Any, Any]:
+    """pandas, pyarrow and pyarrow.parquet (the ``[curate]`` extra), or one line saying how to install them."""
+    try:
+        import pandas
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError as error:
+        hint = "pip install 'sapiens2[curate]'"
+        raise ImportError(f"sapiens2 curate needs pandas and pyarrow: {hint} ({error})") from None
+    return pandas, pyarrow, pyarrow.parquet

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..bulk import BulkOptions, Ledger, parse_devices, run_bulk
 from ..data.io import atomic_write
-from .config import CurateConfig, dump_config, load_curate_config, section_hash
+from .config import CurateConfig, dump_config, load_curate_config, section_hash, tables
 from .report import build_report, write_report
 from .select import select
 from .shards import STAGE_COLUMNS, CurateScoresJob, plan_stages
@@ -107,9 +107,7 @@ def load_scores(config: CurateConfig) -> tuple[Any, np.ndarray | None]:
     Raises:
         RuntimeError: the ledger and the parts disagree (an image not exactly once).
     """
-    import pandas as pd
-    import pyarrow.parquet as pq
-
+    pd, _, pq = tables()
     folder = scores_folder(config)
     entries = Ledger(folder).entries()
     frames = []
@@ -152,7 +150,7 @@ def curate(config: CurateConfig | CurateOptions, *, progress: bool = True) -> Cu
         ValueError: bad inputs or config (one line); with ``strict``, any stage that would be skipped.
         ModelMissing: a model that was given cannot be found (before any compute).
     """
-    import pandas as pd  # noqa: F401  (the extra's dependency: fail here, before any compute, if it is missing)
+    tables()  # the extra's dependencies: fail here, before any compute, if they are missing
 
     if isinstance(config, CurateOptions):
         progress = progress and config.progress
@@ -199,8 +197,7 @@ def _check_output_outside_inputs(output: Path, inputs: tuple[str, ...]) -> None:
 
 def _write_tables(output: Path, table: Any) -> tuple[Path, Path]:
     """scores.parquet (every image) and manifest.parquet (kept images), each written once, atomically."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    _, pa, pq = tables()
 
     def write(path: Path, frame: Any) -> Path:
         frame = frame.astype({c: "object" for c in ("dup_of", "phash_group", "knn_group") if c in frame})

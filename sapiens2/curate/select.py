@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .cluster import balanced_sample, default_levels, derive_seed, hierarchical_kmeans, normalized_entropy
-from .config import CurateConfig
+from .config import CurateConfig, tables
 from .dedup import components, hamming_edges, knn_edges, pick_representatives, preference_rank
 
 __all__ = ["DROP_REASONS", "Selection", "select"]
@@ -46,8 +46,7 @@ class Selection:
 
 def _value(row_value: Any) -> float | None:
     """A score as a float, None for every kind of missing (None, NaN, pandas NA)."""
-    import pandas as pd
-
+    pd = tables()[0]
     return None if row_value is None or pd.isna(row_value) else float(row_value)
 
 

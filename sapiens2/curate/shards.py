@@ -17,7 +17,7 @@ import numpy as np
 
 from ..bulk import BulkJob, ItemOutput, WorkItem
 from ..data.collections import Record, decode_rgb
-from .config import CurateConfig, section_hash
+from .config import CurateConfig, section_hash, tables
 from .dedup import perceptual_hash
 from .stages import build_stages, plan_skips
 
@@ -38,8 +38,7 @@ STAGE_COLUMNS = {
 def score_schema() -> Any:
     """The Arrow schema of the per-image score rows (the bulk sink adds ``key``, ``stem``, ``source``,
     ``content_hash``)."""
-    import pyarrow as pa
-
+    pa = tables()[1]
     f32, box = pa.float32(), pa.list_(pa.float32())
     types = {"width": pa.int32(), "height": pa.int32(), "bytes": pa.int64(), "phash": pa.int64(), "texture": f32,
              "n_person": pa.int32(), "best_box": box, "best_box_score": f32, "best_box_short_side": f32,
