@@ -217,6 +217,9 @@ def _open_av(source: str | os.PathLike | int, text: str, start: int, end: int | 
         raise VideoReadError(text, f"holds no video stream (streams: {kinds})" if kinds else "holds no streams, "
                              "no frames (an empty or zero-frame file)")  # fmt: skip
     stream = container.streams.video[0]
+    if stream.codec_context is None:  # a damaged header: FFmpeg found the stream but no decoder for it
+        container.close()
+        raise VideoReadError(text, "cannot open (its video stream has no usable codec: damaged or truncated?)")
     stream.thread_type = "AUTO"
     rate = stream.average_rate or stream.guessed_rate or stream.base_rate
     fps = float(rate) if rate else 30.0
