@@ -7,7 +7,7 @@ import sys
 
 from ..demo.options import DemoOptions
 from ..tasks import TASKS
-from .predict import cli_option
+from .predict import add_model_flags, cli_option, model_sources
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -18,25 +18,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "Models load on first use; offline, pass local files: sapiens2 demo --model pose=PATH --detector none",
     )
     model = parser.add_argument_group("model")
-    model.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        metavar="[TASK=]SOURCE",
-        help="size (0.4b, 0.8b, 1b, 5b), repo id, file or folder; 'pose=path' sets one task's model "
-        "(repeatable; default 1b, downloaded on first use)",
-    )
-    model.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    model.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")
-    model.add_argument(
-        "--input-size",
-        type=int,
-        nargs=2,
-        default=(1024, 768),
-        metavar=("H", "W"),
-        help="network input height and width, multiples of 16 (default 1024 768, as the released models)",
-    )
-    model.add_argument("--batch-size", type=int, default=4, help="person crops per forward pass (pose)")
+    add_model_flags(model, batch_help="person crops per forward pass (pose)")
     model.add_argument(
         "--detector",
         default="rtmdet",
@@ -77,19 +59,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def options_from_args(args: argparse.Namespace) -> DemoOptions:
     """The parsed flags as a ``DemoOptions`` (``--model`` as ``sapiens2 predict`` reads it)."""
-    model, models = "1b", {}
-    for value in args.model:  # "[TASK=]SOURCE": the last plain SOURCE is the default for every task
-        task, sep, source = value.partition("=")
-        if sep:
-            models[task] = source
-        else:
-            model = value
+    model, models = model_sources(args.model)
     return DemoOptions(
         model=model,
         models=models,
         device=args.device,
         dtype=args.dtype,
-        input_size=tuple(args.input_size),
+        input_size=tuple(args.input_size) if args.input_size else None,
         batch_size=args.batch_size,
         detector=args.detector,
         flip_test=not args.no_flip_test,

@@ -37,27 +37,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("-o", "--output", required=True, type=Path, help="output folder (mirrors the input layout)")
     parser.add_argument("--task", required=True, help=f"comma-separated tasks: {', '.join(TASKS)}")
     model = parser.add_argument_group("model")
-    model.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        metavar="[TASK=]SOURCE",
-        help="size (0.4b, 0.8b, 1b, 5b), repo id, file or folder; 'seg=path' sets one task's model "
-        "(repeatable; default 1b)",
-    )
-    model.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    model.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")
-    model.add_argument("--batch-size", type=int, default=4, help="images (pose: person crops) per forward pass")
-    model.add_argument(
-        "--input-size",
-        type=int,
-        nargs=2,
-        default=None,
-        metavar=("H", "W"),
-        help="network input height and width in pixels, multiples of 16 (of 64 for 4K models); default 1024 768 "
-        "(an exported .onnx/.pt2 file: its own size), "
-        "the size of the released models (pointmap models take only the size their scale head was built for)",
-    )
+    add_model_flags(model, batch_help="images (pose: person crops) per forward pass")
     model.add_argument(
         "--reference",
         action="store_true",
@@ -112,15 +92,47 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def options_from_args(args: argparse.Namespace) -> PredictOptions:
-    """The parsed flags as a ``PredictOptions``; task names and model keys are checked by ``predict_files``."""
+def add_model_flags(group: argparse._ArgumentGroup, batch_help: str) -> None:
+    """``--model``, ``--device``, ``--dtype``, ``--batch-size`` and ``--input-size``: the model flags of every command
+    that runs Predictors (predict, demo)."""
+    group.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="[TASK=]SOURCE",
+        help="size (0.4b, 0.8b, 1b, 5b), repo id, file or folder, or an exported .onnx/.pt2 file; 'seg=path' sets "
+        "one task's model (repeatable; default 1b, downloaded on first use)",
+    )
+    group.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    group.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")
+    group.add_argument("--batch-size", type=int, default=4, help=batch_help)
+    group.add_argument(
+        "--input-size",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("H", "W"),
+        help="network input height and width in pixels, multiples of 16 (of 64 for 4K models); default 1024 768, "
+        "the size of the released models (an exported .onnx/.pt2 file: its own size; pointmap models take only the "
+        "size their scale head was built for)",
+    )
+
+
+def model_sources(values: list[str]) -> tuple[str, dict[str, str]]:
+    """``--model`` values as (the default source, task -> source): the last plain SOURCE is every task's default."""
     model, models = "1b", {}
-    for value in args.model:  # "[TASK=]SOURCE": the last plain SOURCE is the default for every task
+    for value in values:
         task, sep, source = value.partition("=")
         if sep:
             models[task] = source
         else:
             model = value
+    return model, models
+
+
+def options_from_args(args: argparse.Namespace) -> PredictOptions:
+    """The parsed flags as a ``PredictOptions``; task names and model keys are checked by ``predict_files``."""
+    model, models = model_sources(args.model)
     return PredictOptions(
         tasks=[t.strip() for t in args.task.split(",") if t.strip()],
         output=args.output,

@@ -30,7 +30,8 @@ class DemoOptions:
         models: task -> model source for single tasks [``--model pose=PATH``].
         device: cpu, cuda, cuda:1 ...; None: CUDA if available [``--device``].
         dtype: inference precision, fp32, bf16 or fp16 [``--dtype``].
-        input_size: network input (H, W) in pixels, multiples of 16 [``--input-size H W``].
+        input_size: network input (H, W) in pixels, multiples of 16; None: an exported file's own, else 1024×768
+            [``--input-size H W``].
         batch_size: person crops per forward pass (pose) [``--batch-size``].
         detector: "rtmdet" (downloaded once), a local rtmdet_m.pth, or "none" (the whole image as one person)
             [``--detector``].
@@ -53,7 +54,7 @@ class DemoOptions:
     models: Mapping[str, str | os.PathLike] = field(default_factory=dict)
     device: str | None = None
     dtype: str = "fp32"
-    input_size: tuple[int, int] = (1024, 768)
+    input_size: tuple[int, int] | None = None
     batch_size: int = 4
     detector: str | os.PathLike = "rtmdet"
     flip_test: bool = True
@@ -70,7 +71,8 @@ class DemoOptions:
     def __post_init__(self) -> None:  # frozen: normalise once, here
         set_field = object.__setattr__
         set_field(self, "models", dict(self.models))
-        set_field(self, "input_size", tuple(int(v) for v in self.input_size))
+        if self.input_size is not None:
+            set_field(self, "input_size", tuple(int(v) for v in self.input_size))
         set_field(self, "tasks", (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks))
         set_field(self, "samples", tuple(Path(p) for p in self.samples))
 
