@@ -1,7 +1,8 @@
 """``sapiens2 train CONFIG.yaml [--set a.b=v ...] [--resume [CHECKPOINT]]``.
 
 The flags parse into ``TrainOptions`` for ``sapiens2.train.train``. Runs under ``torchrun --nproc-per-node N -m
-sapiens2 train cfg.yaml`` unchanged. (``sapiens2 export`` of a run: ``cli/export.py``.)
+sapiens2 train cfg.yaml`` unchanged. (``sapiens2 export`` of a run: ``cli/export.py``.) ``add_run_flags`` and
+``run_logged`` are shared with ``sapiens2 pretrain``, which runs on the same loop.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from ..train.run import TrainOptions, train
 
@@ -19,21 +22,16 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 _USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError)
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    """Add the ``train`` subcommand."""
-    parser = commands.add_parser(
-        "train",
-        help="fine-tune a task model from a YAML config (docs/training.md)",
-        description="Fine-tune a Sapiens2 task model. Multi-GPU: torchrun --nproc-per-node N -m sapiens2 train ...",
-    )
-    parser.add_argument("config", help="training config YAML (see docs/training.md for every key)")
+def add_run_flags(parser: argparse.ArgumentParser, config_help: str, set_example: str) -> None:
+    """CONFIG, ``--set KEY=VALUE`` (repeatable) and ``--resume [CHECKPOINT]``: the flags of a training loop."""
+    parser.add_argument("config", help=config_help)
     parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config value, e.g. --set optimizer.lr=1e-4 --set data.input_size=[512,384] (repeatable)",
+        help=f"override a config value, e.g. {set_example} (repeatable)",
     )
     parser.add_argument(
         "--resume",
@@ -43,33 +41,61 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         metavar="CHECKPOINT",
         help="continue the run in output_dir from its newest checkpoint (or from CHECKPOINT)",
     )
-    parser.set_defaults(func=run_train, log_format=LOG_FORMAT)
+    parser.set_defaults(log_format=LOG_FORMAT)
 
 
-def train_options_from_args(args: argparse.Namespace) -> TrainOptions:
-    resume = True if args.resume == "latest" else (args.resume or False)
-    return TrainOptions(args.config, overrides=args.overrides, resume=resume)
+def resume_flag(args: argparse.Namespace) -> bool | str:
+    """``--resume``: True (newest checkpoint), a checkpoint path, or False."""
+    return True if args.resume == "latest" else (args.resume or False)
 
 
-def run_train(args: argparse.Namespace) -> int:
-    options = train_options_from_args(args)
-    # The step lines go through logging: on stderr from the main process (the trainer also writes them to train.log).
+def run_logged(command: str, function: Callable[[Any], dict[str, Any]], options: Any) -> dict[str, Any] | int:
+    """Run a training loop with its step lines on stderr (main process only); the summary, or the exit status:
+    2 after a one-line user error, 0 on the other processes under torchrun (only the main one reports)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
     package = logging.getLogger("sapiens2")
     previous = package.level
-    if int(os.environ.get("RANK", "0")) == 0:
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    if main_process:
         package.setLevel(logging.INFO)
     try:
-        summary = train(options)
+        summary = function(options)
     except _USER_ERRORS as error:
-        print(f"sapiens2 train: {error}", file=sys.stderr)
+        print(f"sapiens2 {command}: {error}", file=sys.stderr)
         return 2
     finally:
         package.setLevel(previous)
-    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only the main process reports
-        return 0
-    evaluation = ", ".join(f"{k} {v:.4f}" for k, v in summary["eval"].items())
+    return summary if main_process else 0
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Add the ``train`` subcommand."""
+    parser = commands.add_parser(
+        "train",
+        help="fine-tune a task model from a YAML config (docs/training.md)",
+        description="Fine-tune a Sapiens2 task model. Multi-GPU: torchrun --nproc-per-node N -m sapiens2 train ...",
+    )
+    add_run_flags(
+        parser,
+        "training config YAML (see docs/training.md for every key)",
+        "--set optimizer.lr=1e-4 --set data.input_size=[512,384]",
+    )
+    parser.set_defaults(func=run_train)
+
+
+def train_options_from_args(args: argparse.Namespace) -> TrainOptions:
+    return TrainOptions(args.config, overrides=args.overrides, resume=resume_flag(args))
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from ..train.trainer import headline_metrics
+
+    summary = run_logged("train", train, train_options_from_args(args))
+    if isinstance(summary, int):
+        return summary
+    # The headline values (pose: PCK and each keypoint group's AP); every value is in the run's eval.csv.
+    evaluation = ", ".join(f"{k} {v:.4f}" for k, v in headline_metrics(summary["eval"]).items())
     print(f"trained {summary['steps']} steps, final loss {summary['loss']:.4f}; model: {summary['model']}")
     if evaluation:
         print(f"last evaluation: {evaluation}")

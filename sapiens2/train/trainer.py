@@ -594,7 +594,8 @@ class Trainer:
             results = dist_utils.all_gather_objects(results, self.context)[0]
         self.last_eval = results
         self.recorder.write("eval.csv", [{"step": self.step, **results}])
-        self._info("eval at step %d: %s", self.step, ", ".join(f"{k} {v:.4f}" for k, v in _headline(results).items()))
+        headline = ", ".join(f"{k} {v:.4f}" for k, v in headline_metrics(results).items())
+        self._info("eval at step %d: %s", self.step, headline)
         return results
 
     # ----------------------------------------------------------------------------------------------- checkpoints
@@ -660,7 +661,7 @@ class Trainer:
         self._info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_in_epoch)
 
 
-def _headline(results: dict[str, float]) -> dict[str, float]:
+def headline_metrics(results: dict[str, float]) -> dict[str, float]:
     """What the evaluation log line shows: the pose OKS AP over all 308 keypoints first (the reference's reported
     metric, POSE.md §6.4), then every value except the per-group OKS statistics other than AP (all in eval.csv)."""
     first = {k: results[k] for k in ("val/all308/AP",) if k in results}
