@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from ..train.config import _build, apply_overrides
+from ..train.config import _build, read_config
 
 __all__ = [
     "BalanceConfig",
@@ -336,21 +336,8 @@ def load_curate_config(path: str | os.PathLike | None, overrides: list[str] | tu
         FileNotFoundError: the YAML file does not exist.
         ValueError: YAML syntax, unknown keys (with a did-you-mean), wrong types or invalid values.
     """
-    data: Any = {}
-    base = None
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"curation config not found: {path}")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as error:
-            raise ValueError(f"{path}: not valid YAML: {error}") from None
-        base = path.resolve().parent
-    try:
-        return curate_config_from_dict(apply_overrides(data, list(overrides)), base)
-    except ValueError as error:
-        raise ValueError(f"{path or 'config'}: {error}") from None
+    base = None if path is None else Path(path).resolve().parent  # relative paths in the file: from its folder
+    return read_config(path, overrides, "curation", lambda data: curate_config_from_dict(data, base))
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

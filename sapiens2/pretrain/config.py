@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from ..models.zoo import get_arch
-from ..train.config import DistributedConfig, _build, apply_overrides, config_to_dict
+from ..train.config import DistributedConfig, _build, config_to_dict, read_config
 from .masking import MaskSpec, mask_counts
 
 __all__ = [
@@ -274,21 +272,7 @@ def load_pretrain_config(path: str | os.PathLike | None, overrides: tuple[str, .
     Example:
         >>> config = load_pretrain_config("configs/pretrain_tiny.yaml", ["steps=100"])
     """
-    data: Any = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"pretraining config not found: {path}")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as error:
-            raise ValueError(f"{path}: not valid YAML: {error}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: a pretraining config must be a mapping of sections, got {type(data).__name__}")
-    try:
-        return pretrain_config_from_dict(apply_overrides(data, overrides))
-    except ValueError as error:
-        raise ValueError(f"{path or 'config'}: {error}") from None
+    return read_config(path, overrides, "pretraining", pretrain_config_from_dict)
 
 
 def pretrain_config_to_dict(config: PretrainConfig) -> dict[str, Any]:

@@ -384,19 +384,28 @@ def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -
     Example:
         >>> config = load_config("seg.yaml", ["steps=200", "data.root=/data/seg"])
     """
+    return read_config(path, overrides, "training", config_from_dict)
+
+
+def read_config(
+    path: str | os.PathLike | None, overrides: Sequence[str], kind: str, build: typing.Callable[[dict], Any]
+) -> Any:
+    """The one YAML config reader (train, pretrain, curate): the file at ``path`` (None: no file, only
+    ``overrides``) with the ``"a.b=value"`` overrides applied, turned into a config by ``build``; every problem is
+    a FileNotFoundError or a one-line ValueError naming the file and, as ``kind``, what config it should be."""
     data: Any = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"training config not found: {path}")
+            raise FileNotFoundError(f"{kind} config not found: {path}")
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as error:
             raise ValueError(f"{path}: not valid YAML: {error}") from None
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: a training config must be a mapping of sections, got {type(data).__name__}")
+            raise ValueError(f"{path}: a {kind} config must be a mapping of sections, got {type(data).__name__}")
     try:
-        return config_from_dict(apply_overrides(data, overrides))
+        return build(apply_overrides(data, list(overrides)))
     except ValueError as error:
         raise ValueError(f"{path or 'config'}: {error}") from None
 
