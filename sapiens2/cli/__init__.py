@@ -1,8 +1,8 @@
-"""The ``sapiens2`` command: ``sapiens2 info | predict | train | export | eval ...``. ``main(argv)`` returns the exit
-status.
+"""The ``sapiens2`` command: ``sapiens2 info | predict | train | pretrain | eval | export | benchmark | demo |
+curate ...``. ``main(argv)`` returns the exit status.
 
-One module per command (``info``, ``predict``, ``train``, ``export``, ``eval``): each adds its argparse
-subcommand, turns the parsed flags into a typed options object and calls the Python API that accepts the same object.
+One module per command: each adds its argparse subcommand, turns the parsed flags into a typed options object and calls
+the Python API that accepts the same object.
 """
 
 from __future__ import annotations

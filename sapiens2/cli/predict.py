@@ -19,7 +19,7 @@ _FLAGS = {"tasks": "--task", "models": "--model", "inputs": "INPUT"}
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "predict",
-        help="run tasks on images, folders or globs and write results",
+        help="run tasks on images, folders, globs, manifests, shards or videos and write results",
         description="Run Sapiens2 tasks on images. Example: sapiens2 predict --task seg,normal photos/ -o out/",
     )
     parser.add_argument(
