@@ -18,7 +18,7 @@ from torch import Tensor
 from ..checkpoints import infer_arch, load_backbone
 from ..models.backbone import Sapiens2
 from ..train import distributed as dist_utils
-from ..train.trainer import Trainer, enable_activation_checkpointing, find_checkpoints
+from ..train.trainer import Trainer, enable_activation_checkpointing
 from .config import PretrainConfig, pretrain_config_from_dict, pretrain_config_to_dict, resolve_arch
 from .export import CHECKPOINT_FORMAT, export_backbone, read_pretrain_checkpoint
 from .losses import SoftmaxCentering, dino_loss, koleo_loss, mae_loss, norm_pix_target, sinkhorn_knopp
@@ -267,7 +267,6 @@ class PretrainTrainer(Trainer):
         position and the config (every process calls it; rank 0 writes)."""
         import yaml
 
-        from ..data.io import atomic_write
 
         student, optimizer = dist_utils.full_state_dicts(self.module, self.optimizer, self.context)
         teacher = _full_model_state(self.teacher)
@@ -291,11 +290,7 @@ class PretrainTrainer(Trainer):
                 "rng": rng,
                 "config": yaml.safe_dump(pretrain_config_to_dict(self.config), sort_keys=False),
             }
-            atomic_write(path, lambda temporary: torch.save(state, temporary))
-            if self.config.keep_checkpoints:
-                for old in find_checkpoints(self.run_dir)[: -self.config.keep_checkpoints]:
-                    old.unlink()
-            self._info("saved %s", path)
+            self._store_checkpoint(path, state)
         dist_utils.barrier(self.context)
         return path
 

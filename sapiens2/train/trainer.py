@@ -602,7 +602,6 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step_<N>.pt`` atomically (every process must call it; rank 0 writes)."""
-        from ..data.io import atomic_write
 
         model_state, optimizer_state = dist_utils.full_state_dicts(self.module, self.optimizer, self.context)
         rng = dist_utils.all_gather_objects(dist_utils.get_rng_states(), self.context)
@@ -628,13 +627,20 @@ class Trainer:
                 "rng": rng,
                 "config": yaml.safe_dump(config_to_dict(self.config), sort_keys=False),
             }
-            atomic_write(path, lambda temporary: torch.save(state, temporary))
-            if self.config.keep_checkpoints:
-                for old in find_checkpoints(self.run_dir)[: -self.config.keep_checkpoints]:
-                    old.unlink()
-            self._info("saved %s", path)
+            self._store_checkpoint(path, state)
         dist_utils.barrier(self.context)
         return path
+
+    def _store_checkpoint(self, path: Path, state: dict[str, Any]) -> None:
+        """Write ``state`` atomically at ``path`` and keep only the newest ``keep_checkpoints`` (main process; the
+        pretraining trainer stores its own state through this too)."""
+        from ..data.io import atomic_write
+
+        atomic_write(path, lambda temporary: torch.save(state, temporary))
+        if self.config.keep_checkpoints:
+            for old in find_checkpoints(self.run_dir)[: -self.config.keep_checkpoints]:
+                old.unlink()
+        self._info("saved %s", path)
 
     def load_checkpoint(self, path: str | os.PathLike, checkpoint: dict[str, Any] | None = None) -> None:
         """Restore model, optimiser, schedule, RNG states, step and data position from a checkpoint (``checkpoint``:
