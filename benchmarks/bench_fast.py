@@ -30,28 +30,36 @@ import numpy as np
 import torch
 
 from sapiens2 import Sapiens2, build_model, save_transformers
-from sapiens2.models.fast import make_fast
+from sapiens2.benchmark import device_peak_tflops
+from sapiens2.models.fast import CompiledBuckets, attention_backends, make_fast
+from sapiens2.models.zoo import get_arch
 from sapiens2.transformers_format import TRANSFORMERS_CLASSES
 
 
-def _network(task: str, arch: str, size: tuple[int, int], dtype: torch.dtype, state: dict | None) -> torch.nn.Module:
+def _network(
+    task: str, arch: str, size: tuple[int, int], dtype: torch.dtype, state: dict | None, device: str = "cpu"
+) -> torch.nn.Module:
+    """The network with ``state`` (or seeded random weights), built straight on ``device`` in ``dtype``."""
     torch.manual_seed(0)
+    options = {"device": device, "dtype": dtype}
     model = (
-        Sapiens2(arch, img_size=size, out_type="featmap")
+        Sapiens2(arch, img_size=size, out_type="featmap", **options)
         if task == "backbone"
-        else build_model(task, arch, input_size=size)
+        else build_model(task, arch, input_size=size, **options)
     )
     if state is not None:
         model.load_state_dict(state)
-    return model.to(dtype).eval()
+    return model.eval()
 
 
-def _transformers(task: str, model: torch.nn.Module, folder: Path, dtype: torch.dtype) -> Callable:
+def _transformers(
+    task: str, model: torch.nn.Module, folder: Path, dtype: torch.dtype, device: torch.device
+) -> Callable:
     import transformers
 
     save_transformers(model, folder)
     name = "Sapiens2Model" if task == "backbone" else TRANSFORMERS_CLASSES[task]
-    hf = getattr(transformers, name).from_pretrained(folder, dtype=dtype).eval()
+    hf = getattr(transformers, name).from_pretrained(folder, dtype=dtype).to(device).eval()
     if task == "backbone":
 
         def featmap(x: torch.Tensor) -> torch.Tensor:  # (B, 9 + Hp*Wp, D) -> (B, D, Hp, Wp), as ours
@@ -83,36 +91,50 @@ def pose_end_to_end(args: argparse.Namespace) -> None:
     image = torch.randint(0, 256, (1080, 1920, 3), generator=rng, dtype=torch.uint8).numpy()
     boxes = [[100 + 280 * i, 150 + 20 * i, 330 + 280 * i, 900 + 20 * i] for i in range(args.pose_people)]
     people = args.pose_people
-    runs = {
-        "official demo's way (fp32, 1 crop/forward, numpy decode)": ("reference", torch.float32, 1),
-        f"ours reference fp32, {people} crops/forward": ("reference", torch.float32, people),
-        f"ours fast fp32, {people} crops + mirrors in one forward, torch decode": ("fast", torch.float32, people),
-    }
+    runs = {}  # label: (mode, dtype, crops per forward, compile)
+    if not args.no_official:
+        runs["official demo's way (fp32, 1 crop/forward, numpy decode)"] = ("reference", torch.float32, 1, False)
+    runs[f"ours reference fp32, {people} crops/forward"] = ("reference", torch.float32, people, False)
+    if not args.no_fp32:
+        runs[f"ours fast fp32, {people} crops + mirrors in one forward, torch decode"] = (
+            "fast", torch.float32, people, False)  # fmt: skip
     if args.bf16:
-        runs[f"ours fast bf16, {people} crops + mirrors in one forward"] = ("fast", torch.bfloat16, people)
+        runs[f"ours reference bf16, {people} crops/forward"] = ("reference", torch.bfloat16, people, False)
+        runs[f"ours fast bf16, {people} crops + mirrors in one forward"] = ("fast", torch.bfloat16, people, False)
+        if args.compile:
+            runs[f"ours fast bf16 compiled, {people} crops + mirrors"] = ("fast", torch.bfloat16, people, True)
     predictors = {}
-    for label, (mode, dtype, batch) in runs.items():
+    for label, (mode, dtype, batch, compiled) in runs.items():
         model = _network("pose", args.arch, size, dtype, state)
-        options = {"input_size": size, "batch_size": batch, "detector": None, "mode": mode}
-        predictors[label] = Predictor("pose", model=model, device="cpu", dtype=dtype, **options)
+        options = {"input_size": size, "batch_size": batch, "detector": None, "mode": mode, "compile": compiled}
+        predictors[label] = Predictor("pose", model=model, device=args.device, dtype=dtype, **options)
+    device = torch.device(args.device)
     times: dict[str, list[float]] = {label: [] for label in runs}
     results = {label: predictor(image, boxes=boxes) for label, predictor in predictors.items()}  # warm-up
     for _ in range(args.repeats):
         for label, predictor in predictors.items():
+            _synchronize(device)
             start = time.perf_counter()
             predictor(image, boxes=boxes)
+            _synchronize(device)
             times[label].append(time.perf_counter() - start)
     want = next(iter(results.values())).keypoints
     baseline = statistics.median(next(iter(times.values())))
-    print(f"\npose {args.arch} {size[0]}x{size[1]}, {people} people on a 1080x1920 image, {args.threads} threads, "
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{args.threads} threads"
+    print(f"\npose {args.arch} {size[0]}x{size[1]}, {people} people on a 1080x1920 image, {where}, "
           f"{args.repeats} alternating rounds, torch {torch.__version__}")  # fmt: skip
     # Random weights give flat heatmaps whose peaks are unstable: the median movement is the meaningful figure.
-    print("| run | ms/image | persons/s | vs official way | median keypoint px vs official way |")
+    print("| run | ms/image | persons/s | vs first row | median keypoint px vs first row |")
     print("|---|---|---|---|---|")
     for label, values in times.items():
         median = statistics.median(values)
         moved = float(np.median(np.abs(results[label].keypoints - want)))
         print(f"| {label} | {1000 * median:.0f} | {people / median:.2f} | {baseline / median:.2f}× | {moved:.3f} |")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main() -> None:
@@ -121,84 +143,134 @@ def main() -> None:
     parser.add_argument("--arch", default="sapiens2_0.1b")
     parser.add_argument("--resolution", type=int, nargs=2, default=(512, 384), metavar=("H", "W"))
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--bf16", action="store_true", help="add the bf16 fast mode and bf16 transformers rows")
+    parser.add_argument("--bf16", action="store_true", help="add bf16 rows (ours reference, ours fast, transformers)")
+    parser.add_argument("--compile", action="store_true", help="add ours fast compiled (static shapes; CUDA graphs)")
+    parser.add_argument("--no-official", action="store_true", help="leave out the official demo's way (fp32 rows)")
+    parser.add_argument("--no-fp32", action="store_true", help="leave out every fp32 row but the reference")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--pose-people", type=int, default=0, help="time Predictor('pose') end to end instead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     if args.pose_people:
         pose_end_to_end(args)
         return
     size = tuple(args.resolution)
-    reference = _network(args.task, args.arch, size, torch.float32, None)
+    reference = _network(args.task, args.arch, size, torch.float32, None, args.device)
     with torch.no_grad():
         for name, parameter in reference.named_parameters():
             if name.endswith("gamma.weight"):
                 parameter.fill_(1.0)
     state = reference.state_dict()
-    x = torch.randn(args.batch, 3, *size, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(args.batch, 3, *size, generator=torch.Generator().manual_seed(1)).to(device)
+    batch = args.batch
+
+    def fast(dtype: torch.dtype, compiled: bool = False) -> Callable:
+        network = _network(args.task, args.arch, size, dtype, state, args.device)
+        # Inductor packs the weights itself: the eager oneDNN packing is left out of a compiled network.
+        network = make_fast(network, pack_linears=False if compiled else None)
+        return CompiledBuckets(network, cuda_graphs=True) if compiled else network
 
     variants: dict[str, tuple[Callable, torch.dtype]] = {}
-    variants["official demo's way (fp32, 1 image/forward)"] = (
-        lambda images: torch.cat([_first_tensor(reference(image[None])) for image in images]),
-        torch.float32,
-    )
-    variants[f"ours reference fp32, batch {args.batch}"] = (reference, torch.float32)
-    variants[f"ours fast fp32, batch {args.batch}"] = (
-        make_fast(_network(args.task, args.arch, size, torch.float32, state)),
-        torch.float32,
-    )
+    if not args.no_official:
+        variants["official demo's way (fp32, 1 image/forward)"] = (
+            lambda images: torch.cat([_first_tensor(reference(image[None])) for image in images]),
+            torch.float32,
+        )
+    variants[f"ours reference fp32, batch {batch}"] = (reference, torch.float32)
+    if not args.no_fp32:
+        variants[f"ours fast fp32, batch {batch}"] = (fast(torch.float32), torch.float32)
     if args.bf16:
-        fast_bf16 = make_fast(_network(args.task, args.arch, size, torch.bfloat16, state))
-        variants[f"ours fast bf16, batch {args.batch}"] = (fast_bf16, torch.bfloat16)
+        variants[f"ours reference bf16, batch {batch}"] = (
+            _network(args.task, args.arch, size, torch.bfloat16, state, args.device),
+            torch.bfloat16,
+        )
+        variants[f"ours fast bf16, batch {batch}"] = (fast(torch.bfloat16), torch.bfloat16)
+        if args.compile:
+            variants[f"ours fast bf16 compiled, batch {batch}"] = (fast(torch.bfloat16, True), torch.bfloat16)
+    if args.compile and not args.no_fp32:
+        variants[f"ours fast fp32 compiled, batch {batch}"] = (fast(torch.float32, True), torch.float32)
     with tempfile.TemporaryDirectory() as tmp:
         if not args.no_transformers and args.task != "albedo":
-            for dtype in (torch.float32, torch.bfloat16) if args.bf16 else (torch.float32,):
-                label = f"transformers {str(dtype).removeprefix('torch.')}, batch {args.batch}"
-                variants[label] = (_transformers(args.task, reference, Path(tmp) / label[:20], dtype), dtype)
+            dtypes = (torch.float32, torch.bfloat16) if args.bf16 else (torch.float32,)
+            for dtype in dtypes[1:] if args.no_fp32 else dtypes:
+                label = f"transformers {str(dtype).removeprefix('torch.')}, batch {batch}"
+                folder = Path(tmp) / label[:20]
+                variants[label] = (_transformers(args.task, reference, folder, dtype, device), dtype)
         times: dict[str, list[float]] = {label: [] for label in variants}
         faults: dict[str, list[int]] = {label: [] for label in variants}
         cpu: dict[str, list[float]] = {label: [] for label in variants}
+        extra_memory: dict[str, float] = {}
         outputs: dict[str, torch.Tensor] = {}
-        with torch.inference_mode():
+        with torch.inference_mode(), attention_backends(device):
             for label, (function, dtype) in variants.items():
+                _synchronize(device)
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
                 for _ in range(args.warmup):
-                    outputs[label] = _first_tensor(function(x.to(dtype))).float()
+                    outputs[label] = _first_tensor(function(x.to(dtype))).float().clone()
+                _synchronize(device)
+                if device.type == "cuda":
+                    extra_memory[label] = (torch.cuda.max_memory_allocated(device) - resident) / 2**30
             for _ in range(args.repeats):
                 for label, (function, dtype) in variants.items():
                     inputs = x.to(dtype)
+                    _synchronize(device)
                     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                     start, start_cpu = time.perf_counter(), time.process_time()
                     function(inputs)
+                    _synchronize(device)
                     times[label].append(time.perf_counter() - start)
                     cpu[label].append(time.process_time() - start_cpu)
                     faults[label].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    want = outputs[f"ours reference fp32, batch {args.batch}"]
-    baseline = statistics.median(times["official demo's way (fp32, 1 image/forward)"])
-    ours = statistics.median(times[f"ours reference fp32, batch {args.batch}"])
-    print(
-        f"\n{args.task} {args.arch} {size[0]}x{size[1]} batch {args.batch}, {args.threads} threads, "
-        f"{args.repeats} alternating rounds, torch {torch.__version__}, CPU capability "
-        f"{torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, 'cpu') else '?'}"
+    ours_label = f"ours reference fp32, batch {batch}"
+    want = outputs[ours_label].cpu()
+    baseline = statistics.median(next(iter(times.values())))
+    ours = statistics.median(times[ours_label])
+    where = (
+        f"{torch.cuda.get_device_name(device)}"
+        if device.type == "cuda"
+        else f"{args.threads} threads, CPU capability {torch.backends.cpu.get_cpu_capability()}"
     )
-    # CPU seconds (all threads) beside wall time: on a machine shared with other work they move less.
-    print("| run | ms/image | vs official way | vs ours reference | CPU s/image (ratio vs ours reference) | "
-          "page faults/image | max rel vs fp32 ref |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    ours_cpu = statistics.median(cpu[f"ours reference fp32, batch {args.batch}"])
+    print(
+        f"\n{args.task} {args.arch} {size[0]}x{size[1]} batch {batch}, {where}, {args.repeats} alternating rounds, "
+        f"torch {torch.__version__}"
+    )
+    if device.type == "cuda":
+        # FLOPs of the backbone from the arch table (heads not counted here: `sapiens2 benchmark` counts them).
+        flops = get_arch(args.arch).flops(size)
+        print("| run | ms/image | vs first row | vs ours reference fp32 | backbone TFLOP/s | MFU | "
+              "activation peak GiB | max rel vs fp32 ref |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+    else:
+        print("| run | ms/image | vs official way | vs ours reference | CPU s/image (ratio vs ours reference) | "
+              "page faults/image | max rel vs fp32 ref |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
+    ours_cpu = statistics.median(cpu[ours_label])
     for label, values in times.items():
         median = statistics.median(values)
-        got = outputs[label]
+        got = outputs[label].cpu()
         distance = "(layout differs)"
         if got.shape == want.shape:
             distance = f"{float((got - want).abs().max() / want.abs().max()):.1e}"
+        if device.type == "cuda":
+            tflops = flops * batch / median / 1e12
+            peak = device_peak_tflops(device, variants[label][1])
+            mfu = f"{100 * tflops / peak:.1f} %" if peak else "n/a"
+            print(
+                f"| {label} | {1000 * median / batch:.2f} | {baseline / median:.2f}× | {ours / median:.2f}× | "
+                f"{tflops:.0f} | {mfu} | {extra_memory[label]:.2f} | {distance} |"
+            )
+            continue
         print(
-            f"| {label} | {1000 * median / args.batch:.1f} | {baseline / median:.2f}× | {ours / median:.2f}× | "
-            f"{statistics.median(cpu[label]) / args.batch:.2f} ({ours_cpu / statistics.median(cpu[label]):.2f}×) | "
-            f"{statistics.median(faults[label]) / args.batch:.0f} | {distance} |"
+            f"| {label} | {1000 * median / batch:.1f} | {baseline / median:.2f}× | {ours / median:.2f}× | "
+            f"{statistics.median(cpu[label]) / batch:.2f} ({ours_cpu / statistics.median(cpu[label]):.2f}×) | "
+            f"{statistics.median(faults[label]) / batch:.0f} | {distance} |"
         )
 
 

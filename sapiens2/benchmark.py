@@ -9,6 +9,7 @@ counted by ``torch.utils.flop_counter`` on a ``meta`` copy; the device peak come
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import resource
@@ -21,7 +22,8 @@ from torch import nn
 
 from .checkpoints import load_backbone, load_model
 from .models import Sapiens2
-from .models.fast import CompiledBuckets, make_fast
+from .models.fast import CompiledBuckets, attention_backends, make_fast
+from .models.lowp import QUANTIZATIONS, quantize
 from .models.task_model import build_model
 from .models.zoo import Arch, get_arch
 from .tasks import TASKS
@@ -76,6 +78,8 @@ class BenchmarkOptions:
         device: ``cpu``, ``cuda``, ``cuda:1``...; None: CUDA when available [``--device``].
         mode: ``fast`` or ``reference`` network (``sapiens2.models.fast``) [``--mode``].
         compile: ``torch.compile`` with static shapes (fast mode) [``--compile``].
+        quantize: ``fp8``, ``int8`` or ``int8-weight`` linear layers in the blocks through torchao
+            (``sapiens2.models.lowp``) [``--quantize``].
         peak_tflops: the device's peak for the MFU, overriding the known-GPU table [``--peak-tflops``].
         iters, warmup: timed and untimed forwards [``--iters``, ``--warmup``].
     """
@@ -88,6 +92,7 @@ class BenchmarkOptions:
     device: str | None = None
     mode: str = "fast"
     compile: bool = False
+    quantize: str | None = None
     peak_tflops: float | None = None
     iters: int = 20
     warmup: int = 3
@@ -127,7 +132,8 @@ class BenchmarkReport:
         mfu = "n/a (give --peak-tflops)" if self.mfu is None else f"{100 * self.mfu:.1f} % of {self.peak_tflops:g}"
         lines = [
             f"sapiens2 benchmark: {o.task} {self.arch} on {self.device}, {self.dtype}, batch {o.batch}, "
-            f"{self.resolution[0]}x{self.resolution[1]}, {o.mode} mode{', compiled' if o.compile else ''}",
+            f"{self.resolution[0]}x{self.resolution[1]}, {o.mode} mode{', compiled' if o.compile else ''}"
+            f"{f', {o.quantize} blocks' if o.quantize else ''}",
             f"images/s          {self.images_per_s:.2f}",
             f"latency ms/batch  p50 {self.percentile(50):.1f}  p90 {self.percentile(90):.1f}  "
             f"p99 {self.percentile(99):.1f}  ({len(self.latencies_ms)} timed forwards)",
@@ -148,6 +154,8 @@ def _check(options: BenchmarkOptions) -> tuple[torch.device, torch.dtype]:
         raise ValueError(f"--mode must be fast or reference, got {options.mode!r}")
     if options.compile and options.mode != "fast":
         raise ValueError("--compile needs --mode fast")
+    if options.quantize is not None and options.quantize not in QUANTIZATIONS:
+        raise ValueError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}, got {options.quantize!r}")
     if options.peak_tflops is not None and options.peak_tflops <= 0:
         raise ValueError(f"--peak-tflops must be > 0, got {options.peak_tflops}")
     device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -221,7 +229,9 @@ def run_benchmark(options: BenchmarkOptions) -> BenchmarkReport:
     size = tuple(options.resolution or arch.img_size)
     flops = _flops_per_image(model, arch, options, size)
     if options.mode == "fast":
-        model = make_fast(model, pack_linears=False if options.compile else None)
+        model = make_fast(model, pack_linears=False if options.compile or options.quantize else None)
+    if options.quantize:
+        model = quantize(model, options.quantize)
     network = CompiledBuckets(model, cuda_graphs=True) if options.compile else model
     x = torch.randn(options.batch, 3, *size, generator=torch.Generator().manual_seed(0)).to(device, dtype)
 
@@ -230,7 +240,8 @@ def run_benchmark(options: BenchmarkOptions) -> BenchmarkReport:
             torch.cuda.synchronize(device)
 
     latencies = []
-    with torch.inference_mode():
+    backends = attention_backends(device) if options.mode == "fast" else contextlib.nullcontext()
+    with torch.inference_mode(), backends:
         for _ in range(options.warmup):
             network(x)
         synchronize()

@@ -162,8 +162,15 @@ def test_bf16_fast_mode_agrees_with_bf16_reference(task, device):
             assert mean_angle_deg(got.normals, want.normals) <= NORMAL_MEAN_DEG
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_bf16_fast_pose_agrees_with_bf16_reference(device):
+# Pose in bf16: each stable keypoint's movement, bf16 fast mode against bf16 reference mode. On CUDA the fused QKV
+# GEMM rounds its bf16 outputs unlike the three separate GEMMs, and the tiny model's flat heatmaps turn that into a few
+# whole-pixel peak jumps (H100, torch 2.11: 6 of 817 stable keypoints beyond 0.25 px, the largest 1.74 px; 4 with the
+# flip test off, so not the batching of the mirrors; 1 of 817 at 0.2508 px even in float32). The bound is therefore on
+# the share of keypoints beyond 0.25 px; swapping q and k moves far more.
+BF16_POSE_MOVED_SHARE = 0.01
+
+
+def _bf16_pose_movement(device: str, corrupt: bool = False) -> np.ndarray:
     def predictor(mode: str) -> Predictor:
         _, loaded, _, _ = pose_case_predictor()
         size, detector = loaded.input_size, loaded.detector
@@ -172,6 +179,24 @@ def test_bf16_fast_pose_agrees_with_bf16_reference(device):
 
     _, _, images, expected = pose_case_predictor()
     arrays = list(images.values())
-    for name, want, got in zip(images, predictor("reference")(arrays), predictor("fast")(arrays), strict=True):
+    fast = predictor("fast")
+    if corrupt:
+        swap_q_and_k(fast.model)
+    moved = []
+    for name, want, got in zip(images, predictor("reference")(arrays), fast(arrays), strict=True):
         stable = expected[f"{name}__keypoint_stable"].numpy().astype(bool)
-        assert np.abs(got.keypoints - want.keypoints).max(axis=-1)[stable].max() <= KEYPOINT_PX
+        moved.append(np.abs(got.keypoints - want.keypoints).max(axis=-1)[stable])
+    return np.concatenate(moved)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_fast_pose_agrees_with_bf16_reference(device):
+    moved = _bf16_pose_movement(device)
+    assert np.median(moved) <= KEYPOINT_PX / 10
+    assert (moved > KEYPOINT_PX).mean() <= BF16_POSE_MOVED_SHARE
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_swapped_q_and_k_fails_the_bf16_pose_check(device):
+    moved = _bf16_pose_movement(device, corrupt=True)
+    assert np.median(moved) > KEYPOINT_PX / 10 or (moved > KEYPOINT_PX).mean() > BF16_POSE_MOVED_SHARE

@@ -143,9 +143,10 @@ def test_wrong_model_fails_the_widened_end_to_end_tier(task):
 def test_cuda_predictor_matches_official_within_loose_tolerance_and_bf16_runs(task):
     case, predictor, images, expected = case_predictor(task)
     weights = (load_case(f"D_{task}_e2e")[1] / case["weights"]["file"]).resolve()
-    # Each loads its own copy straight onto the GPU. The float32 one runs the official way (on CUDA the default is
-    # the bf16 fast mode); the bf16 one runs the default (fast) mode.
-    gpu = Predictor(task, model=weights, device="cuda", mode="reference", input_size=predictor.input_size)
+    # Each loads its own copy straight onto the GPU. The float32 one runs the official way (reference=True: the
+    # reference mode, normals not normalised again after resizing, as the fixture's official outputs; on CUDA the
+    # default is the bf16 fast mode); the bf16 one runs the default (fast) mode.
+    gpu = Predictor(task, model=weights, device="cuda", reference=True, input_size=predictor.input_size)
     half = Predictor(task, model=weights, device="cuda", dtype="bf16", input_size=predictor.input_size)
     for name, image in images.items():
         result, fast = gpu(image), half(image)

@@ -7,6 +7,7 @@ import sys
 
 from ..benchmark import BACKBONE, DTYPES, BenchmarkOptions, run_benchmark
 from ..checkpoints import CheckpointMismatchError, CheckpointNotFoundError
+from ..models.lowp import QUANTIZATIONS
 from ..tasks import TASKS
 
 _USER_ERRORS = (CheckpointNotFoundError, CheckpointMismatchError, FileNotFoundError, ValueError)
@@ -39,6 +40,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--mode", default="fast", choices=("fast", "reference"), help="network mode (default fast)")
     parser.add_argument("--compile", action="store_true", help="torch.compile with static shapes (fast mode)")
     parser.add_argument(
+        "--quantize",
+        default=None,
+        choices=QUANTIZATIONS,
+        help="low-precision linear layers in the blocks through torchao: fp8 (GPUs with FP8), int8, int8-weight",
+    )
+    parser.add_argument(
         "--peak-tflops", type=float, default=None, help="device peak TFLOP/s for the MFU (default: known-GPU table)"
     )
     parser.add_argument("--iters", type=int, default=20, help="timed forwards (default 20)")
@@ -56,6 +63,7 @@ def options_from_args(args: argparse.Namespace) -> BenchmarkOptions:
         device=args.device,
         mode=args.mode,
         compile=args.compile,
+        quantize=args.quantize,
         peak_tflops=args.peak_tflops,
         iters=args.iters,
         warmup=args.warmup,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..metadata import SAMPLE_IMAGE
+from ..models.lowp import QUANTIZATIONS
 from ..predict.run import PredictOptions, predict_files
 from ..tasks import TASKS
 
@@ -93,8 +94,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def add_model_flags(group: argparse._ArgumentGroup, batch_help: str) -> None:
-    """``--model``, ``--device``, ``--dtype``, ``--batch-size`` and ``--input-size``: the model flags of every command
-    that runs Predictors (predict, demo)."""
+    """``--model``, ``--device``, ``--dtype``, ``--batch-size``, ``--input-size``, ``--mode``, ``--compile`` and
+    ``--quantize``: the model flags of every command that runs Predictors (predict, demo)."""
     group.add_argument(
         "--model",
         action="append",
@@ -115,6 +116,27 @@ def add_model_flags(group: argparse._ArgumentGroup, batch_help: str) -> None:
         help="network input height and width in pixels, multiples of 16 (of 64 for 4K models); default 1024 768, "
         "the size of the released models (an exported .onnx/.pt2 file: its own size; pointmap models take only the "
         "size their scale head was built for)",
+    )
+    group.add_argument(
+        "--mode",
+        default=None,
+        choices=("fast", "reference"),
+        help="fast: the network rearranged for speed (fused QKV, GQA in SDPA; pose: mirrors in the same forward, "
+        "decode on the device); reference: the official op order, bit-exact on CPU in fp32 (default: fast on CUDA, "
+        "reference elsewhere; --reference implies reference)",
+    )
+    group.add_argument(
+        "--compile",
+        action="store_true",
+        help="fast mode: torch.compile the network once per input size and batch bucket (CUDA graphs on GPUs); the "
+        "first batch waits for the compiler (minutes for 1b), later ones run faster",
+    )
+    group.add_argument(
+        "--quantize",
+        default=None,
+        choices=QUANTIZATIONS,
+        help="the transformer blocks' linear layers in low precision through torchao (pip install "
+        "'sapiens2[lowp]'): fp8 (GPUs with FP8 tensor cores), int8, int8-weight; see docs/benchmarks.md for accuracy",
     )
 
 
@@ -145,6 +167,9 @@ def options_from_args(args: argparse.Namespace) -> PredictOptions:
         batch_size=args.batch_size,
         input_size=tuple(args.input_size) if args.input_size else None,
         reference=args.reference,
+        mode=args.mode,
+        compile=args.compile,
+        quantize=args.quantize,
         mask_from=args.mask_from,
         save_npy=args.save_npy,
         skip_existing=args.skip_existing,

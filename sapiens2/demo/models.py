@@ -57,6 +57,9 @@ class ModelCache:
                 dtype=options.dtype,
                 batch_size=options.batch_size,
                 input_size=options.input_size,
+                mode=options.mode,
+                compile=options.compile,
+                quantize=options.quantize,
                 detector=options.detector,
                 flip_test=options.flip_test,
             )

@@ -33,6 +33,8 @@ class DemoOptions:
         input_size: network input (H, W) in pixels, multiples of 16; None: an exported file's own, else 1024×768
             [``--input-size H W``].
         batch_size: person crops per forward pass (pose) [``--batch-size``].
+        mode, compile, quantize: the network's mode, ``torch.compile`` and low-precision blocks, as ``Predictor``
+            takes them [``--mode``, ``--compile``, ``--quantize``].
         detector: "rtmdet" (downloaded once), a local rtmdet_m.pth, or "none" (the whole image as one person)
             [``--detector``].
         flip_test: average with the horizontally flipped crop (pose) [off: ``--no-flip-test``].
@@ -56,6 +58,9 @@ class DemoOptions:
     dtype: str = "fp32"
     input_size: tuple[int, int] | None = None
     batch_size: int = 4
+    mode: str | None = None
+    compile: bool = False
+    quantize: str | None = None
     detector: str | os.PathLike = "rtmdet"
     flip_test: bool = True
     host: str = "127.0.0.1"

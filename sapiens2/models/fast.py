@@ -19,10 +19,11 @@ parity fixtures. The reference mode is the model as loaded: nothing here runs un
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ __all__ = [
     "BATCH_BUCKETS",
     "CompiledBuckets",
     "PackedLinear",
+    "attention_backends",
     "is_fast",
     "keep_freed_host_memory",
     "make_fast",
@@ -110,6 +112,25 @@ def keep_freed_host_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+
+
+@contextlib.contextmanager
+def attention_backends(device: torch.device | str) -> Iterator[None]:
+    """Within this context, SDPA on CUDA tries cuDNN attention first, then FlashAttention, memory-efficient and
+    math (the first that supports the call: cuDNN takes no GQA, so GQA blocks go to FlashAttention). Elsewhere, and
+    on torch builds without backend priorities, nothing changes."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    try:
+        context = sdpa_kernel(order, set_priority=True)
+    except TypeError:  # a torch without set_priority
+        context = contextlib.nullcontext()
+    with context:
+        yield
 
 
 def is_fast(model: nn.Module) -> bool:

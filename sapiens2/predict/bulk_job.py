@@ -71,6 +71,8 @@ class PredictJob(BulkJob):
             "reference": options.reference, "mask_from": options.mask_from,
             "save_npy": options.save_npy, "keypoint_format": options.keypoint_format,
             "flip_test": options.flip_test, "boxes": None if options.boxes is None else os.fspath(options.boxes),
+            # set only when given, so that the ledgers of earlier runs keep their fingerprint
+            **{name: getattr(options, name) for name in ("mode", "quantize") if getattr(options, name) is not None},
         }  # fmt: skip
 
     def setup(self, device: str) -> None:

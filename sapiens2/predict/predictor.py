@@ -24,7 +24,8 @@ from ..checkpoints import load_model
 from ..data.io import to_rgb_array
 from ..dense import albedo, matting, normal, pointmap, seg
 from ..export.runtime import InputSizeError, is_network_file, load_network
-from ..models.fast import CompiledBuckets, make_fast
+from ..models.fast import CompiledBuckets, attention_backends, make_fast
+from ..models.lowp import quantize as quantize_blocks
 from ..models.task_model import check_task
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,9 @@ class Predictor:
         compile: fast mode only: run the network through ``torch.compile`` with static shapes, compiled once per
             input size and batch bucket (``sapiens2.models.fast.CompiledBuckets``; the first batch of each bucket
             waits for the compiler). On CUDA the buckets are captured as CUDA graphs.
+        quantize: ``"fp8"`` (GPUs with FP8 tensor cores), ``"int8"`` or ``"int8-weight"``: the transformer blocks'
+            linear layers in low precision through torchao (``sapiens2.models.lowp``; ``pip install
+            'sapiens2[lowp]'``); accuracy against bf16 is in docs/benchmarks.md. Default None: no quantization.
 
     Images are file paths, PIL images or H×W×3 uint8 **RGB** arrays. ``predictor(image)`` returns one result,
     ``predictor([...])`` a list, ``predictor.stream(iterable)`` yields results as batches finish.
@@ -154,6 +158,7 @@ class Predictor:
         reference: bool = False,
         mode: str | None = None,
         compile: bool = False,
+        quantize: str | None = None,
     ) -> None:
         self.task = check_task(task)
         self.device = _resolve_device(device)
@@ -177,7 +182,11 @@ class Predictor:
             raise ValueError("compile=True needs mode='fast' and a PyTorch model (not an exported network)")
         if self.mode == "fast" and isinstance(model, nn.Module):
             # Inductor packs the weights itself when compiling, so the eager oneDNN packing is left out then.
-            model = make_fast(model, pack_linears=False if compile else None)
+            model = make_fast(model, pack_linears=False if compile or quantize else None)
+        if quantize is not None:
+            if not isinstance(model, nn.Module):
+                raise ValueError("quantize needs a PyTorch model (not an exported network)")
+            model = quantize_blocks(model, quantize)
         self._compiled = CompiledBuckets(model, cuda_graphs=True) if compile else None
         input_size = input_size or (1024, 768)
         self.input_size = (int(input_size[0]), int(input_size[1]))
@@ -259,13 +268,8 @@ class Predictor:
         if self.mode == "fast" and self.device.type == "cuda" and x.device.type == "cpu":
             x = x.pin_memory()  # CUDA only: a page-locked host copy lets the transfer run asynchronously
         x = x.to(self.device, torch.float32 if self.exported else self.dtype, non_blocking=True)
-        if self.mode == "fast" and self.device.type == "cuda":
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            # CUDA only: cuDNN attention first, then FlashAttention, memory-efficient, math (the first that fits).
-            order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                     SDPBackend.MATH]  # fmt: skip
-            with sdpa_kernel(order, set_priority=True):
+        if self.mode == "fast":
+            with attention_backends(self.device):
                 output = self._network(x)
         else:
             output = self._network(x)

@@ -46,6 +46,9 @@ class PredictOptions:
         input_size: network input (H, W) in pixels, multiples of 16 (of 64 for 4K models); None: an exported
             file's own size, else 1024×768 [``--input-size H W``].
         reference: the official demo's post-processing where ours differs [``--reference``].
+        mode: ``"fast"`` or ``"reference"`` network (``Predictor``'s ``mode``); None: fast on CUDA [``--mode``].
+        compile: fast mode: ``torch.compile`` per input size and batch bucket [``--compile``].
+        quantize: ``"fp8"``, ``"int8"`` or ``"int8-weight"`` block linears through torchao [``--quantize``].
         mask_from: "seg" blanks the normal/pointmap/albedo background with its foreground [``--mask-from``].
         save_npy: also save raw arrays where optional (seg labels) [``--save-npy``].
         skip_existing: skip images whose outputs already exist [``--skip-existing``].
@@ -81,6 +84,9 @@ class PredictOptions:
     batch_size: int = 4
     input_size: tuple[int, int] | None = None
     reference: bool = False
+    mode: str | None = None
+    compile: bool = False
+    quantize: str | None = None
     mask_from: str | None = None
     save_npy: bool = False
     skip_existing: bool = False
@@ -301,6 +307,9 @@ def _make_predictors(
                 input_size=options.input_size,
                 batch_size=options.batch_size,
                 reference=options.reference,
+                mode=options.mode,
+                compile=options.compile,
+                quantize=options.quantize,
                 **extra,
             )
         except InputSizeError as error:  # an exported file has its size: say so in the words of the option

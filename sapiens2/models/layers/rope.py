@@ -57,7 +57,9 @@ class RopePositionEmbedding(nn.Module):
 
     def forward(self, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (sin, cos), each (Hp*Wp, head_dim) in the RoPE dtype, rows in row-major token order."""
-        if not self.cache_tables or torch.is_grad_enabled():
+        if not self.cache_tables or torch.is_grad_enabled() or torch.compiler.is_compiling():
+            # Under torch.compile the tables are part of the graph (fused, and never a cached CUDA-graph output
+            # that a later replay overwrites).
             return self._compute(grid)
         periods = self.periods  # a new periods tensor (a load, a move) has a new address: a new key
         key = (tuple(grid), periods.device, self.dtype, periods.data_ptr(), torch.is_inference_mode_enabled())

@@ -1,0 +1,75 @@
+"""Low-precision linear layers through torchao (issue #11 point 3): FP8 on GPUs that have it, int8 anywhere.
+
+``quantize(model, "fp8")`` replaces the weights of the transformer blocks' linear layers (attention and FFN
+projections, most of the FLOPs) with torchao's quantized tensors, in place; the patch embedding, the norms and the
+task heads stay in the model's dtype. Kinds (``QUANTIZATIONS``):
+
+- ``fp8``: float8 (e4m3) weights and activations, scaled per row, multiplied by the FP8 tensor cores
+  (``torch._scaled_mm``). Needs a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell).
+- ``int8``: int8 weights (per channel) and int8 activations (per token, dynamic).
+- ``int8-weight``: int8 weights only, dequantized on the fly (saves memory; speed depends on the kernels).
+
+A quantized model is for inference: its state dict holds torchao tensors, not the official layout. Load, move to
+the device and dtype (bf16 for ``fp8``), ``make_fast`` if wanted, then quantize. torchao is the optional extra
+``pip install 'sapiens2[lowp]'``.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+__all__ = ["QUANTIZATIONS", "quantize"]
+
+QUANTIZATIONS = ("fp8", "int8", "int8-weight")
+
+
+def _torchao():
+    try:
+        import torchao.quantization as quantization
+    except ImportError as error:
+        raise ImportError("quantization needs torchao, which is not installed: pip install 'sapiens2[lowp]'") from error
+    return quantization
+
+
+def _block_linear(module: nn.Module, name: str) -> bool:
+    """The quantize_ filter: linear layers inside the transformer blocks (``blocks.N....``), not the heads."""
+    return isinstance(module, nn.Linear) and (".blocks." in f".{name}" or name.startswith("blocks."))
+
+
+def quantize(model: nn.Module, kind: str) -> nn.Module:
+    """Quantize the transformer blocks' linear layers of ``model`` in place (see the module docstring).
+
+    Args:
+        model: a backbone or task model on its final device and dtype, in eval mode.
+        kind: one of ``QUANTIZATIONS``.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        ValueError: an unknown kind, ``fp8`` on a device without FP8 tensor cores, or a model without blocks.
+        ImportError: torchao is not installed.
+    """
+    if kind not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {kind!r}")
+    parameter = next(model.parameters(), None)
+    if parameter is None or not any(_block_linear(m, n) for n, m in model.named_modules()):
+        raise ValueError("nothing to quantize: the model has no transformer-block linear layers")
+    if kind == "fp8":
+        import torch
+
+        device = parameter.device
+        if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+            where = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+            raise ValueError(
+                f"fp8 needs a CUDA GPU with FP8 tensor cores (compute capability 8.9+: Ada, Hopper, Blackwell); "
+                f"the model is on {where}. Use int8 or int8-weight instead"
+            )
+    quantization = _torchao()
+    config = {
+        "fp8": lambda: quantization.Float8DynamicActivationFloat8WeightConfig(granularity=quantization.PerRow()),
+        "int8": quantization.Int8DynamicActivationInt8WeightConfig,
+        "int8-weight": quantization.Int8WeightOnlyConfig,
+    }[kind]()
+    quantization.quantize_(model, config, filter_fn=_block_linear)
+    return model
