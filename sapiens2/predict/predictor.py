@@ -273,9 +273,15 @@ class Predictor:
                 output = self._network(x)
         else:
             output = self._network(x)
+        # A CUDA graph's outputs live in its memory pool, which the next replay overwrites: keep a copy of them.
+        graphed = self._compiled is not None and self._compiled.cuda_graphs and self.device.type == "cuda"
+
+        def owned(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.float() if tensor.dtype != torch.float32 or not graphed else tensor.clone()
+
         if isinstance(output, (tuple, list)):
-            return type(output)(o.float() for o in output)
-        return output.float()
+            return type(output)(owned(o) for o in output)
+        return owned(output)
 
     # ---------------------------------------------------------------------------------------------- internals
 
