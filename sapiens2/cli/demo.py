@@ -7,7 +7,7 @@ import sys
 
 from ..demo.options import DemoOptions
 from ..tasks import TASKS
-from .predict import add_model_flags, cli_option, model_sources
+from .predict import add_model_flags, cli_option, model_options
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -59,17 +59,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def options_from_args(args: argparse.Namespace) -> DemoOptions:
     """The parsed flags as a ``DemoOptions`` (``--model`` as ``sapiens2 predict`` reads it)."""
-    model, models = model_sources(args.model)
     return DemoOptions(
-        model=model,
-        models=models,
-        device=args.device,
-        dtype=args.dtype,
-        input_size=tuple(args.input_size) if args.input_size else None,
-        batch_size=args.batch_size,
-        mode=args.mode,
-        compile=args.compile,
-        quantize=args.quantize,
+        **model_options(args),
         detector=args.detector,
         flip_test=not args.no_flip_test,
         host=args.host,

@@ -152,24 +152,31 @@ def model_sources(values: list[str]) -> tuple[str, dict[str, str]]:
     return model, models
 
 
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The values of ``add_model_flags`` by the field names ``PredictOptions`` and ``DemoOptions`` share."""
+    model, models = model_sources(args.model)
+    return {
+        "model": model,
+        "models": models,
+        "device": args.device,
+        "dtype": args.dtype,
+        "batch_size": args.batch_size,
+        "input_size": tuple(args.input_size) if args.input_size else None,
+        "mode": args.mode,
+        "compile": args.compile,
+        "quantize": args.quantize,
+    }
+
+
 def options_from_args(args: argparse.Namespace) -> PredictOptions:
     """The parsed flags as a ``PredictOptions``; task names and model keys are checked by ``predict_files``."""
-    model, models = model_sources(args.model)
     return PredictOptions(
         tasks=[t.strip() for t in args.task.split(",") if t.strip()],
         output=args.output,
         inputs=args.inputs,
         sample=args.sample,
-        model=model,
-        models=models,
-        device=args.device,
-        dtype=args.dtype,
-        batch_size=args.batch_size,
-        input_size=tuple(args.input_size) if args.input_size else None,
+        **model_options(args),
         reference=args.reference,
-        mode=args.mode,
-        compile=args.compile,
-        quantize=args.quantize,
         mask_from=args.mask_from,
         save_npy=args.save_npy,
         skip_existing=args.skip_existing,
