@@ -90,20 +90,26 @@ def upload(page, path: Path) -> None:
 
 
 def run_and_wait(page) -> None:
-    """Press Run and wait until the request is over: the status's progress tracker was shown, then hidden again."""
+    """Press Run and wait until the request is over: the status's progress tracker was shown after the click and is
+    hidden again, and stays hidden (an earlier event's tracker, or a transient hide between progress updates, would
+    otherwise end the wait while the run is still going: seen under load)."""
     tracker = "#status [data-testid=status-tracker]"
-    page.eval_on_selector(  # count the tracker's class changes: shown (pending) then hidden (done) is two
+    hidden = "s => { const e = document.querySelector(s); return e !== null && e.classList.contains('hide') }"
+    page.wait_for_function(hidden, arg=tracker)  # whatever ran before (the upload) is over
+    page.eval_on_selector(
         tracker,
         """tracker => {
-            window.trackerChanges = 0;
-            new MutationObserver(changes => { window.trackerChanges += changes.length; })
+            window.trackerShown = false;
+            new MutationObserver(() => { if (!tracker.classList.contains("hide")) window.trackerShown = true; })
                 .observe(tracker, {attributes: true, attributeFilter: ["class"]});
         }""",
     )
     page.click("#run")
-    page.wait_for_function(
-        "s => window.trackerChanges >= 2 && document.querySelector(s).classList.contains('hide')", arg=tracker
-    )
+    done = f"s => window.trackerShown && ({hidden})(s)"
+    for _ in range(2):  # hidden, then still hidden a moment later
+        page.wait_for_function(done, arg=tracker)
+        page.wait_for_timeout(300)
+    page.wait_for_function(done, arg=tracker)
 
 
 def assert_size(page, view: str, size: tuple[int, int]) -> None:

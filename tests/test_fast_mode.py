@@ -67,6 +67,14 @@ def test_rope_tables_are_cached_per_grid_only_without_gradients():
         assert rope((4, 3))[0] is not first[0]  # training never reads an inference-mode table
     rope.reset_parameters()
     assert not rope._tables
+    with torch.inference_mode():
+        first = rope((4, 3))
+        with torch.no_grad():
+            rope.periods.mul_(2)  # rewritten in place: same address, new version
+        assert not torch.equal(rope((4, 3))[0], first[0])
+    rope((4, 3))
+    rope.load_state_dict(rope.state_dict())
+    assert not rope._tables  # loading new periods drops every table (a compiled graph reads them unchecked)
 
 
 def test_fast_model_trains_with_gradients_everywhere():
@@ -156,12 +164,18 @@ def test_compiled_buckets_compile_once_per_bucket_and_agree_with_eager():
         first = compiled(x)  # padded to 4
         again = compiled(x[:1].expand(4, -1, -1, -1).contiguous())  # same bucket: reused
         assert len(compiled.compiled) == 1 and first.shape == (3, 29, 64, 48)
-        # Under compile the RoPE tables are part of the graph, never cached: a cached table made inside a CUDA graph
-        # is an output the next replay overwrites (seen on an H100 before this rule).
-        ropes = [m for m in model.modules() if type(m).__name__ == "RopePositionEmbedding"]
-        assert ropes and not any(m._tables for m in ropes)
         torch.testing.assert_close(first, model(x), rtol=1e-3, atol=1e-4)
         torch.testing.assert_close(again[0], model(x[:1])[0], rtol=1e-3, atol=1e-4)
+        # The RoPE tables were cached by one eager call before compiling; the graph reads them and never stores one
+        # (a table stored inside a CUDA graph is an output the next replay overwrites: seen on an H100).
+        (rope,) = [m for m in model.modules() if type(m).__name__ == "RopePositionEmbedding"]
+        ((key, (stamp, tables)),) = rope._tables.items()
+        compiled(x)
+        assert rope._tables[key][1] is tables
+        rope._tables[key] = (stamp, tuple(torch.zeros_like(t) for t in tables))  # the graph must see this
+        unrotated = compiled(x)
+        assert len(compiled.compiled) == 1 and not torch.equal(unrotated, first)  # (LayerScale 1e-4: a small change)
+        torch.testing.assert_close(unrotated, model(x), rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.parametrize("rope_dtype", ["bf16", "fp32"])

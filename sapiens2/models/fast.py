@@ -197,7 +197,8 @@ class CompiledBuckets:
     A bucket is (input shape with the batch rounded up to the next of ``buckets``, dtype, device): a batch of 3 runs
     as 4 with zero images appended, whose outputs are cut off again (every image is computed independently, so the
     padding does not touch the others). Larger batches round up to a multiple of the largest bucket. A new input
-    size or batch bucket compiles once (seconds to minutes); later calls reuse it.
+    size or batch bucket compiles once (seconds to minutes); later calls reuse it. Before compiling a bucket, a fast
+    model runs once eagerly to cache its RoPE tables: the compiled graph reads them instead of recomputing sin/cos.
 
     Args:
         model: the network (fast or reference form), on its device and dtype, in eval mode.
@@ -241,6 +242,8 @@ class CompiledBuckets:
             options = dict(self.compile_options)
             if self.cuda_graphs and x.device.type == "cuda":  # CUDA graphs exist on CUDA only
                 options.setdefault("mode", "reduce-overhead")
+            if not torch.is_grad_enabled() and any(getattr(m, "cache_tables", False) for m in self.model.modules()):
+                self.model(x)  # one eager call caches the RoPE tables, which the compiled graph reads as inputs
             logger.info("compiling %s for input %s %s on %s", type(self.model).__name__, tuple(x.shape), x.dtype,
                         x.device)  # fmt: skip
             self.compiled[key] = torch.compile(self.model, dynamic=False, **options)

@@ -45,7 +45,7 @@ class RopePositionEmbedding(nn.Module):
         # Fast path (``sapiens2.models.fast``): tables kept per grid when no gradient is recorded (a table made
         # under inference_mode cannot enter autograd, so the key records the mode). Off by default.
         self.cache_tables = False
-        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._tables: dict[tuple, tuple[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def reset_parameters(self) -> None:
         # periods[i] = base ** (2i / (hd/2)), every op in the RoPE dtype (bf16 rounds the exponent first).
@@ -55,19 +55,29 @@ class RopePositionEmbedding(nn.Module):
         with torch.no_grad():
             self.periods.copy_(self.base**exponent)
 
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        self._tables.clear()  # new periods: the cached tables (which a compiled graph reads unchecked) are stale
+        super()._load_from_state_dict(*args, **kwargs)
+
     def forward(self, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (sin, cos), each (Hp*Wp, head_dim) in the RoPE dtype, rows in row-major token order."""
-        if not self.cache_tables or torch.is_grad_enabled() or torch.compiler.is_compiling():
-            # Under torch.compile the tables are part of the graph (fused, and never a cached CUDA-graph output
-            # that a later replay overwrites).
+        if not self.cache_tables or torch.is_grad_enabled():
             return self._compute(grid)
-        periods = self.periods  # a new periods tensor (a load, a move) has a new address: a new key
-        key = (tuple(grid), periods.device, self.dtype, periods.data_ptr(), torch.is_inference_mode_enabled())
-        if key not in self._tables:
+        key = (tuple(grid), self.periods.device, self.dtype, torch.is_inference_mode_enabled())
+        if torch.compiler.is_compiling():
+            # A compiled graph only reads tables an eager call cached (they enter it as inputs; without them Inductor
+            # recomputes sin/cos inside every block's kernel) and never stores one: a table stored inside a CUDA
+            # graph is an output that the next replay overwrites (seen on an H100).
+            entry = self._tables.get(key)
+            return entry[1] if entry is not None else self._compute(grid)
+        periods = self.periods  # a moved or rewritten periods tensor (inference tensors have no version): recompute
+        stamp = (periods.data_ptr(), 0 if periods.is_inference() else periods._version)
+        entry = self._tables.get(key)
+        if entry is None or entry[0] != stamp:
             if len(self._tables) >= 16:  # a handful of input sizes in practice; never grow without bound
                 self._tables.clear()
-            self._tables[key] = self._compute(grid)
-        return self._tables[key]
+            entry = self._tables[key] = (stamp, self._compute(grid))
+        return entry[1]
 
     def _compute(self, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         height, width = grid
