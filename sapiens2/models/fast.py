@@ -199,6 +199,8 @@ class CompiledBuckets:
     padding does not touch the others). Larger batches round up to a multiple of the largest bucket. A new input
     size or batch bucket compiles once (seconds to minutes); later calls reuse it. Before compiling a bucket, a fast
     model runs once eagerly to cache its RoPE tables: the compiled graph reads them instead of recomputing sin/cos.
+    On the CPU the weights are frozen into the compiled code (Inductor's ``freezing``, which packs them for oneDNN):
+    after loading other weights into ``model``, make a new ``CompiledBuckets``.
 
     Args:
         model: the network (fast or reference form), on its device and dtype, in eval mode.
@@ -242,6 +244,10 @@ class CompiledBuckets:
             options = dict(self.compile_options)
             if self.cuda_graphs and x.device.type == "cuda":  # CUDA graphs exist on CUDA only
                 options.setdefault("mode", "reduce-overhead")
+            if x.device.type == "cpu" and "mode" not in options:
+                # Inductor's weight freezing packs the linear layers for oneDNN, as PackedLinear does in eager mode;
+                # without it a compiled CPU network multiplies through MKL's slower addmm (docs/benchmarks.md).
+                options["options"] = {"freezing": True, **options.get("options", {})}
             if not torch.is_grad_enabled() and any(getattr(m, "cache_tables", False) for m in self.model.modules()):
                 self.model(x)  # one eager call caches the RoPE tables, which the compiled graph reads as inputs
             logger.info("compiling %s for input %s %s on %s", type(self.model).__name__, tuple(x.shape), x.dtype,
