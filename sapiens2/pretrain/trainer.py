@@ -265,34 +265,10 @@ class PretrainTrainer(Trainer):
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step_<N>.pt`` atomically: student, teacher, centre, optimiser, schedule, RNG, data
         position and the config (every process calls it; rank 0 writes)."""
-        import yaml
-
-
         student, optimizer = dist_utils.full_state_dicts(self.module, self.optimizer, self.context)
-        teacher = _full_model_state(self.teacher)
-        rng = dist_utils.all_gather_objects(dist_utils.get_rng_states(), self.context)
-        epoch, batch = self.epoch, self.batch_in_epoch
-        if batch >= self.sampler.batches_per_epoch:
-            epoch, batch = epoch + 1, 0
-        path = self.run_dir / "checkpoints" / f"step_{self.step:08d}.pt"
-        if self.context.is_main:
-            state = {
-                "format": CHECKPOINT_FORMAT,
-                "step": self.step,
-                "epoch": epoch,
-                "batch_in_epoch": batch,
-                "world_size": self.context.world_size,
-                "student": student,
-                "teacher": teacher,
-                "centering": self.centering.state_dict() if self.centering is not None else {},
-                "optimizer": optimizer,
-                "schedule": self.schedule.state_dict(),
-                "rng": rng,
-                "config": yaml.safe_dump(pretrain_config_to_dict(self.config), sort_keys=False),
-            }
-            self._store_checkpoint(path, state)
-        dist_utils.barrier(self.context)
-        return path
+        payload = {"student": student, "teacher": _full_model_state(self.teacher), "optimizer": optimizer}
+        payload["centering"] = self.centering.state_dict() if self.centering is not None else {}
+        return self._write_checkpoint(CHECKPOINT_FORMAT, payload, pretrain_config_to_dict(self.config))
 
     def load_checkpoint(self, path: str | os.PathLike, checkpoint: dict[str, Any] | None = None) -> None:
         """Restore everything ``save_checkpoint`` wrote."""
@@ -305,14 +281,7 @@ class PretrainTrainer(Trainer):
         dist_utils.load_full_state_dicts(self.teacher, None, checkpoint["teacher"], None)
         if self.centering is not None and checkpoint["centering"]:
             self.centering.load_state_dict(checkpoint["centering"])
-        self.schedule.load_state_dict(checkpoint["schedule"])
-        self.step, self.epoch = int(checkpoint["step"]), int(checkpoint["epoch"])
-        self.batch_in_epoch = int(checkpoint["batch_in_epoch"])
-        if checkpoint["world_size"] == self.context.world_size:
-            dist_utils.set_rng_states(checkpoint["rng"][self.context.rank])
-        else:
-            dist_utils.seed_everything(self.config.seed + self.context.rank + self.step)
-        self._info("resumed from %s at step %d", path, self.step)
+        self._restore_position(path, checkpoint)
 
     def export(self, checkpoint: Path, out_path: Path) -> Path:
         """The deliverable: the teacher's (or student's) backbone in the official pretrain layout, and optionally

@@ -602,8 +602,16 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step_<N>.pt`` atomically (every process must call it; rank 0 writes)."""
+        from .config import config_to_dict
 
         model_state, optimizer_state = dist_utils.full_state_dicts(self.module, self.optimizer, self.context)
+        payload = {"task": self.config.task, "model": model_state, "optimizer": optimizer_state}
+        return self._write_checkpoint(CHECKPOINT_FORMAT, payload, config_to_dict(self.config))
+
+    def _write_checkpoint(self, format: str, payload: dict[str, Any], config: dict[str, Any]) -> Path:
+        """The part of a checkpoint every trainer shares: format, step, data position (an epoch's end is the next
+        epoch's start), world size, schedule, every process's RNG states and the config as YAML, around the
+        trainer's own ``payload`` (model and optimiser states). Every process calls it, after its own collectives."""
         rng = dist_utils.all_gather_objects(dist_utils.get_rng_states(), self.context)
         epoch, batch = self.epoch, self.batch_in_epoch
         if batch >= self.sampler.batches_per_epoch:
@@ -612,21 +620,10 @@ class Trainer:
         if self.context.is_main:
             import yaml
 
-            from .config import config_to_dict
-
-            state = {
-                "format": CHECKPOINT_FORMAT,
-                "task": self.config.task,
-                "step": self.step,
-                "epoch": epoch,
-                "batch_in_epoch": batch,
-                "world_size": self.context.world_size,
-                "model": model_state,
-                "optimizer": optimizer_state,
-                "schedule": self.schedule.state_dict(),
-                "rng": rng,
-                "config": yaml.safe_dump(config_to_dict(self.config), sort_keys=False),
-            }
+            position = {"step": self.step, "epoch": epoch, "batch_in_epoch": batch}
+            state = {"format": format, **position, "world_size": self.context.world_size, **payload}
+            state |= {"schedule": self.schedule.state_dict(), "rng": rng}
+            state["config"] = yaml.safe_dump(config, sort_keys=False)
             self._store_checkpoint(path, state)
         dist_utils.barrier(self.context)
         return path
@@ -654,15 +651,20 @@ class Trainer:
         if saved != self.config:
             self._info("resuming with a config that differs from the checkpoint's; the run may not reproduce")
         dist_utils.load_full_state_dicts(self.module, self.optimizer, checkpoint["model"], checkpoint["optimizer"])
+        self._restore_position(path, checkpoint)
+
+    def _restore_position(self, path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
+        """Schedule, step, data position and RNG states from what ``_write_checkpoint`` wrote (reseeded when the
+        number of processes changed)."""
         self.schedule.load_state_dict(checkpoint["schedule"])
         self.step = int(checkpoint["step"])
         self.epoch = int(checkpoint["epoch"])
         self.batch_in_epoch = int(checkpoint["batch_in_epoch"])
-        rng = checkpoint["rng"]
-        if checkpoint["world_size"] == self.context.world_size:
-            dist_utils.set_rng_states(rng[self.context.rank])
+        saved_world = checkpoint["world_size"]
+        if saved_world == self.context.world_size:
+            dist_utils.set_rng_states(checkpoint["rng"][self.context.rank])
         else:
-            self._info("checkpoint from %d processes, now %d: reseeding RNGs", checkpoint["world_size"], len(rng))
+            self._info("checkpoint from %d processes, now %d: reseeding RNGs", saved_world, self.context.world_size)
             dist_utils.seed_everything(self.config.seed + self.context.rank + self.step)
         self._info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_in_epoch)
 
