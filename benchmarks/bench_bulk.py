@@ -29,8 +29,8 @@ from safetensors.torch import save_file
 from sapiens2 import build_model
 from sapiens2.bulk import BulkOptions, parse_devices, run_bulk
 from sapiens2.metadata import SAMPLE_IMAGE
+from sapiens2.predict import PredictOptions
 from sapiens2.predict.bulk_job import PredictJob
-from sapiens2.predict.run import PredictOptions
 
 CPU_CONFIGS = ["1 worker x 1 thread=cpu:1,threads:1", "1 worker x 2 threads=cpu:1,threads:2",
                "2 workers x 1 thread=cpu:2,threads:1"]  # fmt: skip

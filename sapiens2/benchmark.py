@@ -23,6 +23,7 @@ from torch import nn
 from .checkpoints import load_backbone, load_model
 from .models import Sapiens2
 from .models.fast import CompiledBuckets, attention_backends, make_fast
+from .models.input_size import model_input_size
 from .models.lowp import QUANTIZATIONS, quantize
 from .models.task_model import build_model
 from .models.zoo import Arch, get_arch
@@ -72,9 +73,10 @@ class BenchmarkOptions:
         task: ``"backbone"`` (featmap output, no head) or a task name [``--task``].
         model: an arch name or size (random weights: speed does not depend on them), or a checkpoint source as
             ``load_model`` takes it [``--model``].
-        batch: images per forward [``--batch``].
+        batch_size: images per forward [``--batch-size``].
         dtype: ``fp32``, ``bf16`` or ``fp16``; None: bf16 on CUDA, fp32 elsewhere [``--dtype``].
-        resolution: network input (H, W); None: the arch's training size [``--resolution HxW``].
+        input_size: network input (H, W); None: the size the model was built for (a file's: 1024x768 or what its
+            pointmap scale MLP takes; an arch name: its training size) [``--input-size H W``].
         device: ``cpu``, ``cuda``, ``cuda:1``...; None: CUDA when available [``--device``].
         mode: ``fast`` or ``reference`` network (``sapiens2.models.fast``) [``--mode``].
         compile: ``torch.compile`` with static shapes (fast mode) [``--compile``].
@@ -86,9 +88,9 @@ class BenchmarkOptions:
 
     task: str = BACKBONE
     model: str = "1b"
-    batch: int = 1
+    batch_size: int = 1
     dtype: str | None = None
-    resolution: tuple[int, int] | None = None
+    input_size: tuple[int, int] | None = None
     device: str | None = None
     mode: str = "fast"
     compile: bool = False
@@ -106,7 +108,7 @@ class BenchmarkReport:
     device: str
     arch: str
     dtype: str
-    resolution: tuple[int, int]
+    input_size: tuple[int, int]
     latencies_ms: list[float] = field(repr=False)
     images_per_s: float
     peak_memory_gib: float
@@ -131,8 +133,8 @@ class BenchmarkReport:
         o = self.options
         mfu = "n/a (give --peak-tflops)" if self.mfu is None else f"{100 * self.mfu:.1f} % of {self.peak_tflops:g}"
         lines = [
-            f"sapiens2 benchmark: {o.task} {self.arch} on {self.device}, {self.dtype}, batch {o.batch}, "
-            f"{self.resolution[0]}x{self.resolution[1]}, {o.mode} mode{', compiled' if o.compile else ''}"
+            f"sapiens2 benchmark: {o.task} {self.arch} on {self.device}, {self.dtype}, batch {o.batch_size}, "
+            f"{self.input_size[0]}x{self.input_size[1]}, {o.mode} mode{', compiled' if o.compile else ''}"
             f"{f', {o.quantize} blocks' if o.quantize else ''}",
             f"images/s          {self.images_per_s:.2f}",
             f"latency ms/batch  p50 {self.percentile(50):.1f}  p90 {self.percentile(90):.1f}  "
@@ -148,8 +150,8 @@ class BenchmarkReport:
 def _check(options: BenchmarkOptions) -> tuple[torch.device, torch.dtype]:
     if options.task != BACKBONE and options.task not in TASKS:
         raise ValueError(f"--task must be {BACKBONE} or one of {', '.join(TASKS)}, got {options.task!r}")
-    if options.batch < 1 or options.iters < 1 or options.warmup < 0:
-        raise ValueError("--batch and --iters must be >= 1 and --warmup >= 0")
+    if options.batch_size < 1 or options.iters < 1 or options.warmup < 0:
+        raise ValueError("--batch-size and --iters must be >= 1 and --warmup >= 0")
     if options.mode not in ("fast", "reference"):
         raise ValueError(f"--mode must be fast or reference, got {options.mode!r}")
     if options.compile and options.mode != "fast":
@@ -174,10 +176,10 @@ def _named_arch(model: str) -> Arch | None:
         return None
 
 
-def _build(options: BenchmarkOptions, resolution: tuple[int, int] | None, device, dtype) -> nn.Module:
+def _build(options: BenchmarkOptions, input_size: tuple[int, int] | None, device, dtype) -> nn.Module:
     arch = _named_arch(options.model)
     if arch is not None:  # random weights, made on the target device
-        size = resolution or arch.img_size
+        size = input_size or arch.img_size
         if options.task == BACKBONE:
             return Sapiens2(arch, img_size=size, out_type="featmap", device=device, dtype=dtype)
         return build_model(options.task, arch, input_size=size, device=device, dtype=dtype)
@@ -217,23 +219,23 @@ def _peak_memory_gib(device: torch.device) -> tuple[float, str]:
 
 
 def run_benchmark(options: BenchmarkOptions) -> BenchmarkReport:
-    """Build or load the network, run ``warmup`` + ``iters`` forwards of ``batch`` random images, report.
+    """Build or load the network, run ``warmup`` + ``iters`` forwards of ``batch_size`` random images, report.
 
     Raises:
         ValueError: bad options (named by their CLI flags), or a model source that is neither an arch nor loadable.
     """
     device, dtype = _check(options)
-    model = _build(options, options.resolution, device, dtype).eval()
+    model = _build(options, options.input_size, device, dtype).eval()
     backbone = model if isinstance(model, Sapiens2) else model.backbone
     arch = backbone.arch
-    size = tuple(options.resolution or arch.img_size)
+    size = tuple(options.input_size or model_input_size(model))  # the size the model was built or trained for
     flops = _flops_per_image(model, arch, options, size)
     if options.mode == "fast":
         model = make_fast(model, pack_linears=False if options.compile or options.quantize else None)
     if options.quantize:
         model = quantize(model, options.quantize)
     network = CompiledBuckets(model, cuda_graphs=True) if options.compile else model
-    x = torch.randn(options.batch, 3, *size, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    x = torch.randn(options.batch_size, 3, *size, generator=torch.Generator().manual_seed(0)).to(device, dtype)
 
     def synchronize() -> None:
         if device.type == "cuda":
@@ -259,9 +261,9 @@ def run_benchmark(options: BenchmarkOptions) -> BenchmarkReport:
         device=name,
         arch=arch.name,
         dtype={v: k for k, v in DTYPES.items()}[dtype],
-        resolution=size,
+        input_size=size,
         latencies_ms=latencies,
-        images_per_s=options.batch * 1000 / statistics.median(latencies),
+        images_per_s=options.batch_size * 1000 / statistics.median(latencies),
         peak_memory_gib=peak_memory,
         memory_kind=memory_kind,
         flops_per_image=flops,

@@ -194,6 +194,63 @@ KEEP_DTYPE = ("periods",)
 _SAFETENSORS_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
+_AGAIN = "copy or download it again"
+
+
+def _looks_like_text(head: bytes) -> bool:
+    return bool(head) and all(32 <= byte < 127 or byte in b"\t\r\n" for byte in head[:64])
+
+
+def _torch_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a ``torch.save`` file, from its first and last bytes; None when it may be one.
+
+    ``torch.save`` writes a zip archive (whose end-of-central-directory record closes the file) or, in its legacy
+    format, a pickle (protocol 2+: first byte 0x80). torch's own errors for anything else are about its internals.
+    """
+    size = path.stat().st_size
+    if size == 0:
+        return f"the file is empty (0 bytes); {_AGAIN}"
+    with open(path, "rb") as handle:
+        head = handle.read(64)
+        handle.seek(max(0, size - (1 << 16) - 22))
+        tail = handle.read()
+    if head.startswith(b"PK\x03\x04"):
+        if b"PK\x05\x06" not in tail:
+            return f"truncated: the end of its zip archive is missing ({size} bytes; the copy was cut short?); {_AGAIN}"
+        return None
+    if head[:1] == b"\x80":
+        return None
+    if _looks_like_text(head):
+        return f"not a PyTorch checkpoint but a text file (it starts {head[:40].decode()!r}); {_AGAIN}"
+    return f"not a PyTorch checkpoint (neither a zip archive nor a pickle: corrupt, or another format); {_AGAIN}"
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a safetensors file, from its header (8-byte length, JSON, tensor offsets); None when
+    it may be one."""
+    import json
+
+    size = path.stat().st_size
+    if size == 0:
+        return f"the file is empty (0 bytes); {_AGAIN}"
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        text = handle.read(length) if 0 < length <= min(size - 8, 100 << 20) else handle.read(32)
+    if not text.startswith(b"{"):
+        if _looks_like_text(head + text[:32]):
+            return f"not a safetensors file but a text file (it starts {(head + text)[:40].decode()!r}); {_AGAIN}"
+        return f"not a safetensors file (its header is unreadable: corrupt, or another format); {_AGAIN}"
+    try:
+        header = json.loads(text)
+        end = max((entry["data_offsets"][1] for k, entry in header.items() if k != "__metadata__"), default=0)
+    except (ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError):
+        return f"not a safetensors file (its header is not valid: corrupt); {_AGAIN}"
+    if 8 + length + end > size:
+        return f"truncated: its header lists {8 + length + end} bytes, the file has {size}; {_AGAIN}"
+    return None
+
+
 def read_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
     """``torch.load(path, weights_only=True)`` onto the CPU: the package's one place that unpickles.
 
@@ -207,6 +264,9 @@ def read_torch_file(path: str | os.PathLike, *, mmap: bool = False) -> Any:
     path = Path(path)
     if not path.is_file():
         raise CheckpointNotFoundError(f"Checkpoint file not found: {path}")
+    problem = _torch_file_problem(path)
+    if problem is not None:
+        raise ValueError(f"Cannot read checkpoint {path}: {problem}")
     try:
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -293,6 +353,9 @@ def read_tensors(
             raise ValueError(f"Checkpoint {path} does not hold a state dict of tensors")
         data = data if isinstance(data, MutableMapping) else dict(data)
         return {key: place(key, data.pop(key)) for key in list(data)}  # pop: each CPU tensor freed once placed
+    problem = _safetensors_problem(path)
+    if problem is not None:
+        raise ValueError(f"Cannot read checkpoint {path}: {problem}")
     try:
         handle = _open_safetensors(path, device, dtype)
     except Exception as error:  # safetensors raises its own error type for a corrupt header
@@ -422,10 +485,19 @@ def check_keys(
         for k, v in expected.items()
         if k in state_dict and tuple(state_dict[k].shape) != tuple(v.shape)
     ]
-    if not (missing or unexpected or misshaped):
+    # Weights stored as integers or booleans (a wrong conversion) cannot become parameters, and copying them into
+    # float ones would silently round: refused by name, like a wrong shape.
+    mistyped = [
+        f"{k}: file {str(state_dict[k].dtype).removeprefix('torch.')} vs model "
+        f"{'floating point' if v.is_floating_point() else str(v.dtype).removeprefix('torch.')}"
+        for k, v in expected.items()
+        if k in state_dict and state_dict[k].is_floating_point() != v.is_floating_point()
+    ]
+    if not (missing or unexpected or misshaped or mistyped):
         return
     lines = [f"Checkpoint does not match {what}:"]
-    for title, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
+    groups = (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped), ("wrong-dtype", mistyped))
+    for title, items in groups:
         if items:
             shown = ", ".join(items[:12]) + (f", ... ({len(items) - 12} more)" if len(items) > 12 else "")
             lines.append(f"  {len(items)} {title} keys: {shown}")
@@ -486,6 +558,29 @@ def _load_named(path: Path, model: nn.Module, state_dict: MutableMapping[str, to
         load_into(model, state_dict, suggested)
     except CheckpointMismatchError as error:
         raise CheckpointMismatchError(f"{path}: {error}") from None
+    warn_if_not_finite(model, path)
+
+
+def warn_if_not_finite(model: nn.Module, source: str | os.PathLike, sample: int = 1 << 16) -> list[str]:
+    """Log a warning when a loaded model's weights hold NaN or infinite values (a model exported from a diverged
+    training run predicts garbage without any error); returns the names of those tensors.
+
+    Only the first ``sample`` values of each tensor are looked at, so the check costs little at any model size; a
+    diverged run leaves NaN throughout, and any tensor holding one makes the outputs NaN anyway.
+    """
+    tensors = [(n, t) for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_floating_point()]
+    bad = [name for name, tensor in tensors if not torch.isfinite(tensor.detach().reshape(-1)[:sample]).all()]
+    if bad:
+        logger.warning(
+            "%s: %d of %d weight tensors hold NaN or infinite values (%s%s): its outputs will be NaN or garbage; "
+            "was it exported from a training run that diverged?",
+            source,
+            len(bad),
+            len(tensors),
+            ", ".join(bad[:3]),
+            ", ..." if len(bad) > 3 else "",
+        )
+    return bad
 
 
 # ------------------------------------------------------------------------------------------------ public loaders
@@ -576,10 +671,26 @@ def load_model(
         raise CheckpointMismatchError(f"{path} holds a '{found}' model, not '{task}'")
     arch = infer_arch(state_dict, prefix="backbone.")
     head_config = infer_head_config(task, split_task_state(state_dict)[1])
-    model = build_model(task, arch, rope_dtype=rope_dtype, device="meta", **head_config)
+    size = {"input_size": trained} if (trained := file_input_size(path)) else {}  # the model's own input size
+    model = build_model(task, arch, rope_dtype=rope_dtype, device="meta", **size, **head_config)
     _load_named(path, model, state_dict, describe_arch(arch))
     logger.info("loaded %s %s from %s", task, describe_arch(arch), path)
     return model.eval()
+
+
+def file_input_size(path: str | os.PathLike) -> tuple[int, int] | None:
+    """The input size a weight file says its model was trained at (``input_size: "HxW"`` in the safetensors
+    metadata that ``sapiens2 export`` writes for a training run); None when it says none."""
+    if Path(path).suffix != ".safetensors":
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as handle:
+            height, sep, width = (handle.metadata() or {}).get("input_size", "").partition("x")
+        return (int(height), int(width)) if sep and int(height) > 0 and int(width) > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 def task_checkpoint_spec(state_dict: Mapping[str, torch.Tensor], task: str) -> tuple[Arch, dict[str, Any]]:
@@ -635,4 +746,5 @@ __all__ = [
     "resolve_checkpoint",
     "split_task_state",
     "task_checkpoint_spec",
+    "warn_if_not_finite",
 ]

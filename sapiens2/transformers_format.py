@@ -544,6 +544,10 @@ def _rope_periods(head_dim: int, rope_dtype: str | torch.dtype) -> torch.Tensor:
     return rope.periods
 
 
+# A transformers Sapiens2 block's key (``model.layer.3.``, ``model.model.layer.3.``); the official layout says blocks.
+_TRANSFORMERS_LAYER = re.compile(r"(^|\.)layer\.\d+\.")
+
+
 def convert_if_transformers(
     path: str | os.PathLike, state_dict: dict[str, torch.Tensor], rope_dtype: str | torch.dtype = "bf16"
 ) -> dict[str, torch.Tensor]:
@@ -560,6 +564,12 @@ def convert_if_transformers(
     folder = Path(path).parent
     config = read_transformers_config(folder)
     if config is None:
+        named = next((key for key in state_dict if _TRANSFORMERS_LAYER.search(key)), None)
+        if named is not None and not any(".blocks." in key or key.startswith("blocks.") for key in state_dict):
+            raise ValueError(
+                f"{path} holds Hugging Face transformers Sapiens2 weights (keys like {named!r}) but there is no "
+                f"Sapiens2 {CONFIG_NAME} beside it to read them by; put the folder's {CONFIG_NAME} next to it"
+            )
         return state_dict
     try:
         spec = spec_from_config(config, task=None if config.get("architectures") else _task_of_weights(state_dict))
@@ -609,8 +619,7 @@ def save_transformers(
         >>> save_transformers(load_model("seg", "my_seg.safetensors"), "my_seg_hf")
         >>> # transformers.Sapiens2ForSemanticSegmentation.from_pretrained("my_seg_hf")
     """
-    from safetensors.torch import save_file
-
+    from .data.io import write_safetensors
     from .models.backbone import Sapiens2
     from .models.task_model import TaskModel
 
@@ -644,6 +653,6 @@ def save_transformers(
     tensors = {k: v.to("cpu").contiguous() for k, v in transformers_keys(state, task).items()}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+    write_safetensors(folder / WEIGHTS_NAME, tensors, {"format": "pt"})
     (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return folder

@@ -20,10 +20,11 @@ KEYS = SHARED / "fixtures" / "keys"
 DATA = Path(__file__).resolve().parent / "data"
 
 
-def require(path: Path) -> Path:
-    """Return ``path`` if it exists; otherwise skip (locally) or fail (under CI=true)."""
+def require(path: Path, missing: str | None = None) -> Path:
+    """Return ``path`` if it exists; otherwise skip (locally) or fail (under CI=true) with ``missing`` (default: a
+    shared fixture is missing, set SAPIENS2_SHARED)."""
     if not path.exists():
-        message = f"fixture missing: {path} (set SAPIENS2_SHARED to the shared/ folder)"
+        message = missing or f"fixture missing: {path} (set SAPIENS2_SHARED to the shared/ folder)"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)
         pytest.skip(message)
@@ -114,3 +115,26 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
         paths[task] = folder / f"tiny_{task}.safetensors"
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(paths[task]))
     return paths
+
+
+def zeros_png(width: int, height: int, channels: int = 1) -> bytes:
+    """A valid 8-bit PNG of ``width`` x ``height`` black pixels (grey or RGB), built without holding its pixels: a
+    "pixel bomb" (32768x32000 RGB is 3 MB). The zlib stream repeats one raw-deflate segment of 4 MiB of zeros
+    (each ends in a full flush, so the copies are independent); the Adler-32 of n zero bytes is (n mod 65521)<<16|1.
+    """
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    def segment(size: int, mode: int) -> bytes:
+        compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+        return compressor.compress(bytes(size)) + compressor.flush(mode)
+
+    length = height * (1 + width * channels)  # a filter byte (0) per row, then the row
+    full, rest = divmod(length, 1 << 22)
+    stream = segment(1 << 22, zlib.Z_FULL_FLUSH) * full + segment(rest, zlib.Z_FINISH)
+    idat = b"\x78\xda" + stream + struct.pack(">I", ((length % 65521) << 16) | 1)
+    header = struct.pack(">IIBBBBB", width, height, 8, {1: 0, 3: 2}[channels], 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")

@@ -187,7 +187,7 @@ def test_cli_pose_on_a_one_pixel_image(tiny_checkpoints, tmp_path: Path, capsys)
     assert code == 0, capsys.readouterr().err
     record = json.loads((out / "one_pixel_pose.json").read_text())
     assert record["image_size"] == [1, 1] and len(record["instances"]) == 1
-    assert record["instances"][0]["bbox"] == [0, 0, 0, 0]
+    assert record["instances"][0]["bbox_xyxy"] == [0, 0, 0, 0]
     points = np.array(record["instances"][0]["keypoints"], dtype=float)  # null -> nan
     assert points.shape == (NUM_KEYPOINTS, 2) and np.isfinite(points).all()
 

@@ -26,8 +26,8 @@ def _run(capsys, *flags: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize("mode", ["fast", "reference"])
 def test_benchmark_prints_every_figure_for_a_task_model(tiny_checkpoints, capsys, mode):
     status, out, _ = _run(
-        capsys, "--task", "seg", "--model", str(tiny_checkpoints["seg"]), "--resolution", "64x48", "--mode", mode,
-        "--batch", "2", "--peak-tflops", "0.5",
+        capsys, "--task", "seg", "--model", str(tiny_checkpoints["seg"]), "--input-size", "64", "48", "--mode", mode,
+        "--batch-size", "2", "--peak-tflops", "0.5",
     )  # fmt: skip
     assert status == 0
     assert all(field in out for field in FIELDS), out
@@ -40,12 +40,12 @@ def test_benchmark_prints_every_figure_for_a_task_model(tiny_checkpoints, capsys
 def test_benchmark_of_a_backbone_file_and_mfu_only_with_a_peak_on_cpu(tmp_path, capsys):
     path = tmp_path / "tiny_backbone.safetensors"
     save_file({k: v.contiguous() for k, v in Sapiens2(TINY_ARCH).state_dict().items()}, str(path))
-    status, out, _ = _run(capsys, "--model", str(path), "--resolution", "64x48")
+    status, out, _ = _run(capsys, "--model", str(path), "--batch", "1", "--resolution", "64x48")  # deprecated flags
     assert status == 0 and "backbone custom" in out and "n/a (give --peak-tflops)" in out
 
 
 def test_flops_are_the_arch_table_backbone_plus_the_counted_head(tiny_checkpoints):
-    options = BenchmarkOptions(task="pose", model=str(tiny_checkpoints["pose"]), resolution=(64, 48), iters=1,
+    options = BenchmarkOptions(task="pose", model=str(tiny_checkpoints["pose"]), input_size=(64, 48), iters=1,
                                warmup=0, device="cpu")  # fmt: skip
     report = run_benchmark(options)
     # The tiny pose head: two 4x4 stride-2 deconvolutions, a 1x1 conv unit and the 308-channel output conv.
@@ -59,7 +59,7 @@ def test_flops_are_the_arch_table_backbone_plus_the_counted_head(tiny_checkpoint
     ("flags", "message"),
     [
         (["--compile", "--mode", "reference"], "--compile needs --mode fast"),
-        (["--batch", "0"], "--batch and --iters must be >= 1"),
+        (["--batch-size", "0"], "--batch-size and --iters must be >= 1"),
         (["--peak-tflops", "-1"], "--peak-tflops must be > 0"),
         (["--model", "no/such-model-anywhere"], "no/such-model-anywhere"),
     ],

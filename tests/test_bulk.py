@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tarfile
+import time
 
 import cv2
 import numpy as np
@@ -17,13 +18,14 @@ from sapiens2.bulk.sinks import webdataset_key
 class ColourJob(BulkJob):
     """Mean colour and size of each image, plus a small PNG blob; counts its calls in a file per process."""
 
-    def __init__(self, tag: str = "colour", fail_on: str | None = None) -> None:
-        self.tag, self.fail_on = tag, fail_on
+    def __init__(self, tag: str = "colour", fail_on: str | None = None, delay: float = 0.0) -> None:
+        self.tag, self.fail_on, self.delay = tag, fail_on, delay
 
     def fingerprint(self):
         return {"job": "colour", "tag": self.tag}
 
     def process(self, items):
+        time.sleep(self.delay)  # a slow device, for tests that kill a job mid-way
         outputs = []
         for item in items:
             if self.fail_on and self.fail_on in item.record.key:
@@ -166,3 +168,113 @@ def test_the_pipelined_reader_changes_nothing_but_timing(tmp_path):
     report = bulk(folder, tmp_path / "plain", sink="parquet", prefetch=False)
     assert (report.done, report.failed) == (7, 1)
     assert parquet_rows(tmp_path / "ahead") == parquet_rows(tmp_path / "plain")
+
+
+def test_broken_commits_and_job_json_are_named_set_aside_and_recomputed(tmp_path, capsys):
+    folder = make_images(tmp_path / "in", corrupt=False)
+    out = tmp_path / "out"
+    bulk(folder, out, sink="parquet")
+    commits = sorted((out / "_bulk" / "ledger").glob("*.json"))
+    truncated, emptied = commits[0], commits[1]
+    truncated.write_bytes(truncated.read_bytes()[:40])  # a commit cut short (disk full, a copy interrupted)
+    emptied.write_bytes(b"")
+    (out / "_bulk" / "job.json").write_bytes(b"")
+    capsys.readouterr()
+    report = bulk(folder, out, sink="parquet")
+    err = capsys.readouterr().err
+    assert str(truncated) in err and str(emptied) in err and "job.json" in err and "Traceback" not in err
+    assert (truncated.parent / f"{truncated.name}.broken").is_file()
+    assert (report.done, report.skipped) == (6, 1)  # shards of 3, 3 and 1: the two broken commits' items again
+    keys = [row["key"] for row in parquet_rows(out)]
+    assert sorted(keys) == sorted(set(keys)) and len(keys) == 7  # parts replaced under the same names, not doubled
+    assert bulk(folder, out, sink="parquet").skipped == 7
+
+
+def test_journal_lines_that_are_not_items_are_skipped(tmp_path):
+    ledger = Ledger(tmp_path)
+    ledger.start({"job": "x"})
+    (ledger.folder / "000-000000.journal.jsonl").write_bytes(
+        b'123\n"text"\n[1, 2]\nnull\n{"no": "key"}\n{"key": "a", "hash": "h", "status": "done"}\n{"key": "b", "ha'
+    )
+    assert ledger.done_hashes("000-000000") == {"a": "h"}
+    ledger.commit("000-000000", 0, [])
+    assert Ledger(tmp_path).entries() == {"a": Ledger(tmp_path).entries()["a"]} and len(Ledger(tmp_path).entries()) == 1
+
+
+def test_urls_without_their_fsspec_backend_fail_one_line_each_and_the_rest_is_done(tmp_path, capsys):
+    import importlib.util
+
+    missing = {scheme: package for scheme, package in (("s3", "s3fs"), ("gs", "gcsfs"), ("https", "aiohttp"))
+               if importlib.util.find_spec(package) is None}  # fmt: skip
+    if not missing:
+        pytest.skip("every backend of s3://, gs:// and https:// is installed")
+    folder = make_images(tmp_path / "in", count=2, corrupt=False)
+    lines = ["b/img_0.png", *(f"{scheme}://bucket/photo_{scheme}.png" for scheme in missing), "a/img_1.png"]
+    (folder / "list.txt").write_text("\n".join(lines) + "\n")
+    for _ in range(2):  # and again on the rerun
+        report = bulk(folder / "list.txt", tmp_path / "out")
+        err = capsys.readouterr().err
+        assert report.failed == len(missing) and report.done + report.skipped == 2
+        assert err.count("error:") == len(missing) and "Traceback" not in err
+        for scheme, package in missing.items():
+            assert f"{scheme}://bucket/photo_{scheme}.png" in err and f"pip install {package}" in err
+
+
+@pytest.mark.parametrize("sink", ["files", "parquet", "webdataset"])
+def test_clashing_manifest_entries_get_distinct_outputs_in_every_sink(tmp_path, sink, capsys):
+    from test_collections import _clashing_manifest
+
+    from sapiens2.data.collections import open_collection
+
+    manifest = _clashing_manifest(tmp_path)
+    out = tmp_path / "out"
+    report = bulk(manifest, out, sink=sink)
+    assert (report.done, report.failed) == (7, 0)
+    assert "list.txt:7" in capsys.readouterr().err  # a repeated line, read once
+    expected = {}
+    for record in open_collection(manifest).records():
+        expected[record.stem] = record.load_rgb()[:2, :2]  # ColourJob's thumbnail, as it stored it
+    if sink == "files":
+        thumbs = {str(p.relative_to(out))[: -len("_thumb.png")]: cv2.imread(str(p)) for p in out.rglob("*_thumb.png")}
+    elif sink == "parquet":
+        rows = parquet_rows(out)
+        assert len({row["key"] for row in rows}) == len(rows) == 7
+        thumbs = {row["stem"]: cv2.imread(str(out / row["thumb_png"])) for row in rows}
+    else:
+        thumbs = {}
+        for shard in (out / "shards").glob("*.tar"):
+            with tarfile.open(shard) as archive:
+                names = archive.getnames()
+                assert len(set(names)) == len(names)
+                for name in names:
+                    if name.endswith(".json"):
+                        meta = json.loads(archive.extractfile(name).read())
+                        data = archive.extractfile(name[: -len("json")] + "thumb.png").read()
+                        thumbs[meta["stem"]] = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        assert len({webdataset_key(stem) for stem in thumbs}) == 7
+    assert sorted(thumbs) == sorted(expected)
+    for stem, thumb in thumbs.items():  # each output is its own image's, none overwritten by another
+        np.testing.assert_array_equal(thumb, expected[stem])
+
+
+def test_an_item_whose_output_name_changed_is_redone_under_the_new_name(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    cv2.imwrite(str(folder / "a.png"), np.full((4, 4, 3), 50, np.uint8))
+    out = tmp_path / "out"
+    bulk(folder, out)
+    cv2.imwrite(str(folder / "a.jpg"), np.full((4, 4, 3), 200, np.uint8))  # sorts first: takes the name "a"
+    report = bulk(folder, out)
+    assert (report.done, report.skipped) == (2, 0)
+    assert cv2.imread(str(out / "a_png_thumb.png"))[0, 0, 0] == 50
+    assert abs(int(cv2.imread(str(out / "a_thumb.png"))[0, 0, 0]) - 200) <= 2  # JPEG
+    assert bulk(folder, out).skipped == 2
+
+
+def test_an_output_folder_that_is_the_input_folder_is_refused(tmp_path):
+    from sapiens2.data.collections import CollectionError
+
+    folder = make_images(tmp_path / "in", corrupt=False)
+    with pytest.raises(CollectionError, match="reads the output folder"):
+        bulk(folder, folder)
+    assert not (folder / "_bulk").exists()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
+
 import pytest
 from conftest import require_module
 from test_bulk_predict import files_of, photos, predict
@@ -18,12 +21,17 @@ def ray_instance():
     ray.shutdown()
 
 
-def test_ray_pipeline_writes_the_single_process_files_and_resumes(ray_instance, tiny_checkpoints, tmp_path, capsys):
+def test_ray_pipeline_writes_the_single_process_files_and_resumes(ray_instance, tiny_checkpoints, tmp_path, capsys,
+                                                                   caplog):  # fmt: skip
     inputs = photos(tmp_path / "in")
     one = ("--batch-size", "1")
     assert predict(tiny_checkpoints, [inputs], tmp_path / "one", "--device", "cpu", *one) == 1
     capsys.readouterr()
-    assert predict(tiny_checkpoints, [inputs], tmp_path / "ray", "--engine", "ray", "--devices", "cpu:2", *one) == 1
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        assert predict(tiny_checkpoints, [inputs], tmp_path / "ray", "--engine", "ray", "--devices", "cpu:2", *one) == 1
+    deprecations = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert deprecations == [] and "deprecated" not in caplog.text  # none from our calls to Ray (Data)
     captured = capsys.readouterr()
     assert "3 done, 1 failed, 0 skipped" in captured.out and "ray:" in captured.out
     assert captured.err.count("error:") == 1 and "broken.png" in captured.err
@@ -47,3 +55,4 @@ def test_ray_parquet_rows_equal_the_local_engine(ray_instance, tiny_checkpoints,
         parts = sorted((tmp_path / engine / "parts").glob("*.parquet"))
         rows[engine] = [row for part in parts for row in pq.read_table(part).to_pylist()]
     assert len(rows["ray"]) == 3 and rows["ray"] == rows["local"]
+

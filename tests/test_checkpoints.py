@@ -301,3 +301,88 @@ def test_read_state_dict_places_every_tensor_on_the_device_periods_keeping_their
     state = read_state_dict(tmp_path / "hf" / "model.safetensors", device="meta", dtype=torch.float16)
     assert all(tensor.is_meta for tensor in state.values())
     assert state["rope_embed.periods"].dtype == torch.bfloat16 and state["cls_token"].dtype == torch.float16
+
+
+def _tiny_seg_file(path, **change):
+    """A tiny seg task checkpoint (official layout) at ``path`` with ``change``: key -> function of its tensor."""
+    from sapiens2 import build_model
+
+    torch.manual_seed(0)
+    model = build_model("seg", TINY, input_size=(64, 48), deconv_out_channels=[16], deconv_kernel_sizes=[4],
+                        conv_out_channels=[8], conv_kernel_sizes=[1])  # fmt: skip
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    for key, function in change.items():
+        state[key] = function(state[key]).contiguous()
+    if str(path).endswith(".safetensors"):
+        save_file(state, str(path))
+    else:
+        torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_integer_or_boolean_weights_are_refused_by_name(dtype, suffix, tmp_path):
+    from sapiens2 import load_model
+
+    key = "decode_head.conv_seg.weight"
+    path = _tiny_seg_file(tmp_path / f"seg{suffix}", **{key: lambda t: t.to(dtype)})
+    name = str(dtype).removeprefix("torch.")
+    with pytest.raises(CheckpointMismatchError, match=f"1 wrong-dtype keys: {key}: file {name} vs model floating"):
+        load_model("seg", path)
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("empty", "the file is empty \\(0 bytes\\)"),
+        ("random", "not a (PyTorch checkpoint|safetensors file) \\("),
+        ("truncated", "truncated: "),
+        ("html", "not a (PyTorch checkpoint|safetensors file) but a text file \\(it starts '<!DOCTYPE html>"),
+    ],
+)
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_empty_random_truncated_or_text_checkpoints_get_one_line_naming_the_file(kind, message, suffix, tmp_path):
+    from sapiens2 import load_model
+
+    path = tmp_path / f"seg{suffix}"
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "random":
+        path.write_bytes(b"\x01" + os.urandom(4095))  # neither a pickle, a zip nor a plausible safetensors header
+    elif kind == "truncated":
+        whole = _tiny_seg_file(tmp_path / f"whole{suffix}").read_bytes()
+        path.write_bytes(whole[: len(whole) // 2])
+    else:
+        path.write_bytes(b"<!DOCTYPE html><html><body>Access denied</body></html>\n")
+    with pytest.raises(ValueError, match=message) as caught:
+        load_model("seg", path)
+    text = str(caught.value)
+    assert str(path) in text and "\n" not in text and "_use_new_zipfile" not in text and "weights_only" not in text
+
+
+def test_transformers_folder_without_config_json_says_so(tmp_path):
+    from sapiens2 import load_model
+    from sapiens2.transformers_format import save_transformers
+
+    folder = save_transformers(load_model("seg", _tiny_seg_file(tmp_path / "seg.safetensors")), tmp_path / "hf")
+    (folder / "config.json").unlink()
+    with pytest.raises(ValueError, match="holds Hugging Face transformers Sapiens2 weights .* no Sapiens2 config.json"):
+        load_model("seg", folder)
+
+
+def test_loading_nan_weights_warns_and_finite_ones_do_not(tmp_path, caplog):
+    from sapiens2 import load_model
+
+    finite = _tiny_seg_file(tmp_path / "finite.safetensors")
+    nan = tmp_path / "nan.safetensors"
+    save_file({k: torch.full_like(v, float("nan")) if k.startswith("decode_head") else v
+               for k, v in read_state_dict(finite).items()}, str(nan))  # fmt: skip
+    with caplog.at_level("WARNING", logger="sapiens2.checkpoints"):
+        load_model("seg", finite)
+        assert not caplog.records
+        model = load_model("seg", nan)
+    [record] = caplog.records
+    assert str(nan) in record.getMessage() and "hold NaN or infinite values" in record.getMessage()
+    assert "decode_head.conv_seg.weight" in record.getMessage() or "..." in record.getMessage()
+    assert torch.isnan(model(torch.zeros(1, 3, 64, 48))).all()  # what the warning is about

@@ -12,7 +12,7 @@ import sys
 import cv2
 import numpy as np
 import pytest
-from conftest import DATA, SHARED, TINY_ARCH, TINY_HEADS, TINY_INPUT, require
+from conftest import DATA, SHARED, TINY_ARCH, TINY_HEADS, TINY_INPUT, require, zeros_png
 
 from sapiens2.cli import main
 
@@ -241,7 +241,7 @@ def test_pointmap_input_size_that_the_scale_head_cannot_take_is_refused_naming_t
     # The tiny pointmap head was built for 256x192: its scale MLP takes a 2x2 grid of 128-pixel cells.
     assert run(tiny_checkpoints, ["pointmap"], [PHOTO], tmp_path / "out", input_size=(64, 48)) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert line.startswith("error: --input-size 64 48") and "--input-size 256 256" in line, line
+    assert line.startswith("error: --input-size 64 48") and "--input-size 256 192" in line, line
     assert not (tmp_path / "out").exists()
 
 
@@ -344,3 +344,92 @@ def test_predict_files_names_python_options_in_its_messages(tmp_path, capsys):
     assert "error: input_size=(100, 50): height and width must be multiples of 16" in capsys.readouterr().err
     assert predict_files(PredictOptions(tasks=["seg"], output=tmp_path, batch_size=0, sample=True)) == 2
     assert capsys.readouterr().err == "error: batch_size must be >= 1\n"
+
+
+@pytest.mark.parametrize(
+    "boxes, message",
+    [
+        ({"a.png": [[1, 2, 3]]}, "box 0 of 'a.png' must be [x1, y1, x2, y2] or [x1, y1, x2, y2, score]"),
+        ({"a.png": [[1, 2, 3, 4], [1, 2, 3, 4, 5, 6]]}, "box 1 of 'a.png' must be [x1, y1, x2, y2] or"),
+        ({"a.png": [1, 2, 3, 4]}, "'a.png' must be a list of boxes [[x1, y1, x2, y2(, score)], ...], got [1, 2, 3, 4]"),
+        ({"a.png": [["x", 2, 3, 4]]}, 'got ["x", 2, 3, 4]'),
+        ({"a.png": [[1, 2, float("nan"), 4]]}, "(finite numbers, pixels), got [1, 2, NaN, 4]"),
+        ({"images": [{"id": 1, "file_name": "a.png"}], "annotations": [{"image_id": 1, "bbox": [1, 2, 3]}]},
+         "annotation 0 bbox must be [x, y, width, height]"),
+    ],
+)  # fmt: skip
+def test_boxes_of_the_wrong_shape_are_one_line_naming_the_file(tmp_path, capsys, boxes, message):
+    path = tmp_path / "boxes.json"
+    path.write_text(json.dumps(boxes))
+    argv = ["predict", "--task", "pose", str(PHOTO), "-o", str(tmp_path / "out"), "--boxes", str(path)]
+    assert main([*argv, "--model", str(tmp_path / "no_model.safetensors")]) == 2  # refused before any model
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith(f"error: boxes file {path}: ") and message in error, error
+
+
+def test_pixel_bomb_is_refused_from_its_header_and_its_batch_goes_on(tiny_checkpoints, tmp_path, capsys):
+    # The issue's file: a 3 MB PNG of 32768x32000 RGB pixels (6 GB once decoded), in one batch with a photo.
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "bomb.png").write_bytes(zeros_png(32768, 32000, channels=3))
+    shutil.copy(PHOTO, folder / "photo.png")
+    out = tmp_path / "out"
+    assert run(tiny_checkpoints, ["seg"], [folder], out, "--batch-size", "2") == 1
+    captured = capsys.readouterr()
+    line = one_error_line(captured.err)
+    assert "bomb.png" in line and "32768x32000 pixels (1048.6 megapixels)" in line, line
+    assert line.endswith("over the limit of 200 megapixels; raise the limit with --max-megapixels 1100"), line
+    assert (out / "photo_seg.png").is_file() and not (out / "bomb_seg.png").exists()
+    assert "1 images" in captured.out and "1 inputs failed" in captured.out
+    # The limit is a flag; below a photo's size it refuses that too, in the flag's words.
+    assert run(tiny_checkpoints, ["seg"], [PHOTO], tmp_path / "small", "--max-megapixels", "0.1") == 1
+    assert "0.3 megapixels) is over the limit of 0.1 megapixels" in one_error_line(capsys.readouterr().err)
+    with pytest.raises(SystemExit) as exited:
+        run(tiny_checkpoints, ["seg"], [PHOTO], tmp_path / "small", "--max-megapixels", "0")
+    assert exited.value.code == 2 and "--max-megapixels: must be a number > 0" in capsys.readouterr().err
+
+
+_OUT_OF_MEMORY_RUN = """
+import re, resource, sys
+from pathlib import Path
+from sapiens2.predict import PredictOptions, predict_files
+
+photo, big, model, out = sys.argv[1:5]
+def options(inputs, folder):
+    return PredictOptions(tasks=["normal"], inputs=inputs, output=folder, models={"normal": model}, device="cpu",
+                          input_size=(64, 48), batch_size=2)
+assert predict_files(options([photo], Path(out) / "warm-up")) == 0
+# Address space for what this process has used so far plus 160 MB: enough to read the 16-megapixel image (96 MB),
+# not for its full-resolution normals (several 192 MB float32 arrays).
+peak = int(re.search(r"VmPeak:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (peak + (160 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+sys.exit(predict_files(options([photo, big], Path(out) / "run")))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="address-space limit and /proc/self/status")
+def test_an_image_that_exhausts_memory_fails_alone_not_its_whole_batch(tiny_checkpoints, tmp_path):
+    (tmp_path / "big.png").write_bytes(zeros_png(4000, 4000))  # 16 megapixels: within --max-megapixels
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-c", _OUT_OF_MEMORY_RUN, str(PHOTO), str(tmp_path / "big.png"),
+               str(tiny_checkpoints["normal"]), str(tmp_path)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 1, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "big.png: normal failed" in errors[0], result.stderr[-2000:]
+    assert "allocate" in errors[0]
+    assert (tmp_path / "run" / "astronaut_normal.npy").is_file(), "the photo of the same batch was blamed too"
+    assert not (tmp_path / "run" / "big_normal.npy").exists()
+
+
+def test_predictor_takes_the_detector_as_the_cli_does(tiny_checkpoints, tmp_path):
+    from sapiens2 import Predictor
+
+    for none in ("none", "None", None):  # the CLI's word and Python's value: no detector, the whole image
+        predictor = Predictor("pose", tiny_checkpoints["pose"], detector=none, device="cpu", input_size=(64, 48))
+        assert predictor.detector is None
+    with pytest.raises(FileNotFoundError) as error:
+        Predictor("pose", tiny_checkpoints["pose"], detector=tmp_path / "rtmdet_m.pth", device="cpu")
+    message = str(error.value)
+    assert message.startswith("detector=") and "no such file" in message and "'none'" in message, message
+    assert "checkpoint not found: none" not in message and "to download it" not in message

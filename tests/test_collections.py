@@ -70,12 +70,14 @@ def test_text_manifest_relative_absolute_and_file_urls_with_comments(tmp_path):
     manifest.parent.mkdir()
     absolute = root / "day1" / "a.png"
     manifest.write_text(f"# a comment\n../photos/a.png\n\n{absolute}\n{absolute.as_uri()}\n")
-    records = list(open_collection(manifest, shard_size=2).records())
-    assert [r.key for r in records] == ["../photos/a.png", str(absolute), absolute.as_uri()]
-    assert {r.read_bytes() for r in records[1:]} == {absolute.read_bytes()}
+    collection = open_collection(manifest, shard_size=2)
+    records = list(collection.records())
+    assert [r.key for r in records] == ["../photos/a.png", str(absolute)]  # the file:// line: the same image
+    assert records[1].read_bytes() == absolute.read_bytes()
     assert records[0].read_bytes() == (root / "a.png").read_bytes()
-    assert records[0].stem == "photos/a"  # no way out of the output folder
+    assert records[0].stem == "_parent/photos/a"  # no way out of the output folder
     assert records[1].stem == str(absolute.with_suffix("")).lstrip("/")
+    assert collection.count() == 2 and "images.txt:5" in collection.warnings()[0]
 
 
 @settings(max_examples=15, deadline=None)
@@ -181,3 +183,69 @@ def test_missing_inputs_are_refused_at_open(tmp_path):
         open_collection([tmp_path / "nowhere"])
     with pytest.raises(CollectionError, match="matches no tar shards"):
         open_collection(str(tmp_path / "*.tar"))
+
+
+def _clashing_manifest(tmp_path):
+    """A manifest whose 13 entries are 7 images that want 4 output names (and a WebDataset key clash)."""
+    for folder, value in (("m/imgs", 10), ("imgs", 60)):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "a.png").write_bytes(_png(value))
+        (tmp_path / folder / "b.png").write_bytes(_png(value + 1))
+        cv2.imwrite(str(tmp_path / folder / "b.jpg"), np.full((4, 4, 3), value + 2, np.uint8))
+    (tmp_path / "m/imgs/c.d.png").write_bytes(_png(90))
+    (tmp_path / "m/imgs/c_d.png").write_bytes(_png(91))
+    outside = (tmp_path / "imgs/a.png").resolve()
+    lines = ["imgs/a.png", "../imgs/a.png", "imgs/b.png", "imgs/b.jpg", "imgs/c.d.png", "imgs/c_d.png",
+             "imgs/a.png", "./imgs/a.png", str((tmp_path / "m/imgs/b.png").resolve()), outside.as_uri(),
+             str(outside), "../imgs/b.jpg", "imgs/b.jpg"]  # fmt: skip
+    manifest = tmp_path / "m" / "list.txt"
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest
+
+
+@pytest.mark.parametrize("shard_size", [1, 4, 100])
+def test_manifest_output_names_are_unique_and_repeated_entries_are_read_once(tmp_path, shard_size):
+    from sapiens2.data.collections import name_identity
+
+    manifest = _clashing_manifest(tmp_path)
+    collection = open_collection(manifest, shard_size=shard_size)
+    records = list(collection.records())
+    assert [r.key for r in records] == ["imgs/a.png", "../imgs/a.png", "imgs/b.png", "imgs/b.jpg", "imgs/c.d.png",
+                                        "imgs/c_d.png", "../imgs/b.jpg"]  # fmt: skip
+    assert [r.stem for r in records] == ["imgs/a", "_parent/imgs/a", "imgs/b", "imgs/b_jpg", "imgs/c.d",
+                                         "imgs/c_d_png", "_parent/imgs/b"]  # fmt: skip
+    assert len({name_identity(r.stem) for r in records}) == len(records) == collection.count()
+    assert len({r.read_bytes() for r in records}) == len(records)  # seven different images
+    warnings = "\n".join(collection.warnings())
+    for line in (7, 8, 9, 10, 11, 13):  # the repeats, named by their line
+        assert f"list.txt:{line}:" in warnings
+    assert "list.txt:4: 'imgs/b.jpg' would write outputs named 'imgs/b' like " in warnings
+
+
+def test_same_stem_files_in_folders_and_tars_with_one_name_get_distinct_names(tmp_path):
+    root = _tree(tmp_path / "photos")
+    (root / "a_png.jpg").write_bytes((root / "a.jpg").read_bytes())
+    for folder in ("x", "y"):
+        (tmp_path / folder).mkdir()
+        with tarfile.open(tmp_path / folder / "000.tar", "w") as archive:
+            data = _png(5 if folder == "x" else 6)
+            info = tarfile.TarInfo("s1.png")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    records = list(open_collection([root, tmp_path / "x/000.tar", tmp_path / "y/000.tar"]).records())
+    stems = {r.key: r.stem for r in records}
+    assert stems["a.jpg"] == "a" and stems["a_png.jpg"] == "a_png" and stems["a.png"] == "a_png_2"
+    assert [r.stem for r in records if r.data is not None] == ["000/s1", "000_2/s1"]
+
+
+def test_an_input_folder_that_is_the_output_folder_is_refused_and_an_inner_one_skipped(tmp_path):
+    root = _tree(tmp_path / "photos")
+    with pytest.raises(CollectionError, match="reads the output folder"):
+        open_collection([root], skip=root)
+    with pytest.raises(CollectionError, match="reads the output folder"):
+        open_collection([str(root / "*.png")], skip=root)
+    (root / "out").mkdir()
+    (root / "out" / "a_thumb.png").write_bytes(_png(9))
+    pattern = str(root / "**" / "*.png")
+    keys = [r.key for r in open_collection([pattern], skip=root / "out").records()]
+    assert keys and not any(key.startswith("out/") for key in keys)

@@ -38,6 +38,12 @@ INPUT_SIZE = (256, 192)  # the tiny pointmap head's grid (conftest.TINY_INPUT), 
 WAIT_MS = 60_000
 
 
+def require_chromium(path: Path = CHROMIUM) -> Path:
+    """The browser, or (locally) a skip / (under CI=true) a failure that says Chromium is missing and how to fix it."""
+    return require(path, f"Chromium is missing: no browser at {path} (apt install chromium, or set SAPIENS2_CHROMIUM "
+                         "to a Chromium executable)")  # fmt: skip
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -50,7 +56,7 @@ def site(tiny_checkpoints, tmp_path_factory):
     not cached) and one Chromium page on it."""
     require_module("gradio")
     sync_api = require_module("playwright.sync_api")
-    chromium = require(CHROMIUM)
+    chromium = require_chromium()
     from huggingface_hub import constants
 
     from sapiens2.demo import DemoOptions, launch
@@ -270,6 +276,7 @@ def test_short_video_tab_plays_the_overlay_and_offers_predicts_files(site, tiny_
     from videoclips import moving_crops, write_clip
 
     from sapiens2 import Predictor
+    from sapiens2.video import VideoOptions, predict_video
 
     clip = write_clip(site.folder / "clip.mp4", list(moving_crops(6)))
     page = site.page
@@ -286,7 +293,7 @@ def test_short_video_tab_plays_the_overlay_and_offers_predicts_files(site, tiny_
     assert {"clip_frames.jsonl", "clip_overlay.mp4", "clip_video.json"} <= names
     got = download(page, "clip_frames.jsonl", site.folder, "#video-downloads")
     pose = Predictor("pose", tiny_checkpoints["pose"], device="cpu", input_size=INPUT_SIZE, detector=None)
-    report = pose.video(clip, site.folder / "video_predict", end=site.options.max_video_frames)
+    report = predict_video(pose, clip, site.folder / "video_predict", VideoOptions(end=site.options.max_video_frames))
     assert report.error is None
     assert got.read_bytes() == (site.folder / "video_predict" / "clip_frames.jsonl").read_bytes()
     screenshot(page, site.folder, "demo_video.png")
@@ -317,3 +324,15 @@ def test_a_second_request_waits_in_the_queue_and_sees_its_place(site):
     assert_size(second, "view-seg", (512, 512))
     second.close()
     set_tasks(first, TASKS)
+
+
+def test_a_missing_chromium_says_so_and_fails_under_ci(tmp_path, monkeypatch):
+    nowhere = tmp_path / "no_chromium"
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception) as failure:
+        require_chromium(nowhere)
+    message = str(failure.value)
+    assert f"Chromium is missing: no browser at {nowhere}" in message and "SAPIENS2_SHARED" not in message
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.skip.Exception, match="Chromium is missing"):
+        require_chromium(nowhere)

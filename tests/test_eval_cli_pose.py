@@ -72,15 +72,13 @@ def test_cli_pose_report_equals_evaluate_pose_and_writes_coco_results(demo, tiny
     assert results == out / "pose_results.json"
     assert sorted(p.name for p in out.iterdir()) == ["pose_group_ap.png", "pose_results.json", "report.json",
                                                     "report.md"]  # fmt: skip
-    direct_results = json.loads((tmp_path / "direct.json").read_text())["annotations"]
-    assert json.loads(results.read_text())["annotations"] == direct_results
-    loaded = COCO(str(results))
-    assert len(loaded.getAnnIds()) == direct.counts["people"] and loaded.getImgIds()
+    direct_results = json.loads((tmp_path / "direct.json").read_text())
+    assert json.loads(results.read_text()) == direct_results  # a COCO results array
     truth = COCO()
     truth.dataset = read_pose_labels(demo, "val").gt
     truth.createIndex()
-    detections = truth.loadRes(json.loads(results.read_text())["annotations"])
-    assert len(detections.getAnnIds()) == direct.counts["people"]
+    detections = truth.loadRes(str(results))
+    assert len(detections.getAnnIds()) == direct.counts["people"] and detections.getImgIds()
     chart = cv2.imread(written["plots"]["pose_group_ap"])
     assert chart is not None and (chart < 250).any()
 
@@ -173,7 +171,7 @@ def test_bad_pose_data_fails_before_any_model_loads(tmp_path, capsys):
     argv = ["eval", "--task", "pose", "--model", str(missing_model), "--data", str(root)]
     assert main(argv) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "annotations.json: annotation 1 has 921 keypoint numbers" in error
+    assert error.count("\n") == 1 and "annotations.json: annotation 1 (id 1) has 921 keypoint numbers" in error
     assert main([*argv, "--keypoint-format", "coco17"]) == 2
     assert "expected 51" in capsys.readouterr().err
     assert main(["eval", "--task", "pose", "--model", "x", "--data", str(tmp_path / "nowhere")]) == 2
@@ -202,3 +200,27 @@ def test_unreadable_image_is_counted_in_the_pose_report(tmp_path, tiny_checkpoin
     assert report.counts["skipped"] == 1 and report.counts["images"] == 2
     assert "demo_002.png" in report.skipped[0] and "demo_002.png" in report.to_markdown()
     assert np.isfinite(report.metrics["body17/AP"])
+
+
+def test_cli_eval_exits_1_after_skipping_an_unreadable_image(tmp_path, tiny_checkpoints, capsys):
+    root = make_demo_dataset("pose", tmp_path / "pose", num_images=2)
+    argv = ["eval", "--task", "pose", "--model", str(tiny_checkpoints["pose"]), "--data", str(root), *TINY]
+    assert main([*argv, "-o", str(tmp_path / "clean")]) == 0
+    capsys.readouterr()
+    (root / "images" / "demo_001.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    assert main([*argv, "-o", str(tmp_path / "out")]) == 1  # as predict: a run in which items failed
+    captured = capsys.readouterr()
+    assert "demo_001.png" in captured.out  # the report lists it
+    assert captured.err.count("\n") == 1 and "1 sample(s) could not be read and were skipped" in captured.err
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["counts"]["skipped"] == 1
+
+
+def test_cli_keypoints_given_as_strings_are_one_line_naming_the_file(tmp_path, capsys):
+    root = make_demo_dataset("pose", tmp_path / "pose", num_images=2)
+    path = root / "annotations.json"
+    data = json.loads(path.read_text())
+    data["annotations"][0]["keypoints"] = " ".join(str(v) for v in data["annotations"][0]["keypoints"])
+    path.write_text(json.dumps(data))
+    assert main(["eval", "--task", "pose", "--model", str(tmp_path / "none.safetensors"), "--data", str(root)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"{path}: annotation 0 (id 0): keypoints must be a list of numbers" in error

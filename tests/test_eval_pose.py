@@ -86,7 +86,7 @@ def _oracle(gt_file_root, results_path):
     labels = read_pose_labels(gt_file_root, "val")
     gt = labels.gt
     written = json.loads(results_path.read_text())
-    results = [{k: r[k] for k in ("image_id", "category_id", "keypoints", "score")} for r in written["annotations"]]
+    results = [{k: r[k] for k in ("image_id", "category_id", "keypoints", "score")} for r in written]
     body = SUBSET_IDS["body"]
     expected = {}
     for name, subset in SUBSET_OF.items():
@@ -118,7 +118,7 @@ def test_tiny_model_run_equals_pycocotools(demo, predictor, tmp_path):
     results_path = tmp_path / "results.json"
     report = evaluate_pose(predictor, demo, boxes="gt", progress=False, results_path=results_path)
     _, gt = _assert_equal_to_oracle(report, demo, results_path)
-    written = json.loads(results_path.read_text())["annotations"]
+    written = json.loads(results_path.read_text())  # a COCO results array
     assert report.counts == {"images": 6, "images_with_people": 6, "people": len(written), "ground_truth": 8,
                              "skipped": 0}  # fmt: skip
     # 7 people are predicted; a random model gives both people of image 0 the same pose, which OKS-NMS merges.
@@ -168,27 +168,32 @@ def test_detector_boxes_come_from_the_predictor(demo, predictor, tmp_path):
         calls.append(len(images))
         return [boxes[image.tobytes()] for image in images]
 
+    used = []  # (image size, (N, 4) xyxy boxes of the people the predictor returned)
+
+    def recording(image, boxes=None):
+        pose = predictor(image, boxes=boxes)
+        used.append((image.shape[:2], pose.boxes))
+        return pose
+
     gt_run = evaluate_pose(predictor, demo, boxes="gt", progress=False)
     predictor.detector = gt_detector
     try:
-        same = evaluate_pose(predictor, demo, boxes="detector", progress=False, results_path=tmp_path / "det.json")
+        same = evaluate_pose(recording, demo, boxes="detector", progress=False)
     finally:
         predictor.detector = None
+    detected = np.concatenate([found for _, found in used])
     # No detector: one whole-image box per image.
-    whole = evaluate_pose(predictor, demo, boxes="detector", progress=False, results_path=tmp_path / "whole.json")
+    used.clear()
+    whole = evaluate_pose(recording, demo, boxes="detector", progress=False)
     assert sum(calls) == 6
     # The two people of image 0 overlap by IoU > 0.3, so the detector path's box NMS keeps one of them.
-    assert same.counts["people"] == 6 and gt_run.counts["people"] >= 6
-    for record in json.loads((tmp_path / "det.json").read_text())["annotations"]:
-        x, y, w, h = labels.people[record["image_id"]].T
-        height, width = sizes[record["image_id"]]
-        given = np.clip(np.stack([x, y, x + w, y + h], 1), 0, [width - 1, height - 1] * 2)
-        given[:, 2:] -= given[:, :2]
-        assert np.isclose(given, record["bbox"], atol=1e-3).all(axis=1).any()
+    assert same.counts["people"] == 6 and gt_run.counts["people"] >= 6 and len(detected) == 6
+    given_boxes = np.concatenate(list(boxes.values()))[:, :4]
+    for box in detected:  # every box the predictor used is one of the annotations' people
+        assert np.isclose(given_boxes, box, atol=1e-3).all(axis=1).any()
     assert whole.counts["people"] == 6
-    for record in json.loads((tmp_path / "whole.json").read_text())["annotations"]:
-        height, width = sizes[record["image_id"]]
-        assert record["bbox"] == [0, 0, width - 1, height - 1]
+    for (height, width), found in used:
+        assert found.tolist() == [[0, 0, width - 1, height - 1]]
 
 
 def test_corrupt_image_is_skipped_and_counted(demo, predictor, tmp_path):
@@ -212,7 +217,7 @@ def test_bad_annotations_fail_before_any_prediction(tmp_path):
     short = json.loads(json.dumps(data))
     short["annotations"][1]["keypoints"] = short["annotations"][1]["keypoints"][:-3]
     path.write_text(json.dumps(short))
-    with pytest.raises(ValueError, match=r"annotations\.json: annotation 1 has 921 keypoint numbers, expected 924"):
+    with pytest.raises(ValueError, match=r"annotation 1 \(id 1\) has 921 keypoint numbers, expected 924"):
         evaluate_pose(never, root, progress=False)
     with pytest.raises(ValueError, match="expected 51"):
         evaluate_pose(never, root, keypoint_format="coco17", progress=False)
@@ -227,6 +232,63 @@ def test_bad_annotations_fail_before_any_prediction(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="boxes must be"):
         evaluate_pose(never, root, boxes="oracle", progress=False)
+
+
+def _first_labelled(keypoints: list) -> int:
+    return next(k for k in range(len(keypoints) // 3) if keypoints[3 * k + 2] > 0)
+
+
+def _spoil(record: dict, how: str) -> None:
+    """Make one annotation bad in the way ``how`` names (as a careless converter or a hand edit would)."""
+    keypoints, k = record["keypoints"], _first_labelled(record["keypoints"])
+    if how == "nan keypoint":
+        keypoints[3 * k] = float("nan")
+    elif how == "infinite keypoint":
+        keypoints[3 * k + 1] = float("inf")
+    elif how == "negative keypoint":
+        keypoints[3 * k] = -12.0
+    elif how == "negative visibility":
+        keypoints[3 * 0 + 2] = -1
+    elif how == "nan bbox":
+        record["bbox"][2] = float("nan")
+    elif how == "negative bbox":
+        record["bbox"][3] = -40.0
+    elif how == "string keypoints":
+        record["keypoints"] = " ".join(str(v) for v in keypoints)
+    elif how == "keypoints of strings":
+        record["keypoints"] = [str(v) for v in keypoints]
+    elif how == "nan area":
+        record["area"] = float("nan")
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("nan keypoint", r"annotation 1 \(id 1\) has a non-finite keypoint: keypoint \d+ is \(x, y, v\) = \(nan, "),
+        ("infinite keypoint", r"annotation 1 \(id 1\) has a non-finite keypoint: keypoint \d+ is .*inf"),
+        ("negative keypoint", r"annotation 1 \(id 1\) has a negative keypoint: keypoint \d+ is .* = \(-12.0, "),
+        ("negative visibility", r"annotation 1 \(id 1\) has a negative keypoint: keypoint 0 is .*-1.0\)"),
+        ("nan bbox", r"annotation 1 \(id 1\) has a non-finite bbox \[.*nan"),
+        ("negative bbox", r"annotation 1 \(id 1\) has a negative bbox \[.*-40.0\]"),
+        ("string keypoints", r"annotation 1 \(id 1\): keypoints must be a list of numbers .*got a string"),
+        ("keypoints of strings", r"annotation 1 \(id 1\): keypoints must be .*got a string '[0-9.]+' at position 0"),
+        ("nan area", r"annotation 1 \(id 1\): area must be a number >= 0, got nan"),
+    ],
+)
+def test_nan_negative_or_string_annotations_are_refused_naming_the_annotation(tmp_path, how, message):
+    root = make_demo_dataset("pose", tmp_path / "bad", num_images=2)
+    path = root / "annotations.json"
+    data = json.loads(path.read_text())
+    _spoil(data["annotations"][1], how)
+    path.write_text(json.dumps(data))  # NaN and Infinity as Python's json writes (and reads) them
+
+    def never(*args, **kwargs):
+        raise AssertionError("the predictor must not run on a bad annotations file")
+
+    with pytest.raises(ValueError, match=message) as error:
+        evaluate_pose(never, root, progress=False)
+    assert str(error.value).startswith(f"{path}: annotation 1") and "\n" not in str(error.value)
+    assert len(str(error.value)) < 300  # one readable line, not the whole keypoint list
 
 
 def test_split_file_selects_images(demo, predictor, tmp_path):

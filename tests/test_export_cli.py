@@ -12,7 +12,7 @@ import torch
 from conftest import DATA, require_module
 from test_train import tiny_config
 
-from sapiens2 import cli, load_model
+from sapiens2 import Predictor, cli, load_model
 from sapiens2.export.runtime import load_network
 from sapiens2.train.demo_data import make_demo_dataset
 from sapiens2.train.trainer import fit
@@ -94,3 +94,47 @@ def test_an_onnx_file_decides_the_input_size_when_none_is_given(tiny_checkpoints
     assert cli.main([*argv, "--device", "cpu", "--input-size", "128", "96"]) == 2
     error = capsys.readouterr().err
     assert "--input-size" in error and "64x48" in error and error.count("\n") == 1, error
+    # eval (and --compare) adopt the file's size as predict does, instead of refusing it for not being 1024x768
+    data = make_demo_dataset("seg", tmp_path / "data", num_images=1)
+    evaluate = ["eval", "--task", "seg", "--data", str(data), "--device", "cpu"]
+    assert cli.main([*evaluate, "--model", str(onnx)]) == 0, capsys.readouterr().err
+    assert cli.main([*evaluate, "--compare", str(onnx), str(onnx)]) == 0, capsys.readouterr().err
+
+
+def test_exports_are_made_at_the_size_the_model_was_trained_or_built_for(seg_run, tiny_checkpoints, tmp_path, capsys):
+    # A training run at 64x48 exports at 64x48 (not 1024x768); its weights file says so to every loader.
+    assert cli.main(["export", str(seg_run), "-o", str(tmp_path / "run.pt2")]) == 0, capsys.readouterr().err
+    assert load_network(tmp_path / "run.pt2", "seg").input_size == (64, 48)
+    assert cli.main(["export", str(seg_run), "-o", str(tmp_path / "run.safetensors")]) == 0
+    assert Predictor("seg", tmp_path / "run.safetensors", device="cpu").input_size == (64, 48)
+    # A pointmap model exports at the size its scale MLP takes (the tiny one: 256x192), and a size it cannot take
+    # is refused naming the one to pass.
+    pointmap = ["export", str(tiny_checkpoints["pointmap"]), "--task", "pointmap"]
+    assert cli.main([*pointmap, "-o", str(tmp_path / "pointmap.pt2")]) == 0, capsys.readouterr().err
+    assert load_network(tmp_path / "pointmap.pt2", "pointmap").input_size == (256, 192)
+    assert cli.main([*pointmap, "-o", str(tmp_path / "bad.pt2"), *SIZE]) == 2
+    error = capsys.readouterr().err
+    assert "pass 256x192" in error and error.count("\n") == 1, error
+
+
+def test_the_output_name_decides_the_format(tiny_checkpoints, tmp_path, capsys):
+    seg = ["export", str(tiny_checkpoints["seg"]), "--task", "seg", *SIZE]
+    assert cli.main([*seg, "-o", str(tmp_path / "seg.pt2")]) == 0  # no --format: pt2 from the name, not ONNX bytes
+    assert load_network(tmp_path / "seg.pt2", "seg").input_size == (64, 48)
+    refusals = {
+        ("-o", "seg.xyz"): "unknown file suffix '.xyz'",
+        ("-o", "seg.pt2", "--format", "onnx"): "names a pt2 file but --format is onnx",
+        ("-o", "seg", "--format", "onnx"): "a --format onnx file ends in .onnx",
+        ("-o", "seg.onnx", "--format", "transformers"): "writes a folder",
+        ("-o", "seg"): "give the file a format suffix",
+    }
+    for flags, problem in refusals.items():
+        flags = [str(tmp_path / flag) if flag.startswith("seg") else flag for flag in flags]
+        assert cli.main([*seg, *flags]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("sapiens2 export: -o ") and problem in error and error.count("\n") == 1, error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seg.pt2"]  # nothing written by a refusal
+    with pytest.raises(ValueError, match="name it seg.onnx"):
+        from sapiens2.export import export_onnx
+
+        export_onnx(load_model("seg", tiny_checkpoints["seg"]), tmp_path / "seg.pt2", input_size=(64, 48))

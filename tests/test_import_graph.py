@@ -1,13 +1,20 @@
-"""Layering: the imports between sapiens2's subpackages and top-level modules form no cycle, the fact tables
-(``tasks``, ``metadata``) import nothing from sapiens2, and the bottom layers (``models``, ``data``) nothing but them.
+"""Layering: the imports of sapiens2 form no cycle, between packages or between modules, follow the layer diagram of
+``docs/architecture.md`` downwards only, and take no private name from another module.
 
 Every module is parsed with ``ast``; imports at any depth count (lazy ones inside functions, ``TYPE_CHECKING``
-blocks), relative and absolute alike. A graph node is ``sapiens2.<first name>``: a subpackage or a top-level module.
+blocks), relative and absolute alike. Two graphs: modules (``sapiens2.pose.topdown``), and nodes (``sapiens2.<first
+name>``: a subpackage or a top-level module; ``sapiens2`` itself is the package's ``__init__``, the public API).
+
+The private-name rule: a name with one leading underscore (``_build``, ``_Track``; not ``__version__``) belongs to
+the module that defines it. No other module imports it, reads it off an imported module, or re-exports it, not even
+its own package's ``__init__``: a piece two modules share gets a public name and a home below both.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -16,17 +23,16 @@ from conftest import REPO
 
 PACKAGE = REPO / "sapiens2"
 ROOT = "sapiens2"
+ARCHITECTURE = REPO / "docs" / "architecture.md"
 # The fact tables every layer may read: the task table and the packaged asset metadata.
 FACTS = ("sapiens2.tasks", "sapiens2.metadata")
-# Packages that must stay at the bottom: networks (models), image io and transforms (data), and the fact tables.
-LEAVES = ("sapiens2.models", "sapiens2.data", *FACTS)
-# Upward calls allowed as a lazy import inside one named method only: (file, imported node). Predictor.video hands
-# the predictor to the video package, which sits above predict; the edge is left out of the cycle check.
-UPWARD_HOOKS = {("sapiens2/predict/predictor.py", "sapiens2.video")}
+# Packages that must stay at the bottom: networks (models), image io and transforms (data), the typed YAML reader,
+# and the fact tables.
+LEAVES = ("sapiens2.models", "sapiens2.data", "sapiens2.yaml_config", *FACTS)
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -35,44 +41,70 @@ def _node(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-def _is_submodule(module: str) -> bool:
+def _is_submodule(module: str, package: Path = PACKAGE) -> bool:
     relative = Path(*module.split(".")[1:])
-    return (PACKAGE / relative).is_dir() or (PACKAGE / relative).with_suffix(".py").is_file()
+    return (package / relative).is_dir() or (package / relative).with_suffix(".py").is_file()
 
 
-def _imported_modules(path: Path) -> list[tuple[str, int]]:
-    """(absolute module name, line) of every sapiens2 import in a file, at any depth."""
-    module = _module_name(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+def _aliases(node: ast.Import | ast.ImportFrom, parent: str, package: Path) -> list[tuple[ast.alias, str, str | None]]:
+    """(alias, absolute module, name taken from it or None) for each name an import statement takes from the package.
+
+    ``from a import b`` where ``a.b`` is a module gives (``a.b``, None); where ``b`` is a name, (``a``, ``b``).
+    """
+    if isinstance(node, ast.Import):
+        found = [(alias, alias.name, None) for alias in node.names]
+    else:
+        if node.level:
+            base = parent.split(".")[: len(parent.split(".")) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        # ``from sapiens2 import checkpoints`` / ``from .. import pose`` name submodules, not the root.
+        found = []
+        for alias in node.names:
+            submodule = f"{target}.{alias.name}"
+            found.append((alias, submodule, None) if _is_submodule(submodule, package) else (alias, target, alias.name))
+    root = package.name
+    return [(alias, name, taken) for alias, name, taken in found if name == root or name.startswith(root + ".")]
+
+
+def _parent(path: Path, package: Path) -> str:
+    """The package relative imports in ``path`` start from."""
+    module = _module_name(path, package)
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _imported_modules(path: Path, package: Path = PACKAGE) -> list[tuple[str, int]]:
+    """(absolute module name, line) of every import of the package in a file, at any depth."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found += [(alias.name, node.lineno) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            # ``from sapiens2 import checkpoints`` / ``from .. import pose`` name submodules, not the root.
-            for alias in node.names:
-                submodule = f"{target}.{alias.name}"
-                found.append((submodule if _is_submodule(submodule) else target, node.lineno))
-    return [(name, line) for name, line in found if name == ROOT or name.startswith(ROOT + ".")]
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found += [(name, node.lineno) for _, name, _ in _aliases(node, _parent(path, package), package)]
+    return found
 
 
-def _import_graph() -> dict[str, dict[str, str]]:
+@functools.cache  # read-only once built: every test shares one parse of the package
+def _module_graph(package: Path = PACKAGE) -> dict[str, dict[str, str]]:
+    """module -> {imported module: "file:line" of its first import}; packages count as their ``__init__``."""
+    graph: dict[str, dict[str, str]] = defaultdict(dict)
+    for path in sorted(package.rglob("*.py")):
+        source = _module_name(path, package)
+        graph[source]  # every module appears, with or without edges
+        for target, line in _imported_modules(path, package):
+            if target != source:
+                graph[source].setdefault(target, f"{path.relative_to(package.parent)}:{line}")
+    return graph
+
+
+@functools.cache
+def _import_graph(package: Path = PACKAGE) -> dict[str, dict[str, str]]:
     """node -> {imported node: "file:line" of the first import that makes the edge}."""
     graph: dict[str, dict[str, str]] = defaultdict(dict)
-    for path in sorted(PACKAGE.rglob("*.py")):
-        source = _node(_module_name(path))
-        graph[source]  # every node appears, with or without edges
-        for target, line in _imported_modules(path):
-            target = _node(target)
-            if (path.relative_to(REPO).as_posix(), target) in UPWARD_HOOKS:
-                continue
-            if target != source:
-                graph[source].setdefault(target, f"{path.relative_to(REPO)}:{line}")
+    for module, targets in _module_graph(package).items():
+        graph[_node(module)]  # every node appears, with or without edges
+        for target, where in targets.items():
+            if _node(target) != _node(module):
+                graph[_node(module)].setdefault(_node(target), where)
     return graph
 
 
@@ -99,6 +131,101 @@ def _find_cycle(graph: dict[str, dict[str, str]]) -> list[str] | None:
     return None
 
 
+def _private(name: str | None) -> bool:
+    return bool(name) and name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_names_taken(package: Path = PACKAGE) -> list[str]:
+    """``file:line takes module._name`` for every private name one module takes from another: imported by name
+    (``from .run import _make_predictors``), or read off an imported module (``from . import run``, then
+    ``run._make_predictors``)."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        own, where = _module_name(path, package), path.relative_to(package.parent)
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        modules: dict[str, str] = {}  # local name -> the module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias, module, taken in _aliases(node, _parent(path, package), package):
+                    if taken is not None and _private(taken) and module != own:
+                        found.append(f"{where}:{node.lineno} takes {module}.{taken}")
+                    elif taken is None and (alias.asname or isinstance(node, ast.ImportFrom)):
+                        modules[alias.asname or alias.name] = module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr):
+                module = modules.get(node.value.id)
+                if module is not None and module != own:
+                    found.append(f"{where}:{node.lineno} takes {module}.{node.attr}")
+    return sorted(set(found), key=lambda text: (text.split(":")[0], int(text.split(":")[1].split()[0])))
+
+
+def _layer_rows(text: str) -> list[list[str]]:
+    """The rows of the layer diagram in ``docs/architecture.md``, bottom first, each a list of graph nodes.
+
+    A row starts with its entries (``pose/``, ``checkpoints.py``, ``__init__.py``) separated by spaces; the first
+    word that is not an entry begins the description."""
+    block = re.search(r"## Layers, bottom to top\s+```\n(.*?)```", text, re.S)
+    assert block, "docs/architecture.md has no '## Layers, bottom to top' diagram"
+    rows = []
+    for line in block.group(1).splitlines():
+        entries = []
+        for word in line.split():
+            match = re.fullmatch(r"([a-z_0-9]+)/|([a-z_0-9]+)\.py", word)
+            if not match:
+                break
+            name = match.group(1) or match.group(2)
+            entries.append(ROOT if name == "__init__" else f"{ROOT}.{name}")
+        if entries:
+            rows.append(entries)
+    return rows[::-1]
+
+
+# ------------------------------------------------------------------------------------------------------ the checker
+
+
+def _write_package(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder / "pkg"
+
+
+def test_the_checker_sees_lazy_and_type_checking_imports_and_private_names(tmp_path):
+    """A tiny package with a lazy cycle between modules of one subpackage, a ``TYPE_CHECKING`` cycle between
+    subpackages, and private names taken both ways: the checker reports each."""
+    package = _write_package(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a/__init__.py": "",
+        "pkg/a/one.py": "def f():\n    from .two import g\n    return g\n",
+        "pkg/a/two.py": "from pkg.a.one import f as g\nfrom pkg.b import helper\n",
+        "pkg/b/__init__.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a.two import g\n"
+                             "def helper():\n    pass\n",
+        "pkg/c.py": "from .a.one import _hidden\nfrom .a import one\nx = one._secret\nfrom . import __version__\n",
+    })  # fmt: skip
+    modules = _module_graph(package)
+    assert "pkg.a.two" in modules["pkg.a.one"]  # inside a function
+    assert _find_cycle(modules) in (["pkg.a.one", "pkg.a.two", "pkg.a.one"], ["pkg.a.two", "pkg.a.one", "pkg.a.two"])
+    assert _find_cycle(_import_graph(package)) == ["pkg.a", "pkg.b", "pkg.a"]  # through ``TYPE_CHECKING``
+    assert _private_names_taken(package) == ["pkg/c.py:1 takes pkg.a.one._hidden", "pkg/c.py:3 takes pkg.a.one._secret"]
+
+
+def test_the_layer_diagram_parser_reads_entries_and_stops_at_the_description():
+    text = (
+        "## Layers, bottom to top\n\n```\ncli/   __main__.py    argparse -> options  (top)\n"
+        "pose/  dense/   per-task pre/post-processing\n__init__.py  the public API\n"
+        "tasks.py   the task table (bottom)\n```\n"
+    )
+    assert _layer_rows(text) == [
+        ["sapiens2.tasks"],
+        ["sapiens2"],
+        ["sapiens2.pose", "sapiens2.dense"],
+        ["sapiens2.cli", "sapiens2.__main__"],
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------- the package
+
+
 def test_relative_and_lazy_imports_are_found():
     graph = _import_graph()
     assert "sapiens2.checkpoints" in graph["sapiens2.pose"]  # a lazy ``from ..checkpoints import`` in a function
@@ -114,20 +241,57 @@ def test_subpackages_import_each_other_without_cycles():
         pytest.fail(f"import cycle {' -> '.join(cycle)}:\n{steps}")
 
 
+def test_modules_import_each_other_without_cycles():
+    """Also inside one subpackage (``pose.keypoints`` <-> ``pose.topdown`` was one, through ``TYPE_CHECKING``)."""
+    graph = _module_graph()
+    cycle = _find_cycle(graph)
+    if cycle is not None:
+        steps = "\n".join(f"  {a} -> {b}  ({graph[a][b]})" for a, b in zip(cycle[:-1], cycle[1:], strict=True))
+        pytest.fail(f"import cycle {' -> '.join(cycle)}:\n{steps}")
+
+
+def test_no_module_takes_a_private_name_of_another():
+    taken = _private_names_taken()
+    assert not taken, "private names used across modules (give them a public name and one home):\n  " + "\n  ".join(
+        taken
+    )
+
+
+def test_the_layer_diagram_of_the_architecture_page_matches_the_import_graph():
+    """Every subpackage and top-level module sits on exactly one row of the diagram, and every import goes to a
+    lower row: nothing imports a package on its own row or above."""
+    rows = _layer_rows(ARCHITECTURE.read_text(encoding="utf-8"))
+    row_of = {node: index for index, row in enumerate(rows) for node in row}
+    listed = [node for row in rows for node in row]
+    graph = _import_graph()
+    assert len(listed) == len(set(listed)), f"listed twice: {sorted({n for n in listed if listed.count(n) > 1})}"
+    assert set(listed) == set(graph), (
+        f"missing from the diagram: {sorted(set(graph) - set(listed))}; "
+        f"not in the package: {sorted(set(listed) - set(graph))}"
+    )
+    upward = [
+        f"{source} -> {target} ({where})"
+        for source, targets in graph.items()
+        for target, where in targets.items()
+        if row_of[target] >= row_of[source]
+    ]
+    assert not upward, "imports that do not go down the layer diagram of docs/architecture.md:\n  " + "\n  ".join(
+        upward
+    )
+
+
 @pytest.mark.parametrize("leaf", LEAVES)
 def test_bottom_layers_import_no_other_sapiens2_package(leaf):
     imports = {target: where for target, where in _import_graph()[leaf].items() if target not in FACTS or leaf in FACTS}
     assert not imports, f"{leaf} imports " + ", ".join(f"{target} ({where})" for target, where in imports.items())
 
 
-def test_upward_hooks_are_lazy_imports_inside_functions():
-    for file, target in UPWARD_HOOKS:
-        tree = ast.parse((REPO / file).read_text(encoding="utf-8"))
-        top_level = {line for node in tree.body for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)
-                     if not isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-        hooks = [line for name, line in _imported_modules(REPO / file) if _node(name) == target]
-        assert hooks, f"{file} no longer imports {target}: drop it from UPWARD_HOOKS"
-        assert not set(hooks) & top_level, f"{file} imports {target} at module level (lines {hooks})"
+def test_video_sits_above_predict():
+    """``sapiens2.video`` takes Predictors (and builds them for ``sapiens2 predict`` through ``predict.batch``);
+    ``predict`` knows nothing of video, not even lazily."""
+    graph = _import_graph()
+    assert "sapiens2.predict" in graph["sapiens2.video"]
+    assert "sapiens2.video" not in graph["sapiens2.predict"], graph["sapiens2.predict"].get("sapiens2.video")
 
 
 def test_only_the_cli_imports_the_demo_and_gradio_loads_lazily():

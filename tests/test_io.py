@@ -15,14 +15,16 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from conftest import PARITY, require
+from conftest import PARITY, require, zeros_png
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
 from sapiens2.data.io import (
     ImageReadError,
+    ImageTooLargeError,
     atomic_write,
+    image_size,
     read_image,
     save_json,
     save_npy,
@@ -116,6 +118,78 @@ def test_one_pixel_and_large_images_are_read(tmp_path: Path) -> None:
     assert image.shape == (3000, 4000, 3) and tuple(image[1234, 3210]) == (3, 2, 1)
 
 
+def test_zeros_png_helper_decodes_to_black_pixels() -> None:
+    image = cv2.imdecode(np.frombuffer(zeros_png(300, 200, 3), np.uint8), cv2.IMREAD_UNCHANGED)
+    assert image.shape == (200, 300, 3) and not image.any()
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "progressive JPEG", "WEBP", "lossless WEBP", "BMP", "TIFF", "GIF",
+                                 "PPM"])  # fmt: skip
+def test_image_size_reads_the_header_of_every_common_format(fmt: str) -> None:
+    import io
+
+    buffer = io.BytesIO()
+    name, _, options = {
+        "progressive JPEG": ("JPEG", 0, {"progressive": True}),
+        "lossless WEBP": ("WEBP", 0, {"lossless": True}),
+        "TIFF": ("TIFF", 0, {"compression": "tiff_deflate"}),
+    }.get(fmt, (fmt, 0, {}))
+    Image.fromarray(PICTURE).save(buffer, name, **options)
+    assert image_size(buffer.getvalue()) == (60, 40)
+    assert image_size(buffer.getvalue()[:6]) is None  # too short to tell: the decoder decides
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="peak memory through the resource module")
+def test_pixel_bomb_is_refused_from_its_header_with_little_memory(tmp_path: Path) -> None:
+    # 3 MB on disk, 32768x32000 RGB: decoding it would take 3 GB for the pixels and 3 GB more for RGB.
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(zeros_png(32768, 32000, channels=3))
+    assert bomb.stat().st_size < 4_000_000
+    code = (  # in a fresh process: its peak resident memory before and after reading
+        "import resource, sys\n"
+        "from sapiens2.data.io import ImageReadError, read_image\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "try:\n"
+        "    read_image(sys.argv[1])\n"
+        "    print('read')\n"
+        "except ImageReadError as error:\n"
+        "    print(type(error).__name__, error)\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(bomb)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    message, growth_mb = result.stdout.strip().splitlines()
+    assert message.startswith("ImageTooLargeError") and str(bomb) in message, message
+    assert "32768x32000 pixels (1048.6 megapixels) is over the limit of 200 megapixels" in message
+    assert int(growth_mb) < 50, f"reading the bomb raised the peak memory by {growth_mb} MB"
+
+
+def test_pixel_limit_is_a_parameter_and_also_covers_formats_without_a_read_header(tmp_path: Path) -> None:
+    path = _write_rgb(tmp_path / "small.png", PICTURE)  # 60x40 = 2400 pixels
+    with pytest.raises(ImageTooLargeError, match="60x40 pixels") as caught:
+        read_image(path, max_megapixels=0.002)
+    assert (caught.value.width, caught.value.height, caught.value.max_megapixels) == (60, 40, 0.002)
+    assert isinstance(caught.value, ImageReadError) and "\n" not in str(caught.value)
+    restored = pickle.loads(pickle.dumps(caught.value))
+    assert str(restored) == str(caught.value) and restored.width == 60
+    assert read_image(path, max_megapixels=0.0024).shape == (40, 60, 3)
+    assert read_image(path, max_megapixels=None).shape == (40, 60, 3)
+    cv2.imwrite(str(tmp_path / "small.hdr"), PICTURE.astype(np.float32))  # Radiance HDR: no header parser of ours
+    with pytest.raises(ImageTooLargeError, match="60x40 pixels"):
+        read_image(tmp_path / "small.hdr", max_megapixels=0.002)
+
+
+def test_bulk_decoding_shares_the_pixel_limit(tmp_path: Path) -> None:
+    from sapiens2.data.collections import RecordError, decode_rgb
+
+    with pytest.raises(RecordError, match="over the limit of 200 megapixels"):
+        decode_rgb(zeros_png(20000, 20000), "bomb.png")
+    data = cv2.imencode(".png", PICTURE)[1].tobytes()
+    with pytest.raises(RecordError, match="60x40 pixels"):
+        decode_rgb(data, "small.png", max_megapixels=0.001)
+    assert decode_rgb(data, "small.png").shape == (40, 60, 3)
+
+
 def _bad_file(tmp_path: Path, kind: str) -> Path:
     if kind == "missing":
         return tmp_path / "missing.jpg"
@@ -155,7 +229,6 @@ def test_bad_files_raise_one_line_image_read_error(tmp_path: Path, kind: str, re
     assert str(path) in str(error) and "\n" not in str(error)
     restored = pickle.loads(pickle.dumps(error))
     assert str(restored) == str(error) and restored.path == error.path
-
 
 
 @contextmanager

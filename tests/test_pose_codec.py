@@ -55,7 +55,7 @@ def test_decode_batched_equals_one_instance_at_a_time():
 def test_stacked_blur_is_bitwise_a_per_channel_blur():
     rng = np.random.default_rng(1)
     maps = rng.normal(size=(2, 5, 32, 24)).astype(np.float32)
-    blurred, ratio = codec._modulated_blur(maps, 11)
+    blurred, ratio = codec.modulated_blur(maps, 11)
     got = np.log(np.clip(blurred * ratio, 1e-3, 50.0))
     # Reading single pixels of the edge-padded map gives the same values as the whole-map computation.
     padded = np.pad(got, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="edge").reshape(2, -1)

@@ -326,7 +326,11 @@ def test_a_corrupt_image_mid_run_is_skipped_and_counted(photos, tmp_path, caplog
 def test_folders_manifests_and_webdataset_shards_are_indexed_and_read(photos, tmp_path):
     names = sorted(p.name for p in photos.iterdir())
     manifest = tmp_path / "list.txt"
-    manifest.write_text("\n".join(str(photos / name) for name in names[:2]) + "\n")
+    copies = tmp_path / "copies"  # other files: a file the folder already holds would be read once
+    copies.mkdir()
+    for name in names[:2]:
+        (copies / name).write_bytes((photos / name).read_bytes())
+    manifest.write_text("\n".join(str(copies / name) for name in names[:2]) + "\n")
     shard = tmp_path / "shard-000.tar"
     with tarfile.open(shard, "w") as archive:
         for index, name in enumerate(names):
@@ -433,3 +437,16 @@ def test_bf16_autocast_activation_checkpointing_and_drop_path_train(photos, tmp_
     values = column(tmp_path / "run", "loss")
     assert len(values) == 2 and all(math.isfinite(v) for v in values)
     load_backbone(summary["model"])
+
+
+def test_diverging_pretraining_stops_like_train_and_exports_nothing(photos, tmp_path):
+    # The loop is train's: a NaN/inf loss or gradient norm skips the step, nonfinite_patience in a row stop the run.
+    from sapiens2.train.trainer import TrainingDiverged
+
+    config = tiny_config([photos], tmp_path / "run", steps=30, log_every=1, optimizer={"lr": 1e6})
+    with pytest.raises(TrainingDiverged, match="training diverged") as caught:
+        PretrainTrainer(config).fit()
+    steps = len(rows(tmp_path / "run"))
+    assert steps < 30 and f"stopped at step {steps} of 30" in str(caught.value)
+    assert not math.isfinite(column(tmp_path / "run", "grad_norm")[-1] * column(tmp_path / "run", "loss")[-1])
+    assert not list((tmp_path / "run").glob("*.safetensors"))

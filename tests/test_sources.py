@@ -169,3 +169,14 @@ def test_broken_glob_matches_are_error_items_and_folders_are_not_matched(broken:
     items = expand_inputs([str(broken / "*.jpg")], tmp_path / "out")
     assert [item.stem for item in items if item.ok] == ["good"]  # empty_dir.jpg and folder.jpg are folders
     _check_errors(_errors(items), broken, BROKEN_REASONS)
+
+
+def test_a_renamed_file_never_takes_the_name_another_file_has(tmp_path: Path) -> None:
+    _touch(tmp_path, "in/a.jpg", "in/a.png", "in/a_png.jpg")
+    stems = {item.source.name: item.stem for item in expand_inputs([tmp_path / "in"], tmp_path / "out")}
+    assert stems == {"a.jpg": "a", "a.png": "a_png_2", "a_png.jpg": "a_png"}  # the bulk reader's rule too
+
+
+def test_an_input_folder_that_is_the_output_folder_is_an_error_item(photos: Path) -> None:
+    items = expand_inputs([photos, str(photos / "*.jpg")], photos)
+    assert len(items) == 2 and all("reads the output folder" in item.error for item in items)

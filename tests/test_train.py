@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import os
 import signal
 import subprocess
@@ -555,3 +556,62 @@ def test_cli_train_that_fails_its_checks_leaves_no_run_folder(problem, demo_root
     err = capsys.readouterr().err
     assert err.startswith("sapiens2 train: ") and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists(), sorted(p.name for p in (tmp_path / "run").iterdir())
+
+
+def test_diverging_run_stops_within_its_patience_exits_1_and_exports_nothing(demo_root, tmp_path, capsys):
+    from sapiens2.train.config import save_config
+
+    config = tiny_config("seg", demo_root("seg"), tmp_path / "run", steps=20, log_every=5)
+    path = save_config(config, tmp_path / "seg.yaml")
+    capsys.readouterr()
+    assert cli.main(["train", str(path), "--set", "optimizer.lr=1e6"]) == 1
+    err = capsys.readouterr().err
+    line = [entry for entry in err.splitlines() if entry.startswith("sapiens2 train:")]
+    assert len(line) == 1 and "training diverged" in line[0] and "lower optimizer.lr (now 1e+06)" in line[0], err
+    assert "exported nothing" in line[0] and "final loss" not in err
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+    rows = read_rows(tmp_path / "run" / "metrics.csv")
+    assert len(rows) < 20 and f"stopped at step {len(rows)} of 20" in line[0], line[0]
+    bad = [row for row in rows if not all(math.isfinite(float(row[k])) for k in ("loss", "grad_norm"))]
+    assert 1 <= len(bad) <= 3 and rows[-1] in bad, rows  # the last 3 steps at most, the rest trained normally
+    assert "not finite" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_nonfinite_patience_is_configurable_and_pretraining_python_callers_get_the_error(demo_root, tmp_path):
+    from sapiens2.train.trainer import TrainingDiverged
+
+    root = demo_root("seg")
+    stops = {}
+    for patience in (1, 3):
+        config = tiny_config("seg", root, tmp_path / f"p{patience}", steps=20, nonfinite_patience=patience,
+                             optimizer={"lr": 1e6})  # fmt: skip
+        with pytest.raises(TrainingDiverged, match=r"in a row: nonfinite_patience"):
+            fit(config)
+        stops[patience] = len(read_rows(tmp_path / f"p{patience}" / "metrics.csv"))
+    assert stops[3] == stops[1] + 2  # the same first bad step; 2 more skipped steps before giving up
+    with pytest.raises(ValueError, match="nonfinite_patience must be >= 0"):
+        tiny_config("seg", root, tmp_path / "x", nonfinite_patience=-1)
+
+
+def test_resumed_finished_run_trains_nothing_and_says_so(demo_root, tmp_path, capsys):
+    from sapiens2.train.config import save_config
+
+    config = tiny_config("albedo", demo_root("albedo"), tmp_path / "run", steps=2, log_every=1)
+    path = save_config(config, tmp_path / "albedo.yaml")
+    assert cli.main(["train", str(path)]) == 0
+    assert "trained 2 steps, final loss" in capsys.readouterr().out
+    checkpoints = tmp_path / "run" / "checkpoints"
+    (stale := checkpoints / ".step_00000002.pt.0123456789ab.tmp.pt").write_bytes(b"partial")  # a killed save's
+    before = (checkpoints / "step_00000002.pt").stat().st_mtime_ns
+    assert cli.main(["train", str(path), "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to train: the run was already at its last step (2)" in out and "nan" not in out, out
+    assert (checkpoints / "step_00000002.pt").stat().st_mtime_ns == before  # not rewritten
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+    assert stale.exists()  # only a new checkpoint write clears them; a longer run does
+    assert cli.main(["train", str(path), "--resume", "--set", "steps=3"]) == 0
+    assert "trained 3 steps, final loss" in capsys.readouterr().out
+    assert not stale.exists() and sorted(p.name for p in checkpoints.iterdir()) == [
+        "step_00000002.pt",
+        "step_00000003.pt",
+    ]

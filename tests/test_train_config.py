@@ -98,6 +98,10 @@ def test_custom_arch_dict_is_accepted(minimal_yaml):
         ("log_every=0", "log_every must be >= 1"),
         ("data.root=", "data.root is required"),
         ("steps", "has no '='"),
+        ("loss={bogus: 1}", r"loss.bogus: the seg loss \(SegLoss\) takes no 'bogus'; it takes class_weight"),
+        ("loss={dice_wieght: 1}", "Did you mean 'dice_weight'"),
+        ("device=tpu", "device 'tpu' is not a device; use cpu, cuda or cuda:N"),
+        ("nonfinite_patience=-1", "nonfinite_patience must be >= 0"),
     ],
 )
 def test_bad_values_fail_with_the_key_and_the_fix(minimal_yaml, override, message):
@@ -139,3 +143,15 @@ def test_yaml_is_data_not_code(tmp_path):
     path.write_text("task: !!python/object/apply:os.system ['echo hi']\n")
     with pytest.raises(ValueError, match="not valid YAML"):
         load_config(path)
+
+
+@pytest.mark.parametrize("override", ["loss={bogus: 1}", "device=tpu"])
+def test_cli_refuses_a_bad_loss_key_or_device_in_one_line_before_any_run_folder(override, tmp_path, capsys):
+    from sapiens2.cli import main
+
+    path = tmp_path / "seg.yaml"
+    path.write_text(MINIMAL.replace("/data/seg", str(tmp_path / "data")) + f"output_dir: {tmp_path / 'run'}\n")
+    assert main(["train", str(path), "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sapiens2 train: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()

@@ -105,7 +105,7 @@ def test_every_task_through_the_api_with_overlay_audio_and_dense_archives(tiny_c
     records = frames_jsonl(out, "walk")
     assert [r["frame"] for r in records] == list(range(18))
     person = records[0]["people"][0]
-    assert person["track_id"] == 1 and len(person["keypoints"]) == 308 * 3 and len(person["bbox"]) == 4
+    assert person["track_id"] == 1 and len(person["keypoints"]) == 308 * 3 and len(person["bbox_xywh"]) == 4
     assert records[3]["scale"] > 0 and records[3]["focal"] > 0
     summary = json.loads((out / "walk_video.json").read_text())
     assert summary["frames"] == 18 and len(summary["keypoint_names"]) == 308 and summary["error"] is None
@@ -128,7 +128,8 @@ def test_every_task_through_the_api_with_overlay_audio_and_dense_archives(tiny_c
 
 def test_predictor_video_with_selection(tiny_checkpoints, tmp_path):
     clip = write_clip(tmp_path / "clip.mp4", moving_crops(20), audio=True)
-    report = tiny_predictor(tiny_checkpoints, "seg").video(clip, tmp_path / "out", start=3, end=17, stride=4)
+    seg = tiny_predictor(tiny_checkpoints, "seg")
+    report = predict_video(seg, clip, tmp_path / "out", VideoOptions(start=3, end=17, stride=4))
     assert report.error is None and report.frames == 4
     assert [r["frame"] for r in frames_jsonl(tmp_path / "out", "clip")] == [3, 7, 11, 15]
     overlay = probe(tmp_path / "out" / "clip_overlay.mp4")
@@ -185,7 +186,7 @@ def ids_by_person(records, truth, frames):
     ids_of: dict[int, set] = {0: set(), 1: set()}
     for index in frames:
         for person in records[index]["people"]:
-            x, y, w, h = person["bbox"]
+            x, y, w, h = person["bbox_xywh"]
             iou = box_iou([[x, y, x + w, y + h]], truth[index])[0]
             if iou.max() > 0.5:
                 ids_of[int(iou.argmax())].add(person["track_id"])
@@ -197,7 +198,7 @@ def test_ids_survive_two_people_crossing(tiny_checkpoints, tmp_path):
     frames, truth = crossing(40)
     clip = write_clip(tmp_path / "cross.mp4", frames)
     predictor = tiny_predictor(tiny_checkpoints, "pose", detector=template_detector, flip_test=False)
-    assert predictor.video(clip, tmp_path / "out", smooth="none").error is None
+    assert predict_video(predictor, clip, tmp_path / "out", VideoOptions(smooth="none")).error is None
     records = frames_jsonl(tmp_path / "out", "cross")
     assert min(len(r["people"]) for r in records) == 1  # the crossing does hide someone
     ids_of = ids_by_person(records, truth, range(40))
@@ -214,7 +215,7 @@ def test_detect_every_n_frames_carries_boxes_and_ids_between(tiny_checkpoints, t
         return template_detector(images)
 
     predictor = tiny_predictor(tiny_checkpoints, "pose", detector=counting_detector, flip_test=False)
-    assert predictor.video(clip, tmp_path / "out", smooth="none", detect_every=3).error is None
+    assert predict_video(predictor, clip, tmp_path / "out", VideoOptions(smooth="none", detect_every=3)).error is None
     assert sum(calls) == 14  # frames 0, 3, ..., 39
     records = frames_jsonl(tmp_path / "out", "cross")
     assert all(len(r["people"]) == 2 and None not in {p["track_id"] for p in r["people"]} for r in records[:17])
@@ -233,7 +234,7 @@ def test_jitter_on_a_still_noisy_scene_drops_with_smoothing(tiny_checkpoints, tm
     measured = {}
     for mode in ("none", "online", "offline"):
         out = tmp_path / mode
-        assert predictor.video(clip, out, smooth=mode, overlay=False).error is None
+        assert predict_video(predictor, clip, out, VideoOptions(smooth=mode, overlay=False)).error is None
         series = np.array([np.reshape(r["people"][0]["keypoints"], (-1, 3))[:, :2] for r in frames_jsonl(out, "still")])
         measured[mode] = jitter(series.astype(np.float64))
     assert measured["none"] > 0.5, measured  # the noise does move the raw keypoints
@@ -310,7 +311,8 @@ def test_a_stream_that_drops_mid_way_keeps_its_frames_and_names_the_frame(tiny_c
         with pytest.raises(VideoReadError) as caught:
             list(open_frames(f"{url}/live.mkv"))
         assert f"{url}/live.mkv" in str(caught.value) and caught.value.frame > 0
-        report = tiny_predictor(tiny_checkpoints, "seg").video(f"{url}/live.mkv", tmp_path / "out", chunk_frames=4)
+        seg = tiny_predictor(tiny_checkpoints, "seg")
+        report = predict_video(seg, f"{url}/live.mkv", tmp_path / "out", VideoOptions(chunk_frames=4))
     finally:
         server.shutdown()
     assert report.error and "at frame" in report.error and url in report.error
@@ -324,7 +326,8 @@ def test_a_broken_frame_in_a_folder_stops_that_sequence_at_it(tiny_checkpoints, 
     for i, image in enumerate(moving_crops(7)):
         cv2.imwrite(str(folder / f"{i}.png"), image)
     (folder / "5.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
-    report = tiny_predictor(tiny_checkpoints, "seg").video(folder, tmp_path / "out", chunk_frames=2)
+    seg = tiny_predictor(tiny_checkpoints, "seg")
+    report = predict_video(seg, folder, tmp_path / "out", VideoOptions(chunk_frames=2))
     assert "5.png" in report.error and "at frame 5" in report.error and str(folder) in report.error
     assert [r["frame"] for r in frames_jsonl(tmp_path / "out", "seq")] == [0, 1, 2, 3, 4]
     assert probe(tmp_path / "out" / "seq_overlay.mp4")["frames"] == 5

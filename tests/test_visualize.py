@@ -9,15 +9,18 @@ from conftest import DATA
 
 from sapiens2.data.io import read_image
 from sapiens2.metadata import keypoint_metadata
-from sapiens2.pose.keypoints import as_keypoint_format, skeleton_links
-from sapiens2.pose.topdown import PoseResult
+from sapiens2.pose.keypoints import skeleton_links
+from sapiens2.pose.topdown import PoseResult, as_keypoint_format
 from sapiens2.predict.visualize import (
     colorize_depth,
     colorize_labels,
     colorize_normals,
     depth_range,
     draw_pose,
+    draw_seg_legend,
+    id_color,
     pose_sizes,
+    seg_legend_entries,
     seg_overlay,
     seg_palette,
     side_by_side,
@@ -271,6 +274,42 @@ def test_draw_pose_scales_sizes_with_the_image_and_draws_boxes_on_request():
     assert not draw_pose(image, result).any()
     boxed = draw_pose(image, result, draw_boxes=True)
     assert boxed[10, 50].tolist() == [255, 255, 255] and not boxed[50, 50].any()
+
+
+def test_draw_pose_labels_each_box_with_its_id_in_the_id_colour_as_the_video_overlay():
+    image = np.zeros((200, 300, 3), np.uint8)
+    boxes = np.array([[20.0, 60, 120, 190], [160.0, 80, 290, 190]])
+    result = PoseResult(boxes, np.ones(2), np.zeros((2, 308, 2)), np.zeros((2, 308)), None, (200, 300),
+                        keypoint_metadata().names)  # fmt: skip
+    plain = draw_pose(image, result, draw_boxes=True)
+    labelled = draw_pose(image, result, draw_boxes=True, box_ids=[0, None])
+    changed = np.argwhere((labelled != plain).any(axis=2))  # (row, col) of the "#0" text only
+    assert len(changed) > 10 and changed[:, 0].max() < 60 and changed[:, 1].min() >= 20 and changed[:, 1].max() < 120
+    colours = {tuple(c) for c in labelled[tuple(changed.T)].tolist()}
+    assert tuple(id_color(0)) in colours  # anti-aliased edges add darker shades of the same colour
+    assert id_color(1) != id_color(0) and id_color(5) == id_color(5)
+    with pytest.raises(ValueError, match="box_ids has 1 entries for 2 people"):
+        draw_pose(image, result, draw_boxes=True, box_ids=[0])
+
+
+def test_seg_legend_lists_the_classes_present_with_colour_and_share():
+    labels = astronaut_labels()
+    entries = seg_legend_entries(labels)
+    assert [e.class_id for e in entries] == list(range(29)) and entries[23].name == "Upper_Clothing"
+    present = [e for e in entries if e.pixels]
+    assert [e.class_id for e in present] == [0, 3, 4, 6, 23]
+    assert sum(e.share for e in present) == pytest.approx(1.0)
+    assert entries[4].share == pytest.approx((labels == 4).mean())
+    assert entries[23].color == tuple(seg_palette()[23].tolist())
+    assert all(e.pixels == 0 and e.share == 0 for e in seg_legend_entries(None))
+    overlay = seg_overlay(astronaut_image(), labels)
+    picture = draw_seg_legend(overlay, labels)
+    assert picture.shape[0] == 512 and picture.shape[1] > 512 and np.array_equal(picture[:, :512], overlay)
+    panel = picture[:, 512:].reshape(-1, 3)
+    shown = {tuple(c) for c in panel.tolist()}
+    for entry in entries:  # a swatch of every class present, none of the others
+        assert (entry.color in shown) == bool(entry.pixels), entry.name
+    assert np.array_equal(draw_seg_legend(overlay, np.full((512, 512), 255, np.uint8)), overlay)  # no class: no panel
 
 
 # --------------------------------------------------------------------------------------------------------------------

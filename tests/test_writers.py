@@ -8,7 +8,6 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from conftest import require_module
 from test_visualize import astronaut_image, astronaut_labels, astronaut_pose
 
 from sapiens2.data.sources import InputItem
@@ -17,12 +16,11 @@ from sapiens2.dense.matting import MattingResult
 from sapiens2.dense.normal import NormalResult
 from sapiens2.dense.pointmap import PointmapResult
 from sapiens2.dense.seg import SegResult, class_names
-from sapiens2.eval.oks import evaluate_keypoints
 from sapiens2.metadata import keypoint_metadata
 from sapiens2.pose.keypoints import format_keypoint_names
 from sapiens2.pose.topdown import PoseResult
-from sapiens2.predict.visualize import colorize_depth, colorize_normals, draw_pose, seg_overlay
-from sapiens2.predict.writers import CocoResultsWriter, WriteOptions, instance_score, write_result
+from sapiens2.predict.visualize import colorize_depth, colorize_normals, draw_pose, draw_seg_legend, seg_overlay
+from sapiens2.predict.writers import CocoResultsWriter, WriteOptions, instance_score, read_pose_json, write_result
 
 SIZE = (512, 512)
 
@@ -122,7 +120,9 @@ def test_every_task_writes_its_files_for_the_astronaut_photo(tmp_path):
             assert path.is_file() and path.stat().st_size > 0
             if path.suffix in (".jpg", ".png"):
                 picture = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
-                assert picture is not None and picture.shape[:2] == SIZE, path
+                assert picture is not None and picture.shape[0] == SIZE[0], path
+                legend = path.name.endswith("_seg_overlay.jpg")  # the seg overlay has its legend panel on the right
+                assert picture.shape[1] > SIZE[1] if legend else picture.shape[1] == SIZE[1], path
     _no_temporaries(tmp_path)
 
 
@@ -138,7 +138,8 @@ def test_seg_writes_exact_label_png_overlay_and_arrays_on_request(tmp_path):
     assert [p.name for p in paths] == ["a_seg_overlay.png", "a_seg.npy", "a_seg_probs.npy", "a_seg.png"]
     labels = cv2.imread(str(tmp_path / "a_seg.png"), cv2.IMREAD_UNCHANGED)
     assert labels.dtype == np.uint8 and np.array_equal(labels, result.labels)
-    assert np.array_equal(_read_rgb(tmp_path / "a_seg_overlay.png"), seg_overlay(image, result.labels))
+    expected = draw_seg_legend(seg_overlay(image, result.labels), result.labels)
+    assert np.array_equal(_read_rgb(tmp_path / "a_seg_overlay.png"), expected)
     saved = np.load(tmp_path / "a_seg.npy")
     assert saved.dtype == np.uint8 and np.array_equal(saved, result.labels)
     assert np.array_equal(np.load(tmp_path / "a_seg_probs.npy"), probabilities)
@@ -148,10 +149,13 @@ def test_seg_overlay_jpeg_is_close_to_the_picture_and_side_by_side_doubles_width
     image = astronaut_image()
     write_result("seg", seg_result(), tmp_path / "a", image)
     jpeg = _read_rgb(tmp_path / "a_seg_overlay.jpg").astype(np.float64)
-    assert np.abs(jpeg - seg_overlay(image, astronaut_labels())).mean() < 3.0  # quality 95
-    write_result("seg", seg_result(), tmp_path / "b", image, WriteOptions(side_by_side=True, picture_format="png"))
+    overlay = seg_overlay(image, astronaut_labels())
+    assert np.abs(jpeg - draw_seg_legend(overlay, astronaut_labels())).mean() < 3.0  # quality 95
+    options = WriteOptions(side_by_side=True, picture_format="png", legend=False)
+    write_result("seg", seg_result(), tmp_path / "b", image, options)
     joined = _read_rgb(tmp_path / "b_seg_overlay.png")
     assert joined.shape == (512, 1024, 3) and np.array_equal(joined[:, :512], image)
+    assert np.array_equal(joined[:, 512:], overlay)
 
 
 def test_normal_npy_is_exact_and_the_mask_makes_background_nan_and_black(tmp_path):
@@ -182,7 +186,7 @@ def test_pointmap_writes_arrays_ply_of_masked_pixels_depth_picture_and_focal(tmp
     assert points.dtype == np.float32 and points.shape == (512, 512, 3)
     assert np.isnan(points[~mask]).all() and np.array_equal(points[mask][1:], result.points[mask][1:])
     depth = np.load(tmp_path / "p_depth.npy")
-    assert depth.dtype == np.float16 and np.array_equal(depth[mask][1:], result.depth[mask][1:].astype(np.float16))
+    assert depth.dtype == np.float32 and np.array_equal(depth[mask], result.depth[mask])  # not float16 steps
     assert np.isnan(depth[~mask]).all()
 
     header, vertices = _read_ply(tmp_path / "p.ply")
@@ -238,7 +242,8 @@ def test_pose_json_holds_boxes_scores_and_named_keypoints_in_the_chosen_format(t
     assert data["keypoint_names"] == list(keypoint_metadata().names) and data["image_size"] == [512, 512]
     assert len(data["instances"]) == 2
     first = data["instances"][0]
-    assert first["bbox"] == pose.boxes[0].tolist() and first["bbox_score"] == 0.95
+    assert first["bbox_xyxy"] == pose.boxes[0].tolist() and first["bbox_score"] == 0.95 and "bbox" not in first
+    assert first["score"] == pytest.approx(instance_score(0.95, pose.scores[0]))
     assert np.array_equal(np.array(first["keypoints"]), pose.keypoints[0])
     assert first["keypoint_scores"] == pose.scores[0].tolist()
 
@@ -253,13 +258,42 @@ def test_pose_picture_is_the_drawn_skeleton(tmp_path):
     pose = astronaut_pose()
     options = WriteOptions(picture_format="png", draw_boxes=True, keypoint_format="openpose25")
     write_result("pose", pose, tmp_path / "p", image, options)
-    expected = draw_pose(image, pose, fmt="openpose25", draw_boxes=True)
+    expected = draw_pose(image, pose, fmt="openpose25", draw_boxes=True, box_ids=[0, 1])
     assert np.array_equal(_read_rgb(tmp_path / "p_pose.png"), expected)
+    assert not np.array_equal(expected, draw_pose(image, pose, fmt="openpose25", draw_boxes=True))  # "#0", "#1"
+    write_result("pose", pose, tmp_path / "d", image, WriteOptions(picture_format="png"))  # the default: boxes, ids
+    assert np.array_equal(_read_rgb(tmp_path / "d_pose.png"), draw_pose(image, pose, draw_boxes=True, box_ids=[0, 1]))
     with pytest.raises(ValueError, match="needs the RGB image"):
         write_result("pose", pose, tmp_path / "q", None)
     assert [p.name for p in write_result("pose", pose, tmp_path / "q", None, WriteOptions(overlay=False))] == [
         "q_pose.json"
     ]
+
+
+def test_pose_boxes_past_the_image_are_written_clipped_as_bbox_xyxy(tmp_path):
+    pose = astronaut_pose()
+    pose.boxes[0] = [-12.5, 40.0, 530.0, 792.0]  # a detector box reaching past the left, right and bottom edges
+    write_result("pose", pose, tmp_path / "p", astronaut_image(), WriteOptions(picture_format="png"))
+    first, second = json.loads((tmp_path / "p_pose.json").read_text())["instances"]
+    assert first["bbox_xyxy"] == [0.0, 40.0, 511.0, 511.0] and second["bbox_xyxy"] == pose.boxes[1].tolist()
+    picture = _read_rgb(tmp_path / "p_pose.png")  # the box's right and bottom edges are drawn on the last pixels
+    assert (picture[45:500, 511] == 255).all() and (picture[511, 20:500] == 255).all()
+
+
+def test_pose_json_reads_back_into_the_written_result(tmp_path):
+    pose = astronaut_pose()
+    pose.keypoints[1, 5] = np.nan
+    write_result("pose", pose, tmp_path / "p", None, WriteOptions(overlay=False, keypoint_format="coco17"))
+    read, scores = read_pose_json(tmp_path / "p_pose.json")
+    written = pose.converted("coco17")
+    assert read.keypoint_names == written.keypoint_names and read.image_size == (512, 512)
+    for name in ("boxes", "box_scores", "keypoints", "scores"):
+        np.testing.assert_array_equal(getattr(read, name), getattr(written, name), err_msg=name)  # NaN where null
+    expected = [instance_score(s, k) for s, k in zip(pose.box_scores, pose.scores, strict=True)]
+    assert scores.tolist() == pytest.approx(expected)
+    (tmp_path / "bad_pose.json").write_text('{"instances": [')
+    with pytest.raises(ValueError, match="bad_pose.json: not a readable pose JSON"):
+        read_pose_json(tmp_path / "bad_pose.json")
 
 
 def test_non_finite_pose_values_become_json_null(tmp_path):
@@ -325,18 +359,23 @@ def test_instance_score_is_box_score_times_mean_of_keypoint_scores_above_0_2():
     assert instance_score(1.0, np.array([0.1, 0.2])) == 0.0
 
 
-def test_coco_results_file_loads_with_pycocotools_and_scores_perfectly_against_itself(tmp_path):
-    coco_module = require_module("pycocotools.coco")
-    cocoeval_module = require_module("pycocotools.cocoeval")
+def test_coco_results_are_an_array_and_the_dataset_file_maps_image_ids_to_files(tmp_path):
     pose = astronaut_pose()
-    writer = CocoResultsWriter(tmp_path / "results.json", keypoint_format="coco17")
+    pose.boxes[1] = [370.0, -20.0, 530.0, 250.0]  # a detector box past the image's top and right
+    writer = CocoResultsWriter(tmp_path / "r.json", keypoint_format="coco17", dataset_path=tmp_path / "r_dataset.json")
     assert writer.add(pose, "astronaut.png") == 1
     assert writer.add(_empty_pose("/data/empty.jpg")) == 2  # file name from the path
     path = writer.close()
-    assert len(writer) == 2 and writer.num_instances == 2 and path.is_file()
+    assert path == tmp_path / "r.json" and len(writer) == 2 and writer.num_instances == 2
     _no_temporaries(tmp_path)
+    results = json.loads(path.read_text())
+    assert isinstance(results, list) and len(results) == 2
+    assert [sorted(r) for r in results] == [["category_id", "image_id", "keypoints", "score"]] * 2  # no "bbox"
+    expected = pose.converted("coco17")
+    assert np.array_equal(np.array(results[0]["keypoints"]).reshape(17, 3)[:, :2], expected.keypoints[0])
+    assert results[0]["score"] == pytest.approx(instance_score(0.95, pose.scores[0]))  # from the 308 scores
 
-    data = json.loads(path.read_text())
+    data = json.loads((tmp_path / "r_dataset.json").read_text())
     assert data["images"] == [
         {"id": 1, "file_name": "astronaut.png", "height": 512, "width": 512},
         {"id": 2, "file_name": "empty.jpg", "height": 300, "width": 200},
@@ -344,34 +383,10 @@ def test_coco_results_file_loads_with_pycocotools_and_scores_perfectly_against_i
     category = data["categories"][0]
     assert category["id"] == 1 and category["keypoints"] == list(format_keypoint_names("coco17"))
     assert len(category["skeleton"]) == 19 and min(min(link) for link in category["skeleton"]) == 1
-    first = data["annotations"][0]
-    assert first["image_id"] == 1 and first["category_id"] == 1 and len(first["keypoints"]) == 51
-    expected = pose.converted("coco17")
-    assert np.array_equal(np.array(first["keypoints"]).reshape(17, 3)[:, :2], expected.keypoints[0])
-    assert first["score"] == pytest.approx(instance_score(0.95, pose.scores[0]))
-
-    as_dataset = coco_module.COCO(str(path))  # the whole file is a valid COCO dataset
-    assert sorted(as_dataset.getImgIds()) == [1, 2] and len(as_dataset.getAnnIds()) == 2
-    # Ground truth = the predictions themselves, all 17 keypoints visible, area of the box.
-    gt = {"images": data["images"], "categories": data["categories"], "annotations": []}
-    for index, (points, box) in enumerate(zip(expected.keypoints, expected.boxes, strict=True)):
-        triplets = np.concatenate([points, np.full((17, 1), 2.0)], axis=1).reshape(-1).tolist()
-        width, height = box[2] - box[0], box[3] - box[1]
-        gt["annotations"].append({"id": index + 1, "image_id": 1, "category_id": 1, "iscrowd": 0,
-                                  "keypoints": triplets, "num_keypoints": 17, "area": float(width * height),
-                                  "bbox": [float(box[0]), float(box[1]), float(width), float(height)]})  # fmt: skip
-    ground_truth = coco_module.COCO()
-    ground_truth.dataset = gt
-    ground_truth.createIndex()
-    detections = ground_truth.loadRes(json.loads(path.read_text())["annotations"])
-    assert len(detections.getAnnIds()) == 2
-    evaluation = cocoeval_module.COCOeval(ground_truth, detections, "keypoints")
-    evaluation.evaluate()
-    evaluation.accumulate()
-    evaluation.summarize()
-    assert evaluation.stats[0] == pytest.approx(1.0)
-    sigmas = keypoint_metadata().sigmas[list(keypoint_metadata().groups["body"])]
-    assert evaluate_keypoints(gt, data["annotations"], sigmas)["AP"] == pytest.approx(1.0)
+    assert [a["id"] for a in data["annotations"]] == [1, 2]
+    assert data["annotations"][1]["bbox"] == [370.0, 0.0, 141.0, 250.0]  # clipped to the image, then x, y, w, h
+    assert data["annotations"][1]["box_score"] == 0.6
+    assert [{k: a[k] for k in results[0]} for a in data["annotations"]] == results
 
 
 def test_coco_writer_uses_given_image_ids_and_rejects_duplicates_and_unknown_names(tmp_path):
@@ -382,9 +397,11 @@ def test_coco_writer_uses_given_image_ids_and_rejects_duplicates_and_unknown_nam
     with pytest.raises(ValueError, match="not in the image_ids map"):
         writer.add(astronaut_pose(), "c.png")
     assert writer.add(_empty_pose("x/b.png")) == 7
-    data = json.loads(writer.write().read_text())
-    assert [image["id"] for image in data["images"]] == [42, 7]
-    assert len(data["annotations"][0]["keypoints"]) == 3 * 308 and data["info"]["keypoint_format"] == "sapiens308"
+    results = json.loads(writer.write().read_text())
+    assert [r["image_id"] for r in results] == [42, 42]  # image 7 has nobody
+    assert len(results[0]["keypoints"]) == 3 * 308 and writer.dataset()["info"]["keypoint_format"] == "sapiens308"
+    assert [image["id"] for image in writer.dataset()["images"]] == [7, 42]  # by id
+    assert not (tmp_path / "r_dataset.json").exists()  # only with dataset_path
     with pytest.raises(ValueError, match="pass file_name"):
         CocoResultsWriter(tmp_path / "s.json").add(_empty_pose(None))
     with pytest.raises(ValueError, match="keypoint_format"):
@@ -398,4 +415,4 @@ def test_coco_writer_writes_unusable_keypoints_as_zero_triplets(tmp_path):
     writer.add(pose, "a.png")
     text = writer.write().read_text()
     assert "NaN" not in text
-    assert json.loads(text)["annotations"][0]["keypoints"][:3] == [0.0, 0.0, 0.0]
+    assert json.loads(text)[0]["keypoints"][:3] == [0.0, 0.0, 0.0]

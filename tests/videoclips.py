@@ -66,47 +66,73 @@ def write_clip(
     *,
     fps: int = 25,
     codec: str = "libx264",
-    audio: bool = False,
+    audio: bool | str = False,
     rotation: int | None = None,
     times: Callable[[int], float] | None = None,
+    bframes: int = 0,
+    timescale: int | None = None,
 ) -> Path:
-    """Encode RGB frames; ``audio`` adds a 440 Hz AAC tone as long as the video; ``times(i)`` gives variable
-    frame times in seconds; ``rotation`` sets the display matrix (counter-clockwise degrees)."""
+    """Encode RGB frames; ``audio`` adds a 440 Hz tone as long as the video (``True``: AAC, or an encoder name:
+    ``libopus``, ``vorbis``, ``libmp3lame``, ``pcm_s16le`` ...); ``times(i)`` gives variable frame times in seconds;
+    ``rotation`` sets the display matrix (counter-clockwise degrees); ``bframes`` B-frames (libx264);
+    ``timescale`` the time base 1/timescale the file's video stream gets (mov/mp4: 600 as phones write, 1000, fps;
+    an avi always gets 1/fps, mkv and webm 1/1000)."""
     import av
 
     frames = list(frames)
     height, width = frames[0].shape[:2]
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream(codec, rate=fps, options={"bf": "0"} if codec == "libx264" else {})
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        time_base = Fraction(1, fps * 1000)
+    avi = path.suffix.lower() == ".avi"
+    options = {"video_track_timescale": str(timescale)} if timescale else {}
+    with av.open(str(path), "w", options=options) as out:
+        settings = {"bf": str(bframes)} if codec == "libx264" else {}
+        stream = out.add_stream(codec, rate=fps, options=settings)
+        stream.width, stream.height = width, height
+        stream.pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
+        time_base = Fraction(1, fps) if avi else Fraction(1, timescale or fps * 1000)
         stream.time_base = stream.codec_context.time_base = time_base
         if rotation is not None:
             stream.set_display_rotation(rotation)
         sound = None
         if audio:
-            sound = out.add_stream("aac", rate=16000, layout="mono")
+            name = "aac" if audio is True else audio
+            sound = out.add_stream(name, rate=48000 if "opus" in name else 16000,
+                                   layout="stereo" if name == "vorbis" else "mono")  # fmt: skip
+            if name == "vorbis":
+                sound.codec_context.options = {"strict": "experimental"}
+        last = -1
         for i, image in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(image, format="rgb24")
-            frame.pts = round((times(i) if times else i / fps) / time_base)
+            frame.pts = last = max(round((times(i) if times else i / fps) / time_base), last + 1)
             frame.time_base = time_base
             for packet in stream.encode(frame):
                 out.mux(packet)
         for packet in stream.encode(None):
             out.mux(packet)
         if sound is not None:
-            duration = len(frames) / fps
-            samples = int(16000 * duration)
-            tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(samples) / 16000)).astype(np.float32)
+            rate, channels = sound.codec_context.sample_rate, sound.codec_context.channels
+            duration = (times(len(frames) - 1) if times else (len(frames) - 1) / fps) + 1 / fps
+            samples = int(rate * duration)
+            tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(samples) / rate)).astype(np.float32)
             for start in range(0, samples, 1024):
-                chunk = tone[start : start + 1024][None]
-                aframe = av.AudioFrame.from_ndarray(chunk, format="flt", layout="mono")
-                aframe.sample_rate, aframe.pts = 16000, start
+                chunk = np.repeat(tone[start : start + 1024][None], channels, axis=0)
+                aframe = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="stereo" if channels == 2 else "mono")
+                aframe.sample_rate, aframe.pts = rate, start
                 for packet in sound.encode(aframe):
                     out.mux(packet)
             for packet in sound.encode(None):
                 out.mux(packet)
     return path
+
+
+def irregular_times(fps: int) -> Callable[[int], float]:
+    """Variable frame rate: frame gaps cycle through 0.8, 1.0, 1.4 and 2.0 frame periods (a phone that drops and
+    bunches frames)."""
+    gaps = np.array([0.8, 1.0, 1.4, 2.0]) / fps
+
+    def time(i: int) -> float:
+        return float(gaps.sum() * (i // 4) + gaps[: i % 4].sum())
+
+    return time
 
 
 def probe(path: Path) -> dict:

@@ -10,7 +10,9 @@ Layout under the job's output folder (``<output>/_bulk/``)::
 An item is done when a commit (or a journal line) says so with its content hash: a rerun skips it without
 decoding. A commit is written only after the sink has written the shard's outputs (atomically), so a crash between
 the two recomputes the shard into the same output names, never a second copy. A torn last journal line (a kill
-mid-append) is ignored.
+mid-append) and any journal line that is not an item are ignored. A commit file that cannot be read (truncated,
+empty, not a commit) is set aside as ``<name>.broken`` when the job starts, with a warning naming it; its items are
+recomputed under the same attempt number, so a columnar part it named is replaced, not duplicated.
 """
 
 from __future__ import annotations
@@ -18,16 +20,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..data.collections import Record
 from ..data.io import save_json
 from .job import Outcome
 
 __all__ = ["Ledger", "LedgerEntry", "LedgerMismatch"]
 
 _COMMIT = re.compile(r"^(?P<shard>.+)\.(?P<attempt>\d{4,})\.json$")
+_BROKEN = re.compile(r"^(?P<shard>.+)\.(?P<attempt>\d{4,})\.json\.broken$")
 
 
 class LedgerMismatch(ValueError):
@@ -36,16 +42,60 @@ class LedgerMismatch(ValueError):
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """What the ledger knows of one key: its content hash, ``done`` or ``failed``, the error, the part file."""
+    """What the ledger knows of one key: its content hash, ``done`` or ``failed``, the error, the part file, and
+    the output stem it was written under (None in ledgers written before stems were recorded)."""
 
     content_hash: str | None
     status: str
     error: str | None = None
     part: str | None = None
+    stem: str | None = None
+
+
+def _item(value: Any) -> LedgerEntry | None:
+    """The entry of one ledger item (a commit's item or a journal line); None when it is not one."""
+    if not isinstance(value, dict) or not isinstance(value.get("key"), str) or value.get("status") not in (
+        "done", "failed"
+    ):
+        return None
+    return LedgerEntry(value.get("hash"), value["status"], value.get("error"), value.get("part"), value.get("stem"))
+
+
+def _journal_items(path: Path) -> list[dict[str, Any]]:
+    """The item lines of a journal, in order; torn lines (a kill mid-append) and lines that are not items skipped."""
+    items = []
+    for line in path.read_bytes().split(b"\n"):
+        try:
+            value = json.loads(line)
+        except ValueError:  # also UnicodeDecodeError
+            continue
+        if _item(value) is not None:
+            items.append(value)
+    return items
+
+
+def _read_json(path: Path) -> Any:
+    """A JSON file's value. Raises ValueError saying what is wrong (empty, truncated or invalid), without the path."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise ValueError("empty file")
+    try:
+        return json.loads(data)
+    except ValueError as error:  # also UnicodeDecodeError
+        raise ValueError(f"truncated or invalid JSON: {error}") from None
+
+
+def _commit_items(path: Path) -> list[dict[str, Any]]:
+    """The items of a commit file. Raises ValueError (one line, without the path) when it is not a readable commit."""
+    data = _read_json(path)
+    items = data.get("items") if isinstance(data, dict) else None
+    if not isinstance(items, list) or any(_item(item) is None for item in items):
+        raise ValueError("not a ledger commit (no list of items with key and status)")
+    return items
 
 
 def _entry_dict(outcome: Outcome, part: str | None) -> dict[str, Any]:
-    entry = {"key": outcome.key, "hash": outcome.content_hash, "status": outcome.status}
+    entry = {"key": outcome.key, "stem": outcome.stem, "hash": outcome.content_hash, "status": outcome.status}
     if outcome.error:
         entry["error"] = outcome.error
     if part:
@@ -64,9 +114,10 @@ class Ledger:
         self.root = Path(output) / "_bulk"
         self.folder = self.root / "ledger"
         self._index: dict[str, list[str]] | None = None
+        self.warnings: list[str] = []  # what ``start`` found broken and set aside, one line each
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root, "folder": self.folder, "_index": None}
+        return {"root": self.root, "folder": self.folder, "_index": None, "warnings": []}
 
     def start(self, fingerprint: dict[str, Any]) -> bool:
         """Create the ledger, or check that an existing one is for the same job; True when resuming.
@@ -76,8 +127,23 @@ class Ledger:
         """
         path = self.root / "job.json"
         fingerprint = json.loads(json.dumps(fingerprint, default=str))
+        self.warnings = []
+        stored = None
         if path.exists():
-            stored = json.loads(path.read_text())
+            try:
+                stored = _read_json(path)
+                if not isinstance(stored, dict):
+                    raise ValueError("not a JSON object of settings")
+            except ValueError as error:
+                aside = _set_aside(path)
+                self.warnings.append(
+                    f"the job settings file {str(path)!r} is unreadable ({error}); set aside as "
+                    f"{aside.name!r} and replaced by this run's settings, so they could not be compared with the "
+                    "earlier runs'"
+                )
+                save_json(path, fingerprint)
+                stored = fingerprint
+        if stored is not None:
             if stored != fingerprint:
                 names = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != fingerprint.get(k))
                 raise LedgerMismatch(
@@ -90,14 +156,31 @@ class Ledger:
             resuming = False
         self.folder.mkdir(parents=True, exist_ok=True)
         self._index = None
+        self._check_commits()
         return resuming
+
+    def _check_commits(self) -> None:
+        """Set aside every commit that cannot be read, once, before any worker reads the ledger."""
+        for name in self._all():
+            if not _COMMIT.match(name):
+                continue
+            path = self.folder / name
+            try:
+                _commit_items(path)
+            except (ValueError, OSError) as error:
+                aside = _set_aside(path)
+                self.warnings.append(
+                    f"ledger commit {str(path)!r} is unreadable ({error}); set aside as "
+                    f"{aside.name!r}: its items are computed again"
+                )
+        self._index = None
 
     def _files(self, shard: str) -> list[str]:
         if self._index is None:  # one listing per run, not one per shard
             index: dict[str, list[str]] = {}
             names = sorted(os.listdir(self.folder)) if self.folder.is_dir() else []
             for name in names:
-                match = _COMMIT.match(name)
+                match = _COMMIT.match(name) or _BROKEN.match(name)
                 owner = match["shard"] if match else name.split(".journal.jsonl")[0] if ".journal." in name else None
                 if owner is not None:
                     index.setdefault(owner, []).append(name)
@@ -110,27 +193,49 @@ class Ledger:
         names = self._files(shard)
         commits = sorted((n for n in names if _COMMIT.match(n)), key=lambda n: int(_COMMIT.match(n)["attempt"]))
         for name in commits:
-            data = json.loads((self.folder / name).read_text())
-            for item in data["items"]:
-                state[item["key"]] = LedgerEntry(item.get("hash"), item["status"], item.get("error"), item.get("part"))
+            try:
+                items = _commit_items(self.folder / name)
+            except (ValueError, OSError):  # set aside by ``start``; broken since: its items are simply not done
+                continue
+            for item in items:
+                state[item["key"]] = _item(item)
         journal = self.folder / f"{shard}.journal.jsonl"
         if journal.exists():
-            for line in journal.read_bytes().split(b"\n"):
-                try:
-                    item = json.loads(line)
-                except ValueError:
-                    continue  # a torn last line from a kill mid-append
-                state[item["key"]] = LedgerEntry(item.get("hash"), item["status"], item.get("error"), item.get("part"))
+            for item in _journal_items(journal):
+                state[item["key"]] = _item(item)
         return state
 
     def done_hashes(self, shard: str) -> dict[str, str]:
         """key -> content hash of the items of ``shard`` that are done (a rerun skips these)."""
+        return {key: hash for key, (hash, _) in self.done_items(shard).items()}
+
+    def done_items(self, shard: str) -> dict[str, tuple[str, str | None]]:
+        """key -> (content hash, output stem or None) of the items of ``shard`` that are done."""
         state = self.shard_state(shard)
-        return {key: e.content_hash for key, e in state.items() if e.status == "done" and e.content_hash}
+        return {key: (e.content_hash, e.stem) for key, e in state.items() if e.status == "done" and e.content_hash}
+
+    def skip_hashes(self, shard: str) -> Callable[[Record], str | None]:
+        """For a shard's records: the content hash under which each is done, or None when it must be processed.
+
+        A record counts as done only under the output stem it was written under: an item whose stem changed (a
+        newcomer now shares its name, see ``data.collections``) is redone under its new name."""
+        done = self.done_items(shard)
+
+        def lookup(record: Record) -> str | None:
+            hash, stem = done.get(record.key, (None, None))
+            return hash if stem is None or stem == record.stem else None
+
+        return lookup
 
     def next_attempt(self, shard: str) -> int:
-        """The number of the shard's next commit (0 for a new shard)."""
-        return sum(1 for name in self._files(shard) if _COMMIT.match(name))
+        """The number of the shard's next commit: 0 for a new shard; the number of a commit set aside as broken
+        (so the sink replaces the part it named); else one more than the last commit."""
+        names = self._files(shard)
+        valid = {int(m["attempt"]) for m in map(_COMMIT.match, names) if m}
+        broken = {int(m["attempt"]) for m in map(_BROKEN.match, names) if m} - valid
+        if broken:
+            return min(broken)
+        return max(valid) + 1 if valid else 0
 
     def record_items(self, shard: str, outcomes: list[Outcome]) -> None:
         """Append items to the shard's journal and flush them to disk (item-by-item sinks)."""
@@ -151,11 +256,7 @@ class Ledger:
         journal = self.folder / f"{shard}.journal.jsonl"
         if journal.exists():
             new = {item["key"] for item in items}
-            for line in reversed(journal.read_bytes().split(b"\n")):  # the latest line of a key wins
-                try:
-                    item = json.loads(line)
-                except ValueError:
-                    continue
+            for item in reversed(_journal_items(journal)):  # the latest line of a key wins
                 if item["key"] not in new:
                     new.add(item["key"])
                     items.append(item)
@@ -173,10 +274,21 @@ class Ledger:
         """key -> latest entry over the whole ledger (reads every commit: for reports and tests)."""
         self._index = None
         result: dict[str, LedgerEntry] = {}
-        shards = {(_COMMIT.match(n)["shard"] if _COMMIT.match(n) else n.split(".journal")[0]) for n in self._all()}
+        shards = {match["shard"] for match in map(_COMMIT.match, self._all()) if match}
+        shards |= {name.split(".journal.jsonl")[0] for name in self._all() if name.endswith(".journal.jsonl")}
         for shard in sorted(shards):
             result.update(self.shard_state(shard))
         return result
 
     def _all(self) -> list[str]:
         return sorted(os.listdir(self.folder)) if self.folder.is_dir() else []
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename a broken ledger file to ``<name>.broken`` (``<name>.broken.<time>`` if that is taken)."""
+    aside = path.with_name(path.name + ".broken")
+    if aside.exists():
+        aside = path.with_name(f"{path.name}.broken.{time.time_ns()}")
+    os.replace(path, aside)
+    return aside
+

@@ -43,11 +43,11 @@ def _set_threads(label: str, threads: int) -> None:
 def _tasks(shards: Iterator[Shard], ledger: Ledger, batch_size: int) -> Iterator[tuple]:
     """("batch", shard id, index, [(record, done hash)]) per batch, then ("seal", shard id, number of batches)."""
     for shard in shards:
-        done = ledger.done_hashes(shard.id)
+        done = ledger.skip_hashes(shard.id)
         batch: list = []
         count = 0
         for record in shard:
-            batch.append((record, done.get(record.key)))
+            batch.append((record, done(record)))
             if len(batch) == batch_size:
                 yield ("batch", shard.id, count, batch)
                 batch, count = [], count + 1
@@ -58,7 +58,17 @@ def _tasks(shards: Iterator[Shard], ledger: Ledger, batch_size: int) -> Iterator
 
 
 def _worker(job: BulkJob, label: str, threads: int, tasks: Any, connection: Any, parent: int) -> None:
-    """A worker process: set up the job on its device, then process batches until told to stop."""
+    """A worker process: set up the job on its device, then process batches until told to stop.
+
+    When the parent is gone (killed, or stopped by Ctrl-C, which reaches the whole process group) the worker ends
+    quietly: the parent reports the interruption once, and a rerun resumes."""
+    try:
+        _serve(job, label, threads, tasks, connection, parent)
+    except (BrokenPipeError, ConnectionResetError, EOFError, KeyboardInterrupt):
+        pass  # the parent is gone or stopping: nothing to send results to
+
+
+def _serve(job: BulkJob, label: str, threads: int, tasks: Any, connection: Any, parent: int) -> None:
     _set_threads(label, threads)
     try:
         job.setup(torch_device(label))

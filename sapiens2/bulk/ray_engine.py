@@ -11,7 +11,13 @@ files and Parquet sinks' arrays; the driver writes parts, tar shards and commits
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
+import subprocess
+import sys
+import uuid
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,9 +38,9 @@ class _ReadShard:
 
     def __call__(self, row: dict[str, Any]) -> Iterator[dict[str, Any]]:
         shard: Shard = pickle.loads(row["shard"])
-        done = self.ledger.done_hashes(shard.id)
+        done = self.ledger.skip_hashes(shard.id)
         for index, record in enumerate(shard):
-            yield {"shard": shard.id, "index": index, "payload": pickle.dumps((record, done.get(record.key)))}
+            yield {"shard": shard.id, "index": index, "payload": pickle.dumps((record, done(record)))}
 
 
 def _decode(batch: dict[str, Any], job: bytes) -> dict[str, Any]:
@@ -110,19 +116,95 @@ def run_ray(
         import ray
     except ImportError:
         raise ValueError("engine 'ray' needs Ray: pip install 'sapiens2[ray]'") from None
-    started = False
+    started, watchdog = False, None
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        marker = f"{os.getpid()}-{uuid.uuid4().hex}" if address is None else None
+        watchdog = _start_watchdog(marker) if marker is not None else None  # before any Ray process starts
+        try:
+            with _marked_environment(marker):  # every process of a local instance inherits the marker
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        except Exception as error:  # Ray's ConnectionError, AuthenticationError, RuntimeError ...
+            _stop_watchdog(watchdog)
+            raise RuntimeError(connect_problem(address, error)) from None
         started = address is None
     try:
         _pipeline(ray, job, collection, ledger, committer, devices, batch_size, threads)
     finally:
         if started:
             ray.shutdown()
+        _stop_watchdog(watchdog)  # it ends what shutdown left (nothing, normally)
+
+
+MARKER = "SAPIENS2_RAY_INSTANCE"
+"""Environment variable that marks the processes of a local Ray instance started by ``run_ray``."""
+
+_WATCHDOG = """
+import os, signal, sys
+marker, driver = f"{sys.argv[1]}={sys.argv[2]}".encode(), int(sys.argv[3])
+sys.stdin.buffer.read()  # returns at end of file: the driver closed the pipe, or died (kill -9 included)
+for name in os.listdir("/proc"):
+    if not name.isdigit() or int(name) in (os.getpid(), driver):
+        continue
+    try:
+        with open(f"/proc/{name}/environ", "rb") as handle:
+            if marker in handle.read().split(b"\\0"):
+                os.kill(int(name), signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def _stop_watchdog(watchdog: subprocess.Popen | None) -> None:
+    if watchdog is not None:
+        watchdog.stdin.close()
+        watchdog.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def _marked_environment(marker: str | None) -> Iterator[None]:
+    if marker is None:
+        yield
+        return
+    previous = os.environ.get(MARKER)
+    os.environ[MARKER] = marker
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(MARKER, None)
+        else:
+            os.environ[MARKER] = previous
+
+
+def _start_watchdog(marker: str) -> subprocess.Popen | None:
+    """A small process that, once this driver is gone (even by kill -9), kills every process of the local Ray
+    instance it started. Ray's own reaper ends the driver's process group, but Ray's agents (DashboardAgent,
+    RuntimeEnvAgent) run outside it and outlive a killed driver. Linux only (it reads ``/proc``)."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    environment = {k: v for k, v in os.environ.items() if k != MARKER}
+    command = [sys.executable, "-c", _WATCHDOG, MARKER, marker, str(os.getpid())]
+    return subprocess.Popen(command, stdin=subprocess.PIPE, env=environment, start_new_session=True)
+
+
+def connect_problem(address: str | None, error: BaseException) -> str:
+    """One line for a failed ``ray.init``: Ray's reason and, for a cluster, what token authentication needs."""
+    reason = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    if address is None:
+        return f"cannot start a local Ray instance ({reason})"
+    return (
+        f"cannot connect to the Ray cluster at {address!r} ({reason[:300]}); if the cluster uses token "
+        "authentication (`ray start` turns it on with RAY_AUTH_MODE=token or when ~/.ray/auth_token exists), "
+        "give this process the cluster's token: RAY_AUTH_TOKEN=..., RAY_AUTH_TOKEN_PATH=... or ~/.ray/auth_token "
+        "(`ray get-auth-token` on the head node prints it), or start the cluster with RAY_AUTH_MODE=disabled; "
+        "see docs/bulk.md"
+    )
 
 
 def _pipeline(ray, job, collection, ledger, committer, devices, batch_size, threads) -> None:
-    context = ray.data.DataContext.get_current()
+    with warnings.catch_warnings():  # Ray Data's first DataContext sets its own deprecated fields (Ray 2.60)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.data\.context")
+        context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # outcomes reach the committer in input order
     context.enable_progress_bars = False  # the job has one bar: the committer's
     shards = [{"shard": pickle.dumps(shard)} for shard in collection.shards()]
@@ -135,7 +217,8 @@ def _pipeline(ray, job, collection, ledger, committer, devices, batch_size, thre
         .flat_map(_ReadShard(ledger), num_cpus=CPU_TASK)
         .map_batches(_decode, fn_args=(job_bytes,), batch_size=batch_size, num_cpus=CPU_TASK)
         .map_batches(_Process, fn_constructor_args=(job_bytes, gpu, threads or 1), batch_size=batch_size,
-                     concurrency=count, num_gpus=1 if gpu else 0, num_cpus=0 if gpu else CPU_TASK * 2)
+                     compute=ray.data.ActorPoolStrategy(size=count), num_gpus=1 if gpu else 0,
+                     num_cpus=0 if gpu else CPU_TASK * 2)
     )  # fmt: skip
     current: str | None = None
     rows = 0

@@ -149,15 +149,6 @@ class Committer:
                 self.report.add_write(sum(o.status == "done" for o in outcomes), time.perf_counter() - start)
 
 
-def _total(collection: Any) -> int | None:
-    total = 0
-    for shard in collection.shards():
-        if shard.kind == "tar":
-            return None  # unknown until read
-        total += shard.count
-    return total
-
-
 def run_bulk(job: BulkJob, options: BulkOptions) -> Report:
     """Run ``job`` over ``options.inputs`` into ``options.output``, exactly once per item; returns the report.
 
@@ -192,8 +183,13 @@ def run_bulk(job: BulkJob, options: BulkOptions) -> Report:
         "shard_size": options.shard_size, "recursive": options.recursive,
     }  # fmt: skip
     report = Report(resumed=ledger.start(fingerprint))
+    for warning in ledger.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     start = time.perf_counter()
-    progress = tqdm(total=_total(collection), unit="img", desc="bulk", disable=None if options.progress else True)
+    total = collection.count()  # reads the listing once: repeated entries and clashing output names
+    for warning in collection.warnings():
+        print(f"warning: {warning}", file=sys.stderr)
+    progress = tqdm(total=total, unit="img", desc="bulk", disable=None if options.progress else True)
     committer = Committer(sink, ledger, report, progress)
     try:
         if options.engine == "ray":

@@ -4,8 +4,9 @@
 ``files``      item by item: each blob as ``<output>/<stem><name>`` (predict writes its usual files itself);
                the ledger journals every item, so a rerun redoes nothing that was written.
 ``parquet``    one ``parts/<shard>.<attempt>.parquet`` per shard attempt: columns ``key``, ``stem``, ``source``,
-               ``content_hash`` + the job's row; each blob is a file ``arrays/<stem><name>`` whose path
-               (relative to the output folder) is the column ``<name>`` (``_seg.png`` -> ``seg_png``).
+               ``content_hash``, the job's declared columns, then any other column of the shard's rows; each blob
+               is a file ``arrays/<stem><name>`` whose path (relative to the output folder) is the column
+               ``<name>`` (``_seg.png`` -> ``seg_png``).
 ``webdataset`` one ``shards/<shard>.<attempt>.tar`` per shard attempt: per item ``<wkey>.json`` (key, stem,
                source, content_hash + the row) and ``<wkey>.<name>`` per blob (``_seg.png`` -> ``.seg.png``);
                ``<wkey>`` is the stem with dots replaced (WebDataset splits a member name at its first dot).
@@ -89,7 +90,18 @@ def _pyarrow() -> tuple[Any, Any]:
     return pyarrow, pyarrow.parquet
 
 
+_FIXED_COLUMNS = ("key", "stem", "source", "content_hash")
+
+
 class ParquetSink(Sink):
+    """One Parquet part per shard attempt.
+
+    Columns: ``key``, ``stem``, ``source``, ``content_hash``, then every column of ``schema`` (declared up front:
+    present in every part, null where a row has no value), then any other column some row of the shard has, in the
+    order they first appear. Each column's type is the declared one, else inferred from all its values, so a column
+    the first rows lack (images filtered early, a task that did not run on them) is kept for the rows that have it.
+    """
+
     kind = "parquet"
 
     def __init__(self, output: str | os.PathLike, schema: Any = None) -> None:
@@ -98,7 +110,7 @@ class ParquetSink(Sink):
         _pyarrow()  # checked at the start of the job, not after the first shard
 
     def commit(self, shard: str, attempt: int, outcomes: list[Outcome]) -> str | None:
-        pa, pq = _pyarrow()
+        pq = _pyarrow()[1]
 
         rows = []
         for outcome in outcomes:
@@ -114,11 +126,7 @@ class ParquetSink(Sink):
             rows.append(row)
         if not rows:
             return None
-        table = pa.Table.from_pylist(rows)
-        if self.schema is not None:
-            names = table.column_names
-            fields = [(self.schema if n in self.schema.names else table.schema).field(n) for n in names]
-            table = table.cast(pa.schema(fields))
+        table = self.table(rows)
         relative = f"parts/{shard}.{attempt:04d}.parquet"
 
         def write(temporary: Path) -> None:
@@ -126,6 +134,23 @@ class ParquetSink(Sink):
 
         atomic_write(self.output / relative, write)
         return relative
+
+    def table(self, rows: list[dict[str, Any]]) -> Any:
+        """The Arrow table of a shard's rows: the union of their columns, typed by the schema where declared."""
+        pa = _pyarrow()[0]
+        declared = {} if self.schema is None else {field.name: field.type for field in self.schema}
+        declared = {**dict.fromkeys(_FIXED_COLUMNS, pa.string()), **declared}
+        names = dict.fromkeys(declared)
+        for row in rows:
+            names.update(dict.fromkeys(row))  # existing names keep their place: first appearance decides the order
+        columns = {}
+        for name in names:
+            values = [row.get(name) for row in rows]
+            try:
+                columns[name] = pa.array(values, type=declared.get(name))
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+                raise ValueError(f"Parquet column {name!r}: values of mixed or unsupported types ({error})") from None
+        return pa.table(columns)
 
 
 def webdataset_key(stem: str) -> str:

@@ -32,11 +32,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _did_you_mean(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """``unrecognized arguments: --batchsize 4; did you mean --batch-size?``: the closest flags of ``parser``."""
+    import difflib
+
+    shown = {action.dest: action.option_strings[-1] for action in parser._actions
+             if action.option_strings and action.help != argparse.SUPPRESS}  # fmt: skip
+    # Every flag, a deprecated (hidden) spelling answered with the flag that replaced it.
+    flags = {flag: shown.get(action.dest, flag) for action in parser._actions for flag in action.option_strings}
+    hints = []
+    for text in unknown:
+        if text.startswith("-"):
+            close = difflib.get_close_matches(text.split("=", 1)[0], list(flags), n=1, cutoff=0.6)
+            if close and flags[close[0]] not in hints:
+                hints.append(flags[close[0]])
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    return message + (f"; did you mean {' or '.join(hints)}?" if hints else "")
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status: 0 done, 1 a run in which items failed, 2 a usage or config error
+    (nothing was run). A flag a command does not know prints that command's usage with the closest flags."""
     import logging
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = getattr(args, "command", None)
+        owner = _subcommand(parser, command) if command else parser
+        owner.error(_did_you_mean(owner, unknown))  # exits with status 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -14,6 +14,7 @@ _USER_ERRORS = (CheckpointNotFoundError, CheckpointMismatchError, FileNotFoundEr
 
 
 def _resolution(text: str) -> tuple[int, int]:
+    """``--resolution HxW``: the deprecated spelling of ``--input-size H W``."""
     match = text.lower().split("x")
     if len(match) != 2 or not all(part.isdigit() and int(part) >= 16 for part in match):
         raise argparse.ArgumentTypeError(f"must be HxW in pixels, each >= 16, e.g. 1024x768; got {text!r}")
@@ -25,7 +26,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "benchmark",
         help="time a network: images/s, latency percentiles, peak memory, TFLOP/s and MFU",
         description="Time the forward pass of one network on random input. "
-        "Example: sapiens2 benchmark --task seg --model 1b --batch 8 --dtype bf16 --compile",
+        "Example: sapiens2 benchmark --task seg --model 1b --batch-size 8 --dtype bf16 --compile. "
+        "(The old spellings --batch N and --resolution HxW still work; they are deprecated.)",
     )
     parser.add_argument(
         "--task", default=BACKBONE, choices=(BACKBONE, *TASKS), help="a task model, or the bare backbone (default)"
@@ -33,9 +35,18 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--model", default="1b", help="arch or size (random weights), or a weight file / repo id (default 1b)"
     )
-    parser.add_argument("--batch", type=int, default=1, help="images per forward (default 1)")
+    parser.add_argument("--batch-size", type=int, default=1, help="images per forward (default 1)")
+    parser.add_argument("--batch", dest="batch_size", type=int, help=argparse.SUPPRESS)  # deprecated spelling
     parser.add_argument("--dtype", default=None, choices=tuple(DTYPES), help="default: bf16 on CUDA, fp32 on CPU")
-    parser.add_argument("--resolution", type=_resolution, default=None, help="network input HxW (default: the arch's)")
+    parser.add_argument(
+        "--input-size",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("H", "W"),
+        help="network input height and width in pixels (default: the size the model was built for)",
+    )
+    parser.add_argument("--resolution", dest="input_size", type=_resolution, help=argparse.SUPPRESS)  # deprecated
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--mode", default="fast", choices=("fast", "reference"), help="network mode (default fast)")
     parser.add_argument("--compile", action="store_true", help="torch.compile with static shapes (fast mode)")
@@ -57,9 +68,9 @@ def options_from_args(args: argparse.Namespace) -> BenchmarkOptions:
     return BenchmarkOptions(
         task=args.task,
         model=args.model,
-        batch=args.batch,
+        batch_size=args.batch_size,
         dtype=args.dtype,
-        resolution=args.resolution,
+        input_size=tuple(args.input_size) if args.input_size else None,
         device=args.device,
         mode=args.mode,
         compile=args.compile,

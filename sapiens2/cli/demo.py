@@ -54,6 +54,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--max-video-frames", type=int, default=150, help="frames of a clip the video tab processes (default 150)"
     )
+    serve.add_argument(
+        "--max-kept-results",
+        type=int,
+        default=16,
+        help="pages whose last results stay in memory for the class toggles and keypoint choice (default 16)",
+    )
+    serve.add_argument(
+        "--max-kept-mb", type=float, default=1024.0, help="megabytes of those results kept at most (default 1024)"
+    )
     parser.set_defaults(func=run, share=False)
 
 
@@ -71,7 +80,22 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         max_file_mb=args.max_file_mb,
         queue_size=args.queue_size,
         max_video_frames=args.max_video_frames,
+        max_kept_results=args.max_kept_results,
+        max_kept_mb=args.max_kept_mb,
     )
+
+
+def _stop_on_sigterm() -> None:
+    """``kill``, ``docker stop`` and systemd send SIGTERM, which ends Python without any clean-up: make it stop the
+    server as Ctrl+C does, so the requests' temporary files go with it."""
+    import signal
+    import threading
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from ..demo import launch
 
+        _stop_on_sigterm()
         launch(options, option=cli_option)
     except ImportError as error:
         print(f"error: {error}", file=sys.stderr)

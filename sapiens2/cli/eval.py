@@ -10,7 +10,8 @@ from ..checkpoints import CheckpointMismatchError, CheckpointNotFoundError
 from ..eval.pose import KEYPOINT_FORMATS
 from ..eval.run import TASK_EVALUATORS, EvalOptions, evaluate
 
-# Problems with the user's data, model or flags: one line on stderr, exit status 2 (no traceback).
+# Problems with the user's data, model or flags: one line on stderr, exit status 2 (no traceback). A run that
+# skipped unreadable samples prints its report and exits 1, as predict does when items fail.
 _USER_ERRORS = (CheckpointNotFoundError, CheckpointMismatchError, FileNotFoundError, ValueError)
 
 
@@ -49,7 +50,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")
     parser.add_argument("--batch-size", type=int, default=4, help="images per forward pass")
     parser.add_argument(
-        "--input-size", type=int, nargs=2, default=(1024, 768), metavar=("H", "W"), help="network input (1024 768)"
+        "--input-size",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("H", "W"),
+        help="network input height and width in pixels (default: the size the model was built or trained for, an "
+        "exported .onnx/.pt2 file's own; else 1024 768)",
     )
     parser.add_argument("--label-map", default=None, help="seg: remap stored ids with a seg29.json table")
     pose = parser.add_argument_group("pose")
@@ -84,7 +91,7 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
         dtype=args.dtype,
         batch_size=args.batch_size,
         device=args.device,
-        input_size=tuple(args.input_size),
+        input_size=tuple(args.input_size) if args.input_size else None,
         output=args.output,
         compare=tuple(args.compare) if args.compare else None,
         label_map=args.label_map,
@@ -102,4 +109,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"sapiens2 eval: {error}", file=sys.stderr)
         return 2
     print(report.to_markdown(), end="")
+    skipped = len(report.skipped) + (0 if report.baseline is None else len(report.baseline.skipped))
+    if skipped:  # as predict: a run in which items failed exits 1 (the report holds every line)
+        print(f"sapiens2 eval: {skipped} sample(s) could not be read and were skipped (listed in the report)",
+              file=sys.stderr)  # fmt: skip
+        return 1
     return 0

@@ -15,6 +15,15 @@ from pathlib import Path
 
 FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "safetensors", "transformers")
 NETWORK_FORMATS = ("onnx", "pt2", "aoti", "tensorrt")
+# The file name tells the format (the first one listed; --format picks another of the same suffix): ``Predictor``
+# and ``load_model`` read files by their suffix. transformers writes a folder.
+SUFFIX_FORMATS = {
+    ".onnx": ("onnx",),
+    ".pt2": ("pt2", "aoti"),
+    ".engine": ("tensorrt",),
+    ".plan": ("tensorrt",),
+    ".safetensors": ("safetensors",),
+}
 # User-input problems: one line on stderr and exit status 2, no traceback.
 _USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError)
 
@@ -33,12 +42,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "model",
         help="a model file, folder, Hugging Face repo id or size (1b), or a training run folder / checkpoint .pt",
     )
-    parser.add_argument("-o", "--output", required=True, help="the file (folder for transformers) to write")
+    parser.add_argument(
+        "-o", "--output", required=True, help="the file to write (its suffix names the format), or a folder for "
+        "--format transformers"
+    )  # fmt: skip
     parser.add_argument(
         "--format",
         choices=FORMATS,
         default=None,
-        help="default: safetensors for a training run, onnx otherwise",
+        help="default: from the -o name (.onnx, .pt2, .engine/.plan: tensorrt, .safetensors; a folder: "
+        "transformers); a different --format of the same suffix (aoti: .pt2) or a name without one must be given",
     )
     parser.add_argument(
         "--task",
@@ -104,11 +117,40 @@ def run_export(args: argparse.Namespace) -> int:
         return 2
 
 
+def output_format(output: str, format_: str | None) -> str:
+    """The format ``-o OUTPUT`` names by its suffix, checked against ``--format`` when both are given."""
+    suffix = Path(output).suffix.lower()
+    named = SUFFIX_FORMATS.get(suffix)
+    suffixes = ", ".join(SUFFIX_FORMATS)
+    if format_ == "transformers":
+        if named:
+            raise ValueError(f"-o {output}: --format transformers writes a folder, not a {suffix} file")
+        return format_
+    if format_ is None:
+        if named:
+            return named[0]
+        if not suffix:
+            raise ValueError(
+                f"-o {output}: give the file a format suffix ({suffixes}) or --format transformers for a folder"
+            )
+    elif named and format_ in named:
+        return format_
+    wanted = [name for name, formats in SUFFIX_FORMATS.items() if format_ in formats]
+    if named:
+        raise ValueError(f"-o {output} names a {named[0]} file but --format is {format_}: name it "
+                         f"{Path(output).with_suffix(wanted[0])} or leave --format out")  # fmt: skip
+    problem = f"unknown file suffix '{suffix}'" if suffix else "no file suffix"
+    if not wanted:
+        raise ValueError(f"-o {output}: {problem}; use one of {suffixes}")
+    raise ValueError(f"-o {output}: {problem}; a --format {format_} file ends in {' or '.join(wanted)}, e.g. "
+                     f"{Path(output).with_suffix(wanted[0])}")  # fmt: skip
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..train.run import ExportOptions, export_run
 
     run = is_training_run(args.model)
-    format_ = args.format or ("safetensors" if run else "onnx")
+    format_ = output_format(args.output, args.format)
     if args.check and format_ not in ("onnx", "pt2", "aoti"):
         raise ValueError(f"--check runs .onnx and .pt2 files, not --format {format_}")
     if format_ == "safetensors":

@@ -8,9 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..data.io import DEFAULT_MAX_MEGAPIXELS
 from ..metadata import SAMPLE_IMAGE
 from ..models.lowp import QUANTIZATIONS
-from ..predict.run import PredictOptions, predict_files
+from ..predict.options import PredictOptions
+from ..predict.run import predict_files
 from ..tasks import TASKS
 
 # PredictOptions fields whose flag is not "--" + the field name with dashes.
@@ -49,6 +51,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     out.add_argument("--save-npy", action="store_true", help="also save raw arrays where optional (seg labels)")
     out.add_argument("--skip-existing", action="store_true", help="skip images whose outputs already exist")
     out.add_argument("--no-recursive", action="store_true", help="do not descend into subfolders")
+    out.add_argument(
+        "--max-megapixels",
+        type=_positive_float,
+        default=DEFAULT_MAX_MEGAPIXELS,
+        help=f"refuse larger images, judged from the file header (default {DEFAULT_MAX_MEGAPIXELS:g})",
+    )
     pose = parser.add_argument_group("pose")
     pose.add_argument(
         "--detector",
@@ -60,9 +68,17 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--keypoint-format",
         default="sapiens308",
         choices=("sapiens308", "coco17", "coco_wholebody133", "openpose25"),
-        help="keypoint set written to the JSON files",
+        help="keypoint set of the pose JSON files, pictures and --coco-results (coco17: COCO's 17, in its order)",
     )
-    pose.add_argument("--coco-results", type=Path, default=None, help="also write one COCO results file for the run")
+    pose.add_argument(
+        "--coco-results",
+        type=Path,
+        default=None,
+        metavar="FILE.json",
+        help="also write the run's people as a COCO keypoint results array (pycocotools' loadRes) in "
+        "--keypoint-format (coco17 scores against COCO-17 ground truth); image ids are those of a COCO --boxes "
+        "file, else 1, 2, ... in input order; FILE_dataset.json beside it lists the images (id, file_name)",
+    )
     pose.add_argument("--no-flip-test", action="store_true", help="skip the flip test (faster, less accurate)")
     bulk = parser.add_argument_group("bulk (docs/bulk.md: exactly once, resumable; ledger in OUTPUT/_bulk)")
     bulk.add_argument(
@@ -83,6 +99,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     bulk.add_argument("--threads", type=int, default=None, help="torch threads per CPU worker")
     video = parser.add_argument_group("video (inputs .mp4/.mov/.mkv/.webm/.avi ..., rtsp/http URLs, /dev/videoN)")
     video.add_argument("--frames", action="store_true", help="read each folder INPUT as one video (frames in order)")
+    video.add_argument("--fps", type=_positive_float, default=None,
+                       help="with --frames: the frame rate of the image sequence (default 30)")  # fmt: skip
     video.add_argument("--start", type=int, default=0, help="first source frame (index)")
     video.add_argument("--end", type=int, default=None, help="stop before this source frame (index)")
     video.add_argument("--stride", type=int, default=1, help="take every N-th frame")
@@ -91,6 +109,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     video.add_argument("--smooth", default="auto", choices=("auto", "none", "online", "offline"),
                        help="auto: offline (zero-lag Gaussian) for files, online (One-Euro) for live sources")
     parser.set_defaults(func=run)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
 
 
 def add_model_flags(group: argparse._ArgumentGroup, batch_help: str) -> None:
@@ -181,6 +209,7 @@ def options_from_args(args: argparse.Namespace) -> PredictOptions:
         save_npy=args.save_npy,
         skip_existing=args.skip_existing,
         recursive=not args.no_recursive,
+        max_megapixels=args.max_megapixels,
         detector=args.detector,
         boxes=args.boxes,
         keypoint_format=args.keypoint_format,
@@ -219,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     try:
         video = VideoOptions(start=args.start, end=args.end, stride=args.stride, detect_every=args.detect_every,
-                             smooth=args.smooth)  # fmt: skip
+                             smooth=args.smooth, fps=args.fps)  # fmt: skip
     except ValueError as error:
         print(f"error: --{str(error).replace('_', '-')}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from ..pretrain.run import PretrainOptions, run_pretrain
-from .train import add_run_flags, resume_flag, run_logged
+from .train import add_run_flags, resume_flag, run_logged, summary_line
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -36,5 +36,5 @@ def run_command(args: argparse.Namespace) -> int:
     summary = run_logged("pretrain", run_pretrain, options_from_args(args))
     if isinstance(summary, int):
         return summary
-    print(f"pretrained {summary['steps']} steps, final loss {summary['loss']:.4f}; backbone: {summary['model']}")
+    print(summary_line(summary, "pretrained", "backbone"))
     return 0

@@ -2,7 +2,7 @@
 
 The flags parse into ``TrainOptions`` for ``sapiens2.train.train``. Runs under ``torchrun --nproc-per-node N -m
 sapiens2 train cfg.yaml`` unchanged. (``sapiens2 export`` of a run: ``cli/export.py``.) ``add_run_flags`` and
-``run_logged`` are shared with ``sapiens2 pretrain``, which runs on the same loop.
+``run_logged`` (and ``summary_line``) are shared with ``sapiens2 pretrain``, which runs on the same loop.
 """
 
 from __future__ import annotations
@@ -59,14 +59,30 @@ def run_logged(command: str, function: Callable[[Any], dict[str, Any]], options:
     main_process = int(os.environ.get("RANK", "0")) == 0
     if main_process:
         package.setLevel(logging.INFO)
+    from ..train.trainer import TrainingDiverged
+
     try:
         summary = function(options)
+    except TrainingDiverged as error:  # every process stops at the same step; the main one says why
+        if main_process:
+            print(f"sapiens2 {command}: {error}", file=sys.stderr)
+        return 1
     except _USER_ERRORS as error:
         print(f"sapiens2 {command}: {error}", file=sys.stderr)
         return 2
     finally:
         package.setLevel(previous)
     return summary if main_process else 0
+
+
+def summary_line(summary: dict[str, Any], verb: str, label: str) -> str:
+    """The closing line of a training loop: steps, final loss and the exported file (``label``: what it is); a
+    resumed run that was already finished says so (it trained nothing, so it has no loss of its own)."""
+    steps, model = summary["steps"], summary["model"]
+    if summary.get("trained_steps", steps) == 0:
+        return f"nothing to train: the run was already at its last step ({steps}); {label}: {model}"
+    loss = "" if summary["loss"] is None else f", final loss {summary['loss']:.4f}"
+    return f"{verb} {steps} steps{loss}; {label}: {model}"
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -96,7 +112,7 @@ def run_train(args: argparse.Namespace) -> int:
         return summary
     # The headline values (pose: PCK and each keypoint group's AP); every value is in the run's eval.csv.
     evaluation = ", ".join(f"{k} {v:.4f}" for k, v in headline_metrics(summary["eval"]).items())
-    print(f"trained {summary['steps']} steps, final loss {summary['loss']:.4f}; model: {summary['model']}")
+    print(summary_line(summary, "trained", "model"))
     if evaluation:
         print(f"last evaluation: {evaluation}")
     return 0

@@ -21,6 +21,7 @@ __all__ = [
     "derive_seed",
     "hierarchical_kmeans",
     "kmeans",
+    "load_faiss",
     "normalized_entropy",
     "water_fill",
 ]
@@ -32,7 +33,8 @@ def derive_seed(seed: int, *parts: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") % (2**31 - 1)
 
 
-def _faiss():
+def load_faiss():
+    """The faiss module, or an ImportError naming the extra that installs it."""
     try:
         import faiss
     except ImportError:
@@ -42,7 +44,7 @@ def _faiss():
 
 def faiss_gpus() -> int:
     """GPUs faiss can use here (0 with faiss-cpu): k-means and the kNN search move there when there are any."""
-    faiss = _faiss()
+    faiss = load_faiss()
     return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
 
 
@@ -72,7 +74,7 @@ def kmeans(
     Returns:
         centroids (k, D) float32 and the (N,) int64 cluster of every point.
     """
-    faiss = _faiss()
+    faiss = load_faiss()
     gpu = faiss_gpus() > 0 if gpu is None else gpu
     points = np.ascontiguousarray(points, dtype=np.float32)
     k = max(1, min(int(k), len(points)))
@@ -95,7 +97,7 @@ def kmeans(
 
 def assign(points: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     """(N,) int64 index of the nearest centroid (L2) of every point."""
-    faiss = _faiss()
+    faiss = load_faiss()
     index = faiss.IndexFlatL2(centroids.shape[1])
     index.add(np.ascontiguousarray(centroids, dtype=np.float32))
     _, nearest = index.search(np.ascontiguousarray(points, dtype=np.float32), 1)

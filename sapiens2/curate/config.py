@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from ..train.config import _build, read_config
+from ..yaml_config import build_config, config_to_dict, read_config
 
 __all__ = [
     "BalanceConfig",
@@ -228,9 +228,9 @@ class CurateConfig:
 
     Attributes:
         inputs: folders, glob patterns, manifests (``.parquet``, ``.csv`` with a ``uri`` column, ``.txt`` one path per
-            line; other columns are carried through) — relative paths are relative to the config file.
+            line; other columns are carried through) — relative paths in a config file are relative to its folder.
         output: the run folder (``work/`` per-image scores and their ledger, ``manifest.parquet``, ``scores.parquet``,
-            the report).
+            the report); a relative one is relative to the working folder, as for every config's output.
         shard_size: images per shard: the unit of the bulk ledger's atomic commits (resume granularity).
         batch_size: images per call of the per-image stages (each model splits it into its own batches).
         seed: the one seed every random step derives its own from.
@@ -304,7 +304,7 @@ def curate_config_from_dict(values: Any, base_dir: str | os.PathLike | None = No
     """
     if not isinstance(values, dict):
         raise ValueError(f"a curation config must be a mapping of keys and sections, got {type(values).__name__}")
-    config = _build(CurateConfig, values)
+    config = build_config(CurateConfig, values)
     if base_dir is not None:
         config = _rebase(config, Path(base_dir))
     _validate(config)
@@ -336,21 +336,18 @@ def load_curate_config(path: str | os.PathLike | None, overrides: list[str] | tu
         FileNotFoundError: the YAML file does not exist.
         ValueError: YAML syntax, unknown keys (with a did-you-mean), wrong types or invalid values.
     """
-    base = None if path is None else Path(path).resolve().parent  # relative paths in the file: from its folder
-    return read_config(path, overrides, "curation", lambda data: curate_config_from_dict(data, base))
+    # Relative paths the file reads are its folder's; output and the overrides are the working folder's (one rule
+    # for every config: yaml_config.rebase_paths).
+    return read_config(path, overrides, "curation", curate_config_from_dict, paths=CONFIG_PATHS)
 
 
-def config_to_dict(config: Any) -> dict[str, Any]:
-    """Plain YAML/JSON-ready data (tuples as lists)."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        return value
-
-    return plain(dataclasses.asdict(config))
+CONFIG_PATHS = {
+    "inputs": "path",
+    "person.boxes": "path",
+    "person.detector": "source",
+    "head_pose.model": "source",
+    "embed.model": "source",
+}
 
 
 def section_hash(*parts: Any) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from .cluster import _faiss, faiss_gpus
+from .cluster import faiss_gpus, load_faiss
 
 __all__ = [
     "components",
@@ -59,7 +59,7 @@ def hamming_edges(hashes: np.ndarray, max_distance: int) -> np.ndarray:
     """
     if len(hashes) < 2:
         return np.zeros((0, 2), np.int64)
-    faiss = _faiss()
+    faiss = load_faiss()
     codes = _as_bytes(hashes)
     index = faiss.IndexBinaryFlat(64)
     index.add(codes)
@@ -80,7 +80,7 @@ def knn_edges(embeddings: np.ndarray, k: int, threshold: float) -> tuple[np.ndar
     """
     if len(embeddings) < 2:
         return np.zeros((0, 2), np.int64), np.zeros(0, np.float32)
-    faiss = _faiss()
+    faiss = load_faiss()
     x = np.ascontiguousarray(embeddings, dtype=np.float32)
     index = faiss.IndexFlatIP(x.shape[1])
     if faiss_gpus():

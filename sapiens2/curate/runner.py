@@ -28,7 +28,7 @@ from ..data.io import atomic_write
 from .config import CurateConfig, dump_config, load_curate_config, section_hash, tables
 from .report import build_report, write_report
 from .select import select
-from .shards import STAGE_COLUMNS, CurateScoresJob, plan_stages
+from .shards import STAGE_COLUMNS, CurateScoresJob, plan_stages, score_schema
 from .stages import check_models
 
 __all__ = ["CurateOptions", "CurateResult", "curate", "load_scores", "scores_folder"]
@@ -129,14 +129,25 @@ def load_scores(config: CurateConfig) -> tuple[Any, np.ndarray | None]:
     table = table.rename(columns={"content_hash": "image_id"})
     table.insert(0, "uri", table.pop("source"))
     table["decode_error"] = table["decode_error"].where(table["decode_error"].notna(), None)
-    embeddings = None
-    if "embed" not in plan_stages(config)[1] and table["embedding"].notna().any():
-        width = len(next(v for v in table["embedding"] if v is not None))
-        embeddings = np.full((len(table), width), np.nan, np.float32)
-        for row, vector in enumerate(table["embedding"]):
-            if vector is not None:
-                embeddings[row] = vector
-    return table.drop(columns=["embedding"]), embeddings
+    return table.drop(columns=["embedding"]), _embeddings(table["embedding"], "embed" in plan_stages(config)[1])
+
+
+def _embeddings(column: Any, skipped: bool) -> np.ndarray | None:
+    """(N, D) float32 rows of the embedding column, NaN rows for images without one; None when no image has one.
+
+    A missing value may be None or NaN (pandas fills the rows of failed images with NaN), so vectors are told apart
+    by type, not by ``is not None``.
+    """
+    vectors = {row: value for row, value in enumerate(column) if isinstance(value, (list, tuple, np.ndarray))}
+    if skipped or not vectors:
+        return None
+    widths = {len(vector) for vector in vectors.values()}
+    if len(widths) != 1:
+        raise RuntimeError(f"the embed stage gave vectors of different lengths {sorted(widths)}")
+    embeddings = np.full((len(column), widths.pop()), np.nan, np.float32)
+    for row, vector in vectors.items():
+        embeddings[row] = vector
+    return embeddings
 
 
 def curate(config: CurateConfig | CurateOptions, *, progress: bool = True) -> CurateResult:
@@ -198,11 +209,20 @@ def _check_output_outside_inputs(output: Path, inputs: tuple[str, ...]) -> None:
 def _write_tables(output: Path, table: Any) -> tuple[Path, Path]:
     """scores.parquet (every image) and manifest.parquet (kept images), each written once, atomically."""
     _, pa, pq = tables()
+    # A column with no value in this run (a skipped stage, dedup off) keeps its type instead of Arrow's null type,
+    # so the tables of every run have one schema.
+    declared = {field.name: field.type for field in score_schema()}
+    declared.update({name: pa.string() for name in ("decode_error", "drop_reason", "dup_of", "phash_group",
+                                                    "knn_group")})  # fmt: skip
 
     def write(path: Path, frame: Any) -> Path:
         frame = frame.astype({c: "object" for c in ("dup_of", "phash_group", "knn_group") if c in frame})
+        arrow = pa.Table.from_pandas(frame, preserve_index=False)
+        for index, field in enumerate(arrow.schema):
+            if pa.types.is_null(field.type) and field.name in declared:
+                arrow = arrow.set_column(index, field.name, arrow.column(index).cast(declared[field.name]))
         sink = pa.BufferOutputStream()
-        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), sink)
+        pq.write_table(arrow, sink)
         return atomic_write(path, sink.getvalue().to_pybytes())
 
     return write(output / "scores.parquet", table), write(output / "manifest.parquet", table[table["keep"]])

@@ -154,9 +154,9 @@ def select(table: Any, embeddings: np.ndarray | None, config: CurateConfig, skip
 
     table["knn_group"] = None
     has_vectors = None if embeddings is None else ~np.isnan(embeddings[:, 0])
+    no_vectors = _no_embeddings_reason(skips)
     if embeddings is None or not config.dedup.knn:
-        reason = "dedup.knn is off" if embeddings is not None else "no embeddings (embed stage skipped)"
-        stats["statuses"]["knn"] = f"stage skipped: {reason}"
+        stats["statuses"]["knn"] = f"stage skipped: {'dedup.knn is off' if embeddings is not None else no_vectors}"
     else:
         members = alive()
         members = members[has_vectors[members]]
@@ -165,10 +165,17 @@ def select(table: Any, embeddings: np.ndarray | None, config: CurateConfig, skip
         stats["knn_groups"] = _drop_group_members(
             table, members, components(len(members), edges), rank, "knn_duplicate", "knn_group"
         )
-    _cluster_and_sample(table, embeddings, has_vectors, config, stats)
+    _cluster_and_sample(table, embeddings, has_vectors, config, stats, no_vectors)
     table["keep"] = table["drop_reason"].isna()
     table["split_seed"] = [derive_seed(config.seed, "split", image_id) for image_id in table["image_id"].fillna("")]
     return Selection(table, stats)
+
+
+def _no_embeddings_reason(skips: dict[str, str]) -> str:
+    """Why there are no embeddings, so that the report never says the embed stage ran and was skipped."""
+    if "embed" in skips:
+        return "no embeddings (embed stage skipped)"
+    return "no embeddings (no image reached the embed stage: all were dropped by the earlier filters)"
 
 
 def _target(config: CurateConfig, pool: int) -> int | None:
@@ -179,14 +186,17 @@ def _target(config: CurateConfig, pool: int) -> int | None:
     return None
 
 
-def _cluster_and_sample(table, embeddings, has_vectors, config: CurateConfig, stats: dict[str, Any]) -> None:
+def _cluster_and_sample(
+    table, embeddings, has_vectors, config: CurateConfig, stats: dict[str, Any], no_vectors: str
+) -> None:
     """K and B on the surviving images with embeddings; without embeddings B samples uniformly (if a target is set)."""
     members = np.flatnonzero(table["drop_reason"].isna().to_numpy())
     table["sample_weight"] = np.where(table["drop_reason"].isna(), 1, 0)
     target = _target(config, len(members))
-    if embeddings is None or len(members) < 2:
-        stats["statuses"]["cluster"] = "stage skipped: no embeddings (embed stage skipped)" if embeddings is None \
-            else "stage skipped: fewer than 2 images left"  # fmt: skip
+    with_vectors = members if embeddings is None else members[has_vectors[members]]
+    if embeddings is None or len(with_vectors) < 2:
+        stats["statuses"]["cluster"] = f"stage skipped: {no_vectors}" if embeddings is None \
+            else "stage skipped: fewer than 2 images with embeddings left"  # fmt: skip
         if target is not None and target < len(members):
             rng = np.random.default_rng(derive_seed(config.seed, "uniform"))
             chosen = np.sort(rng.choice(members, target, replace=False))
@@ -194,7 +204,7 @@ def _cluster_and_sample(table, embeddings, has_vectors, config: CurateConfig, st
             table.loc[table.index[dropped], "drop_reason"] = "not_sampled"
             table.loc[table.index[dropped], "sample_weight"] = 0
         return
-    members = members[has_vectors[members]]
+    members = with_vectors
     points = np.ascontiguousarray(embeddings[members], np.float32)
     cluster = config.cluster
     levels = list(cluster.levels) or default_levels(len(members))

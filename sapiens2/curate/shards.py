@@ -67,6 +67,9 @@ def plan_stages(config: CurateConfig) -> tuple[str, dict[str, str]]:
         "text": section_hash(text.plugin, text.options),
         "embed": section_hash(embed),
         "skips": sorted(skips),
+        # Parts format 2: every score column in every part. Format-1 parts took their columns from a shard's first
+        # row and could lack a column for the whole shard, so they are not reused.
+        "parts": 2,
     }  # fmt: skip
     return section_hash(stages), skips
 

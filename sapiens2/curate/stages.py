@@ -65,7 +65,7 @@ class _BoxesFile:
     """Person boxes read from a JSON file (``sapiens2 predict --boxes`` format), looked up by key or file name."""
 
     def __init__(self, path: str) -> None:
-        from ..predict.run import load_boxes
+        from ..predict.options import load_boxes
 
         self.boxes = load_boxes(Path(path))
 
@@ -150,6 +150,24 @@ def _local_or_download(source: str, allow_download: bool, where: str) -> str:
     if Path(source).exists() or allow_download:
         return source
     raise ModelMissing(f"{where}={source!r} is not a local file or folder; set allow_download: true to fetch it")
+
+
+def _fetch(source: str, task: str, allow_download: bool, where: str) -> None:
+    """Find or download (into the Hugging Face cache) the weights a stage will load, so that a missing file or an
+    offline machine fails before any image is read, with the config key to set instead of a Python call."""
+    from ..checkpoints import CheckpointNotFoundError, resolve_checkpoint
+
+    if Path(source).expanduser().exists():
+        return
+    _local_or_download(source, allow_download, where)
+    try:
+        resolve_checkpoint(source, task, local_hint=_config_hint(where))
+    except CheckpointNotFoundError as error:
+        raise ModelMissing(f"{where}={source!r}: {error}") from None
+
+
+def _config_hint(where: str) -> str:
+    return f"{where}: /path/to/{{filename}} in the config (or --set {where}=/path/to/{{filename}})"
 
 
 class HeadPoseStage:
@@ -308,10 +326,13 @@ def plan_skips(config: CurateConfig) -> dict[str, str]:
 
 
 def check_models(config: CurateConfig) -> None:
-    """Check, without loading anything, that every model a stage was given can be found (before any compute).
+    """Check, without loading anything, that every model a stage was given can be found (before any compute);
+    released weights that ``allow_download`` lets the stages fetch are downloaded here, once, into the Hugging Face
+    cache the stages then read.
 
     Raises:
-        ModelMissing: a missing file, an unimportable plug-in, or a download that ``allow_download`` forbids.
+        ModelMissing: a missing file, an unimportable plug-in, a download that ``allow_download`` forbids, or one
+            that fails (offline, not in the cache); the message names the config key to set instead.
     """
     skips = plan_skips(config)
     person = config.person
@@ -324,15 +345,22 @@ def check_models(config: CurateConfig) -> None:
         elif detector == "rtmdet" and not config.allow_download:
             raise ModelMissing("person.detector='rtmdet' downloads weights: set allow_download: true, or give the "
                                "path of a local rtmdet_m.pth")  # fmt: skip
+        elif detector == "rtmdet":
+            from ..pose.detector import resolve_detector_checkpoint
+
+            try:
+                resolve_detector_checkpoint(None, local_hint=_config_hint("person.detector"))
+            except FileNotFoundError as error:
+                raise ModelMissing(f"person.detector='rtmdet': {error}") from None
         elif detector not in (None, "rtmdet") and not Path(detector).is_file():
             raise ModelMissing(f"person.detector={detector!r}: no such file")
     if "head_pose" not in skips:
-        _local_or_download(config.head_pose.model, config.allow_download, "head_pose.model")
+        _fetch(config.head_pose.model, "pose", config.allow_download, "head_pose.model")
     for stage, spec in (("clip", config.clip.plugin), ("text", config.text.plugin), ("embed", config.embed.plugin)):
         if stage not in skips and spec is not None:
             _import_plugin(spec, f"{stage}.plugin")
     if "embed" not in skips and config.embed.model is not None:
-        _local_or_download(config.embed.model, config.allow_download, "embed.model")
+        _fetch(config.embed.model, "pretrain", config.allow_download, "embed.model")
 
 
 def build_stages(config: CurateConfig, device: Any) -> dict[str, Any]:

@@ -16,31 +16,36 @@ Ray task, which iterates its records there. ``docs/bulk.md`` documents the forma
 from __future__ import annotations
 
 import csv
+import functools
 import glob
 import hashlib
+import itertools
 import os
+import posixpath
 import stat
 import tarfile
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlparse
 
 import cv2
 import numpy as np
 
-from .io import ImageReadError, _truncation_problem, file_problem
+from .io import DEFAULT_MAX_MEGAPIXELS, ImageReadError, file_problem, pixel_limit_problem, truncation_problem
 from .sources import IMAGE_EXTENSIONS
 
 __all__ = [
-    "MANIFEST_EXTENSIONS",
     "Collection",
     "CollectionError",
+    "MANIFEST_EXTENSIONS",
     "Record",
     "RecordError",
     "Shard",
     "content_hash",
     "decode_rgb",
+    "local_path",
     "open_collection",
 ]
 
@@ -77,15 +82,19 @@ def content_hash(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def decode_rgb(data: bytes, source: str = "<bytes>") -> np.ndarray:
+def decode_rgb(
+    data: bytes, source: str = "<bytes>", *, max_megapixels: float | None = DEFAULT_MAX_MEGAPIXELS
+) -> np.ndarray:
     """Decode encoded image bytes to HxWx3 uint8 RGB exactly as ``data.io.read_image`` decodes a file.
 
+    ``max_megapixels``: the pixel limit of ``read_image``, judged from the header before decoding (None: none).
+
     Raises:
-        RecordError: empty, truncated, corrupt or not an image; the message names ``source``.
+        RecordError: empty, truncated, corrupt, too many pixels or not an image; the message names ``source``.
     """
     if not data:
         raise RecordError(source, "file is empty (0 bytes)")
-    problem = _truncation_problem(data)
+    problem = truncation_problem(data) or pixel_limit_problem(data, max_megapixels)
     if problem is not None:
         raise RecordError(source, problem)
     try:
@@ -103,7 +112,7 @@ def _is_url(text: str) -> bool:
     return len(scheme) > 1 and "://" in text  # "C:\\x" is a Windows drive, not a scheme
 
 
-def _local_path(location: str) -> Path | None:
+def local_path(location: str) -> Path | None:
     """The local file of a location (a path or a ``file://`` URL); None for any other URL."""
     if not _is_url(location):
         return Path(location).expanduser()
@@ -123,6 +132,39 @@ def _fsspec():
             "pip install 'sapiens2[remote]' s3fs"
         ) from None
     return fsspec
+
+
+_BACKEND_PACKAGES = {"http": "aiohttp", "https": "aiohttp"}
+"""URL schemes whose fsspec backend lives in fsspec itself but needs another package."""
+
+
+def backend_problem(url: str) -> str | None:
+    """Why URLs like ``url`` cannot be read here (fsspec or the scheme's backend package missing, unknown scheme),
+    naming the package to install; None when they can."""
+    scheme = urlparse(url).scheme.lower()
+    if scheme == "file":
+        return None
+    return _scheme_problem(scheme)
+
+
+@functools.lru_cache(maxsize=64)
+def _scheme_problem(scheme: str) -> str | None:
+    try:
+        import fsspec
+        from fsspec.registry import known_implementations
+    except ImportError:
+        return f"reading {scheme}:// URLs needs fsspec: pip install 'sapiens2[remote]'"
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except ImportError:
+        known = known_implementations.get(scheme, {})
+        package = _BACKEND_PACKAGES.get(scheme) or known.get("class", "").split(".")[0]
+        if package and package != "fsspec":
+            return f"reading {scheme}:// URLs needs the {package} package: pip install {package}"
+        return f"reading {scheme}:// URLs needs fsspec's {scheme} backend ({known.get('err', 'not installed')})"
+    except ValueError:
+        return f"{scheme}:// is not a URL scheme fsspec knows (install the package that provides it)"
+    return None
 
 
 def _read_local(path: Path, source: str) -> bytes:
@@ -168,15 +210,17 @@ class Record:
         if self.data is not None:
             return self.data
         assert self.location is not None
-        local = _local_path(self.location)
+        local = local_path(self.location)
         if local is not None:
             return _read_local(local, self.source)
-        fsspec = _fsspec()
+        problem = backend_problem(self.location)
+        if problem is not None:
+            raise RecordError(self.source, problem)
         try:
-            with fsspec.open(self.location, "rb") as handle:
+            with _fsspec().open(self.location, "rb") as handle:
                 return handle.read()
-        except (OSError, ValueError) as error:
-            raise RecordError(self.source, f"cannot read ({error})") from None
+        except Exception as error:  # backends raise their own types (botocore, aiohttp, ...): one item fails
+            raise RecordError(self.source, f"cannot read ({type(error).__name__}: {error})") from None
 
     def load_rgb(self) -> np.ndarray:
         """The decoded HxWx3 uint8 RGB image (``decode_rgb`` of ``read_bytes``)."""
@@ -201,6 +245,10 @@ class Shard:
         first_line: line number of the range's first line (for messages).
         count: how many entries (files, manifest lines or rows: blank and comment lines included) the shard holds;
             0 for a tar file (unknown until read). For progress bars: ``sum(s.count for s in c.shards())``.
+        renames: (position, stem) of records whose output name an earlier record of the collection already has
+            (set by ``Collection.shards``; see ``docs/bulk.md``, "Output names").
+        drops: positions of records that an earlier record already lists (the same file or URL): read once.
+        prefix: a tar file's stem prefix when another tar of the collection has the same name.
     """
 
     id: str
@@ -214,18 +262,32 @@ class Shard:
     base: str = ""
     first_line: int = 1
     count: int = 0
+    renames: tuple[tuple[int, str], ...] = ()
+    drops: tuple[int, ...] = ()
+    prefix: str = ""
 
     def __iter__(self) -> Iterator[Record]:
+        if self.kind == "tar":
+            yield from _tar_records(self.where, self.prefix)
+            return
+        renames, drops = dict(self.renames), set(self.drops)
+        for position, (_, record) in enumerate(self.placed()):
+            if position in drops:
+                continue
+            stem = renames.get(position)
+            yield record if stem is None else replace(record, stem=stem)
+
+    def placed(self) -> Iterator[tuple[str, Record]]:
+        """(where, record) for every entry of a files or manifest shard as listed, before repeats are dropped and
+        clashing output names changed; ``where`` names the entry in messages (a path, ``list.txt:3``)."""
         if self.kind == "files":
             for key, stem, name, problem in self.entries:
                 path = os.path.join(self.where, name)
-                yield Record(key, stem, path, path, error=problem)
+                yield path, Record(key, stem, path, path, error=problem)
         elif self.kind in ("text", "csv"):
             yield from self._manifest_lines()
         elif self.kind == "parquet":
             yield from self._parquet_rows()
-        elif self.kind == "tar":
-            yield from _tar_records(self.where)
         else:
             raise ValueError(f"unknown shard kind {self.kind!r}")
 
@@ -234,13 +296,17 @@ class Shard:
         local = None if _is_url(text) else Path(text).expanduser()
         if local is not None and not local.is_absolute():
             location = os.path.join(self.base, text)
-            stem_source = text
+            # "imgs/a.png" and "../imgs/a.png" are two files: a ".." that leaves the manifest's folder is kept as
+            # "_parent", so outputs stay inside the output folder and still differ
+            normal = posixpath.normpath(text.replace("\\", "/"))
+            parts = ["_parent" if part == ".." else part for part in PurePosixPath(normal).parts if part != "."]
         else:
             location = text
             parsed = urlparse(text) if local is None else None
             stem_source = (parsed.netloc + parsed.path) if parsed is not None else text
-        parts = [p for p in PurePosixPath(stem_source.replace("\\", "/")).parts if p not in ("/", ".", "..")]
-        stem = _strip_extension("/".join(parts)) or "_"  # outputs stay inside the output folder
+            normal = posixpath.normpath(stem_source.replace("\\", "/"))
+            parts = [p for p in PurePosixPath(normal).parts if p not in ("/", ".", "..")]
+        stem = _strip_extension("/".join(parts)) or "_"
         return Record(text, stem, f"{text} ({self.where}:{line})" if local is None else location, location)
 
     def _manifest_lines(self) -> Iterator[Record]:
@@ -260,7 +326,7 @@ class Shard:
                     row = dict(zip(header, values, strict=False))
                     text = row.get(self.column, "")
                 if text.strip() and not text.lstrip().startswith("#"):
-                    yield self._entry(text, line_number)
+                    yield f"{self.where}:{line_number}", self._entry(text, line_number)
                 line_number += 1
 
     def _parquet_rows(self) -> Iterator[Record]:
@@ -273,7 +339,8 @@ class Shard:
                 values = table.read_row_group(group, columns=[self.column]).column(0).to_pylist()
                 for index in range(max(self.start - row, 0), min(self.stop - row, count)):
                     if values[index]:
-                        yield self._entry(str(values[index]), row + index + 1)
+                        where = f"{self.where} row {row + index + 1}"
+                        yield where, self._entry(str(values[index]), row + index + 1)
             row += count
 
 
@@ -283,7 +350,7 @@ def _strip_extension(path: str) -> str:
 
 
 def _open_binary(location: str):
-    local = _local_path(location)
+    local = local_path(location)
     if local is not None:
         return open(local, "rb")
     return _fsspec().open(location, "rb")
@@ -303,11 +370,15 @@ def _pyarrow_parquet():
     return parquet
 
 
-def _tar_records(location: str) -> Iterator[Record]:
-    """WebDataset convention: members ``<key>.<ext>`` (the key ends at the file name's first dot); a sample's image
-    is its first member whose name ends in an image extension."""
+def _tar_stem(location: str) -> str:
     name = PurePosixPath(urlparse(location).path if _is_url(location) else location).name
-    tar_stem = name[: -len(".tar")] if name.endswith(".tar") else name
+    return name[: -len(".tar")] if name.endswith(".tar") else name
+
+
+def _tar_records(location: str, prefix: str = "") -> Iterator[Record]:
+    """WebDataset convention: members ``<key>.<ext>`` (the key ends at the file name's first dot); a sample's image
+    is its first member whose name ends in an image extension. Keys and stems are ``<prefix or tar name>/<key>``."""
+    tar_stem = prefix or _tar_stem(location)
     seen: set[str] = set()
     try:
         with _open_binary(location) as handle, tarfile.open(fileobj=handle, mode="r|*") as archive:
@@ -328,6 +399,9 @@ def _tar_records(location: str) -> Iterator[Record]:
                 yield Record(key, key, source, data=data, error=None if data else "empty tar member (0 bytes)")
     except (tarfile.TarError, OSError, EOFError) as error:
         yield Record(f"{tar_stem}/<tar>", f"{tar_stem}/_tar_error", location, error=f"broken tar shard ({error})")
+    except Exception as error:  # a remote backend's own error types: the shard fails, the job goes on
+        reason = f"cannot read tar shard ({type(error).__name__}: {error})"
+        yield Record(f"{tar_stem}/<tar>", f"{tar_stem}/_tar_error", location, error=reason)
 
 
 def _listdir(folder: str) -> tuple[list[str], list[str], str | None]:
@@ -353,20 +427,9 @@ def _listdir(folder: str) -> tuple[list[str], list[str], str | None]:
 
 
 def _stems(names: list[str], prefix: str) -> list[str]:
-    """Output stems of one folder's files: the name without extension; a repeat (``a.png`` after ``a.jpg``) gets
-    the extension appended (``a_png``), as ``data.sources.expand_inputs`` does."""
-    taken: set[str] = set()
-    stems = []
-    for name in names:
-        stem, extension = os.path.splitext(name)
-        candidate, count = stem, 2
-        if candidate.casefold() in taken:
-            candidate = f"{stem}_{extension.lstrip('.').lower()}"
-        while candidate.casefold() in taken:
-            candidate, count = f"{stem}_{extension.lstrip('.').lower()}_{count}", count + 1
-        taken.add(candidate.casefold())
-        stems.append(prefix + candidate)
-    return stems
+    """Output stems of one folder's files: the name without extension; clashes (``a.png`` beside ``a.jpg``) are
+    settled over the whole collection by ``Collection.shards``."""
+    return [prefix + os.path.splitext(name)[0] for name in names]
 
 
 @dataclass(frozen=True)
@@ -379,17 +442,39 @@ class Collection:
     skip: str | None = None  # an output folder inside an input folder is not read
 
     def shards(self) -> Iterator[Shard]:
-        """The shards of every input in order, streamed (only one folder listing or shard range in memory)."""
-        for index, spec in enumerate(self.specs):
-            yield from self._spec_shards(index, spec)
+        """The shards of every input in order, streamed (only one folder listing or shard range in memory).
+
+        The first call reads the whole collection's listing once (not the images; tar files only by name) to make
+        output names unique and to drop repeated entries (``docs/bulk.md``, "Output names")."""
+        plan = self._plan
+        for shard in self._listed_shards():
+            change = plan.changes.get(shard.id)
+            yield shard if change is None else replace(shard, **change)
 
     def records(self) -> Iterator[Record]:
         """Every record of every shard, in order."""
         for shard in self.shards():
             yield from shard
 
+    def warnings(self) -> list[str]:
+        """One line per entry read once because an earlier entry lists the same file or URL, and per entry whose
+        output name was changed because an earlier entry has it (the first few of each, then a count)."""
+        return list(self._plan.warnings)
+
+    def count(self) -> int | None:
+        """How many records the collection yields; None with tar shards (unknown until they are read)."""
+        return self._plan.count
+
+    @functools.cached_property
+    def _plan(self) -> _Plan:
+        return _make_plan(self._listed_shards)
+
+    def _listed_shards(self) -> Iterator[Shard]:
+        for index, spec in enumerate(self.specs):
+            yield from self._spec_shards(index, spec)
+
     def _spec_shards(self, index: int, spec: str) -> Iterator[Shard]:
-        local = _local_path(spec)
+        local = local_path(spec)
         kind = _spec_kind(spec, local)
         counter = iter(range(10**9))
         if kind == "folder":
@@ -441,6 +526,8 @@ class Collection:
             for match in glob.iglob(pattern, recursive=self.recursive)
             if os.path.splitext(match)[1].lower() in IMAGE_EXTENSIONS and not os.path.isdir(match)
         )
+        if self.skip is not None:  # the output folder inside the pattern's folder
+            matches = [m for m in matches if not os.path.realpath(m).startswith(self.skip.rstrip(os.sep) + os.sep)]
         relative = [os.path.relpath(match, root).replace(os.sep, "/") for match in matches]
         stems = _stems_by_folder(relative)
         for start in range(0, len(matches), self.shard_size):
@@ -494,6 +581,126 @@ class Collection:
                 f"{index:03d}-{number:06d}", label, "parquet", where, (), start, stop, column, base, start + 1,
                 stop - start,
             )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    changes: dict[str, dict]  # shard id -> Shard fields to replace (renames, drops, prefix)
+    warnings: tuple[str, ...]
+    count: int | None
+
+
+WARNINGS_SHOWN = 10
+"""Repeated entries and renamed outputs reported one line each up to this many (of each), then as a count."""
+
+
+def name_identity(stem: str) -> str:
+    """What two output stems must not share: the stem case-folded (case-insensitive file systems), with dots in
+    its file name read as ``_`` (WebDataset keys end at the first dot: ``bulk.sinks.webdataset_key``)."""
+    folder, _, name = stem.rpartition("/")
+    return f"{folder}/{name.replace('.', '_')}".casefold() if folder else name.replace(".", "_").casefold()
+
+
+def _place(record: Record) -> str | None:
+    """Where a record's bytes are, normalised (a local file as an absolute path, a URL as written); None for tar
+    members and listing errors."""
+    if record.location is None:
+        return None
+    local = local_path(record.location)
+    return os.path.normpath(os.path.abspath(local)) if local is not None else record.location
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+def _repeated(values: array) -> np.ndarray:
+    """The sorted distinct values occurring more than once."""
+    unique, counts = np.unique(np.frombuffer(values, dtype=np.uint64), return_counts=True)
+    return unique[counts > 1]
+
+
+def _contains(sorted_values: np.ndarray, value: int) -> bool:
+    index = int(np.searchsorted(sorted_values, np.uint64(value)))
+    return index < len(sorted_values) and int(sorted_values[index]) == value
+
+
+def _make_plan(listed: Callable[[], Iterator[Shard]]) -> _Plan:
+    """Read the listing once, keeping 16 bytes per record (hashes of its output name and of its place); only when
+    two records share either is it read again to decide, in input order, which entries are dropped as repeats and
+    which output names change: the first keeps its name, a later one gets its extension (``a.png`` after ``a.jpg``:
+    ``a_png``), then a count (``a_png_2``), never a name another record has."""
+    names, places = array("Q"), array("Q")
+    count: int | None = 0
+    tars: dict[str, int] = {}
+    changes: dict[str, dict] = {}
+    for shard in listed():
+        if shard.kind == "tar":
+            count = None
+            stem = _tar_stem(shard.where)
+            seen = tars.get(stem.casefold(), 0)
+            tars[stem.casefold()] = seen + 1
+            if seen:
+                changes[shard.id] = {"prefix": f"{stem}_{seen + 1}"}
+            continue
+        for _, record in shard.placed():
+            count = None if count is None else count + 1
+            names.append(_hash64(name_identity(record.stem)))
+            place = _place(record)
+            if place is not None:
+                places.append(_hash64(place))
+    clashing_names, repeated_places = _repeated(names), _repeated(places)
+    if not len(clashing_names) and not len(repeated_places):
+        return _Plan(changes, (), count)
+    taken_names = np.unique(np.frombuffer(names, dtype=np.uint64))
+    del names, places
+    first_place: dict[str, str] = {}
+    owners: dict[str, str] = {}
+    dropped: list[str] = []
+    renamed: list[str] = []
+    for shard in listed():
+        if shard.kind == "tar":
+            continue
+        renames, drops = [], []
+        for position, (where, record) in enumerate(shard.placed()):
+            place = _place(record)
+            if place is not None and _contains(repeated_places, _hash64(place)):
+                if place in first_place:
+                    drops.append(position)
+                    dropped.append(f"{where}: {record.key!r} is the same image as {first_place[place]}; read once")
+                    continue
+                first_place[place] = where
+            identity = name_identity(record.stem)
+            if not _contains(clashing_names, _hash64(identity)) and identity not in owners:
+                continue
+            if identity not in owners:
+                owners[identity] = where
+                continue
+            stem = _free_stem(record, lambda name: name in owners or _contains(taken_names, _hash64(name)))
+            owners[name_identity(stem)] = where
+            renames.append((position, stem))
+            renamed.append(f"{where}: {record.key!r} would write outputs named {record.stem!r} like "
+                           f"{owners[identity]}; its outputs are named {stem!r}")  # fmt: skip
+        if renames or drops:
+            changes[shard.id] = {**changes.get(shard.id, {}), "renames": tuple(renames), "drops": tuple(drops)}
+    warnings = []
+    for lines, what in ((dropped, "entries listed again were read once"), (renamed, "output names were changed")):
+        warnings += lines[:WARNINGS_SHOWN]
+        if len(lines) > WARNINGS_SHOWN:
+            warnings.append(f"... {len(lines) - WARNINGS_SHOWN} more {what}")
+    return _Plan(changes, tuple(warnings), None if count is None else count - sum(len(c.get("drops", ()))
+                                                                                for c in changes.values()))
+
+
+def _free_stem(record: Record, taken: Callable[[str], bool]) -> str:
+    """The first of ``<stem>_<ext>``, ``<stem>_<ext>_2``, ... (``<stem>_2``, ... without an extension) whose name
+    identity ``taken`` says is free."""
+    extension = os.path.splitext(record.key)[1].lstrip(".").lower()
+    if extension:
+        candidates = (f"{record.stem}_{extension}" + (f"_{n}" if n > 1 else "") for n in itertools.count(1))
+    else:
+        candidates = (f"{record.stem}_{n}" for n in itertools.count(2))
+    return next(candidate for candidate in candidates if not taken(name_identity(candidate)))
 
 
 def _stems_by_folder(relative: list[str]) -> list[str]:
@@ -555,11 +762,13 @@ def _spec_kind(spec: str, local: Path | None) -> str:
 
 
 def _check_spec(spec: str) -> None:
-    local = _local_path(spec)
-    if local is None:
-        _fsspec()
-        return
+    local = local_path(spec)
     kind = _spec_kind(spec, local)
+    if local is None:
+        problem = backend_problem(spec)
+        if problem is not None and kind != "image":  # an image URL fails as one record, the rest goes on
+            raise CollectionError(f"cannot read {kind} input {spec!r}: {problem}")
+        return
     if kind == "glob":
         return
     if kind == "tar" and any(char in spec for char in "*?["):
@@ -572,6 +781,22 @@ def _check_spec(spec: str) -> None:
         problem = file_problem(local)
         if problem is not None:
             raise CollectionError(f"cannot read {kind} input {spec!r}: {problem}")
+
+
+def _check_not_output(spec: str, output: str | None) -> None:
+    """Refuse a folder or glob input whose files would include the outputs (a folder inside it is skipped)."""
+    local = local_path(spec)
+    if output is None or local is None:
+        return
+    kind = _spec_kind(spec, local)
+    folder = str(local) if kind == "folder" else _glob_root(os.path.expanduser(spec)) if kind == "glob" else None
+    if folder is None:
+        return
+    if os.path.realpath(folder) == output:
+        raise CollectionError(
+            f"input {spec!r} reads the output folder {output!r}: a rerun would take this run's outputs as inputs; "
+            "choose an output folder outside it (or a subfolder of it, which is skipped)"
+        )
 
 
 def open_collection(
@@ -616,5 +841,7 @@ def open_collection(
     for spec in specs:
         _check_spec(spec)
     skip_path = os.path.realpath(skip) if skip is not None and os.path.isdir(skip) else None
+    for spec in specs:
+        _check_not_output(spec, skip_path)
     return Collection(specs, shard_size, recursive, skip_path)
 

@@ -20,15 +20,21 @@ import cv2
 import numpy as np
 
 __all__ = [
+    "DEFAULT_MAX_MEGAPIXELS",
     "ImageReadError",
+    "ImageTooLargeError",
     "atomic_write",
     "file_problem",
+    "image_size",
+    "pixel_limit_problem",
     "read_image",
     "save_json",
     "save_npy",
     "save_ply",
     "save_png",
     "to_rgb_array",
+    "truncation_problem",
+    "write_safetensors",
 ]
 
 logger = logging.getLogger(__name__)
@@ -51,6 +57,23 @@ class ImageReadError(ValueError):
 
     def __reduce__(self) -> tuple[type, tuple[Path, str]]:  # keep (path, reason) through pickling / multiprocessing
         return type(self), (self.path, self.reason)
+
+
+class ImageTooLargeError(ImageReadError):
+    """An image has more pixels than the caller's limit (a "pixel bomb": a few MB of compressed zeros can claim
+    gigapixels); raised before its pixels are decoded when the header tells the size.
+
+    Attributes:
+        width, height: the image's size in pixels.
+        max_megapixels: the limit it is over.
+    """
+
+    def __init__(self, path: PathLike, width: int, height: int, max_megapixels: float) -> None:
+        self.width, self.height, self.max_megapixels = width, height, max_megapixels
+        super().__init__(path, _too_many_pixels(width, height, max_megapixels))
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return type(self), (self.path, self.width, self.height, self.max_megapixels)
 
 
 _FILE_KINDS = (
@@ -134,7 +157,7 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _JPEG_SIGNATURE = b"\xff\xd8\xff"
 
 
-def _truncation_problem(data: bytes) -> str | None:
+def truncation_problem(data: bytes) -> str | None:
     """Say why a PNG/JPEG byte string is cut short, or return None.
 
     OpenCV's JPEG decoder fills a truncated scan with grey and returns an image (libjpeg only prints
@@ -153,7 +176,141 @@ def _truncation_problem(data: bytes) -> str | None:
     return None
 
 
-def read_image(path: PathLike) -> np.ndarray:
+# ---------------------------------------------------------------------------------------------------------------------
+# The pixel limit: the size from the file header, before anything is decoded
+
+# Decoding takes 3 bytes per pixel (and the BGR->RGB copy 3 more); predicting on the image at full resolution takes
+# about 100 bytes per pixel. 200 megapixels holds every camera and phone photo (a 200 MP phone sensor is
+# 16320x12240); a 3 MB PNG of zeros can claim 1000 megapixels. OpenCV itself refuses more than 2**30 pixels.
+DEFAULT_MAX_MEGAPIXELS = 200.0
+
+
+def _too_many_pixels(width: int, height: int, max_megapixels: float) -> str:
+    return (
+        f"{width}x{height} pixels ({width * height / 1e6:.1f} megapixels) is over the limit of "
+        f"{max_megapixels:g} megapixels"
+    )
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(W, H) from a JPEG's start-of-frame segment, walking the marker segments before it."""
+    offset = 2
+    while offset + 4 <= len(data):
+        if data[offset] != 0xFF:
+            return None
+        marker = data[offset + 1]
+        if marker == 0xFF:  # fill byte
+            offset += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD9)):  # stand-alone markers: no length
+            offset += 2
+            continue
+        length = int.from_bytes(data[offset + 2 : offset + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOF0..SOF15
+            if offset + 9 > len(data):
+                return None
+            height = int.from_bytes(data[offset + 5 : offset + 7], "big")
+            width = int.from_bytes(data[offset + 7 : offset + 9], "big")
+            return (width, height) if height else None  # height 0: given later by a DNL marker
+        if length < 2:
+            return None
+        offset += 2 + length
+    return None
+
+
+def _tiff_size(data: bytes) -> tuple[int, int] | None:
+    """(W, H) from a classic TIFF's first image directory (BigTIFF: None)."""
+    order = "little" if data[:2] == b"II" else "big"
+
+    def number(at: int, size: int) -> int:
+        return int.from_bytes(data[at : at + size], order)
+
+    if len(data) < 8 or number(2, 2) != 42:
+        return None
+    directory = number(4, 4)
+    if directory + 2 > len(data):
+        return None
+    found: dict[int, int] = {}
+    for index in range(number(directory, 2)):
+        entry = directory + 2 + 12 * index
+        if entry + 12 > len(data):
+            break
+        tag, kind = number(entry, 2), number(entry + 2, 2)
+        if tag in (256, 257):  # ImageWidth, ImageLength: SHORT (3) or LONG (4)
+            found[tag] = number(entry + 8, 2) if kind == 3 else number(entry + 8, 4)
+    return (found[256], found[257]) if 256 in found and 257 in found else None
+
+
+def _pnm_size(data: bytes) -> tuple[int, int] | None:
+    """(W, H) from a PBM/PGM/PPM header (P1..P6): the two numbers after the magic, skipping comments."""
+    numbers: list[int] = []
+    for line in data[2:512].split(b"\n"):
+        for token in line.split(b"#", 1)[0].split():
+            if not token.isdigit():
+                return None
+            numbers.append(int(token))
+            if len(numbers) == 2:
+                return numbers[0], numbers[1]
+    return None
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """The (width, height) an encoded image declares in its header, without decoding any pixel.
+
+    Read for PNG, JPEG, WebP, GIF, BMP, classic TIFF and PBM/PGM/PPM; None for other formats and for headers too
+    short or malformed to tell (the decoder then decides). EXIF rotation does not change the pixel count.
+    """
+    if data.startswith(_PNG_SIGNATURE):
+        if len(data) >= 24 and data[12:16] == b"IHDR":
+            return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        return None
+    if data.startswith(_JPEG_SIGNATURE):
+        return _jpeg_size(data)
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP" and len(data) >= 30:
+        chunk = data[12:16]
+        if chunk == b"VP8 ":
+            return int.from_bytes(data[26:28], "little") & 0x3FFF, int.from_bytes(data[28:30], "little") & 0x3FFF
+        if chunk == b"VP8L":
+            bits = int.from_bytes(data[21:25], "little")
+            return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+        if chunk == b"VP8X":
+            return int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1
+        return None
+    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
+        return int.from_bytes(data[6:8], "little"), int.from_bytes(data[8:10], "little")
+    if data[:2] == b"BM" and len(data) >= 26:
+        if int.from_bytes(data[14:18], "little") == 12:  # OS/2 BITMAPCOREHEADER: 16-bit sizes
+            return int.from_bytes(data[18:20], "little"), int.from_bytes(data[20:22], "little")
+        width = int.from_bytes(data[18:22], "little", signed=True)
+        height = int.from_bytes(data[22:26], "little", signed=True)  # negative: rows stored top-down
+        return abs(width), abs(height)
+    if data[:4] in (b"II*\0", b"MM\0*"):
+        return _tiff_size(data)
+    if len(data) >= 3 and data[:1] == b"P" and data[1:2] in b"123456" and data[2:3].isspace():
+        return _pnm_size(data)
+    return None
+
+
+def pixel_limit_problem(data: bytes, max_megapixels: float | None) -> str | None:
+    """Why an encoded image is refused by the pixel limit, judged from its header alone; None when it is within
+    the limit, there is no limit (``max_megapixels`` None) or the header does not tell (check after decoding)."""
+    if max_megapixels is None:
+        return None
+    size = image_size(data)
+    if size is not None and size[0] * size[1] > max_megapixels * 1e6:
+        return _too_many_pixels(*size, max_megapixels)
+    return None
+
+
+def _check_pixels(path: Path, data: bytes, max_megapixels: float | None) -> None:
+    if max_megapixels is None:
+        return
+    size = image_size(data)
+    if size is not None and size[0] * size[1] > max_megapixels * 1e6:
+        raise ImageTooLargeError(path, size[0], size[1], max_megapixels)
+
+
+def read_image(path: PathLike, *, max_megapixels: float | None = DEFAULT_MAX_MEGAPIXELS) -> np.ndarray:
     """Read an image file as RGB uint8, decoding exactly like the official ``cv2.imread(path)``.
 
     - EXIF orientation is applied (the image comes out upright).
@@ -165,11 +322,15 @@ def read_image(path: PathLike) -> np.ndarray:
 
     Args:
         path: file path (``str`` or ``pathlib.Path``); any format OpenCV decodes (JPEG, PNG, BMP, TIFF, WebP, ...).
+        max_megapixels: refuse images with more pixels, judged from the header before anything is decoded (PNG,
+            JPEG, WebP, BMP, TIFF, PNM; other formats after decoding); None: no limit of ours (OpenCV still
+            refuses more than 2**30 pixels).
 
     Returns:
         HxWx3 uint8 RGB array (C-contiguous, owned by the caller).
 
     Raises:
+        ImageTooLargeError: more pixels than ``max_megapixels`` (an ``ImageReadError``).
         ImageReadError: missing, empty, unreadable, truncated, corrupt or non-image file; a directory, a dangling
             symbolic link or link loop; a FIFO, socket or device (refused without being opened: see
             ``file_problem``).
@@ -178,9 +339,10 @@ def read_image(path: PathLike) -> np.ndarray:
     data = _read_regular_file(path)
     if not data:
         raise ImageReadError(path, "file is empty (0 bytes)")
-    problem = _truncation_problem(data)
+    problem = truncation_problem(data)
     if problem is not None:
         raise ImageReadError(path, problem)
+    _check_pixels(path, data, max_megapixels)
     try:
         bgr = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
     except cv2.error as error:  # e.g. OpenCV's pixel-count limit for huge images
@@ -190,6 +352,9 @@ def read_image(path: PathLike) -> np.ndarray:
         raise ImageReadError(path, "not a decodable image (corrupt, truncated or not an image format)")
     if bgr.ndim != 3 or bgr.shape[2] != 3 or bgr.size == 0:
         raise ImageReadError(path, f"decoded to an unexpected array of shape {bgr.shape}")
+    height, width = bgr.shape[:2]
+    if max_megapixels is not None and height * width > max_megapixels * 1e6:  # a format whose header we do not read
+        raise ImageTooLargeError(path, width, height, max_megapixels)
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
@@ -393,3 +558,34 @@ def save_ply(path: PathLike, points: np.ndarray, colors: np.ndarray | None = Non
     if colors is not None:
         vertices["red"], vertices["green"], vertices["blue"] = colors[:, 0], colors[:, 1], colors[:, 2]
     return atomic_write(path, ("\n".join(header) + "\n").encode("ascii") + vertices.tobytes())
+
+
+def write_safetensors(path: PathLike, tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> Path:
+    """Atomically write ``tensors`` (name -> contiguous CPU ``torch.Tensor``) as a ``.safetensors`` file whose bytes
+    depend only on the tensors and ``metadata``, with mode 0644.
+
+    safetensors writes its ``__metadata__`` map in a random order per process, so identical runs wrote different
+    bytes (and content hashes); here the header's keys are sorted, at every level.
+    """
+    from safetensors.torch import save_file
+
+    metadata = {str(key): str(value) for key, value in sorted((metadata or {}).items())}
+
+    def write(temporary: Path) -> None:
+        save_file(tensors, str(temporary), metadata=metadata or None)
+        _sort_safetensors_header(temporary)
+        os.chmod(temporary, 0o644)  # not the writer's own mode: the same files wherever they are written
+
+    return atomic_write(path, write)
+
+
+def _sort_safetensors_header(path: Path) -> None:
+    """Rewrite a safetensors header (8-byte little-endian length, then JSON) with sorted keys, in place."""
+    with open(path, "r+b") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(length))
+        text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > length:  # the same keys and values, only reordered: never longer than serde_json's own text
+            raise RuntimeError(f"{path}: the sorted safetensors header does not fit ({len(text)} > {length} bytes)")
+        handle.seek(8)
+        handle.write(text.ljust(length, b" "))  # spaces are the format's own header padding

@@ -195,18 +195,33 @@ def _expand_one(text: str, recursive: bool, skip: Path | None) -> tuple[list[Ent
     return [], f"input {text!r} does not exist (no such file or folder)"
 
 
-def _unique_stem(stem: str, source: Path, taken: set[str]) -> str:
-    """Make ``stem`` unique (case-insensitively, for case-insensitive file systems): add the extension, then a count."""
+def _unique_stem(stem: str, source: Path, taken: set[str], wanted: set[str]) -> str:
+    """Make ``stem`` unique (case-insensitively, for case-insensitive file systems): add the extension, then a count,
+    skipping names another input wants for itself (``wanted``), so an input whose name is its own always keeps it."""
     if stem.casefold() not in taken:
         return stem
     extension = source.suffix.lstrip(".").lower()
     candidate = f"{stem}_{extension}" if extension else f"{stem}_2"
-    count = 2
-    while candidate.casefold() in taken:
+    count = 1 if extension else 2
+    while candidate.casefold() in taken or candidate.casefold() in wanted:
         count += 1
         candidate = f"{stem}_{extension}_{count}" if extension else f"{stem}_{count}"
     logger.warning("output name %r is used by an earlier input; writing %s as %r instead", stem, source, candidate)
     return candidate
+
+
+def _output_problem(text: str, output: Path | None) -> str | None:
+    """Why a folder or pattern input cannot be read into ``output``: it would read the outputs back in."""
+    if output is None:
+        return None
+    path = Path(text).expanduser()
+    folder = path if path.is_dir() else _glob_root(os.path.expanduser(text)) if _has_glob(text) else None
+    if folder is None or _resolved(folder) != output:
+        return None
+    return (
+        f"input {text!r} reads the output folder {str(output)!r}: a rerun would take this run's outputs as inputs; "
+        "choose an output folder outside it (or a subfolder of it, which is skipped)"
+    )
 
 
 def expand_inputs(
@@ -224,7 +239,10 @@ def expand_inputs(
       relative to the pattern's leading fixed folder.
     - Order is deterministic: inputs in the order given, files within one input sorted by path. A file reached
       twice is kept once. Two files wanting the same stem (``a.jpg`` and ``a.png``) get distinct stems
-      (``a`` and ``a_png``), with a logged warning.
+      (``a`` and ``a_png``; ``a_png_2`` when another file is called ``a_png.*``), with a logged warning:
+      the rule of ``data.collections`` (``docs/bulk.md``, "Output names").
+    - A folder or pattern that would read the output folder itself (``-o`` equal to the input folder) is an error
+      item: a rerun would take the outputs as inputs.
     - An input that does not exist, an empty folder, or a pattern matching nothing gives an item with ``error``
       set instead of raising, so the caller can report it and carry on. So does each file (given, found in a
       folder or matched) that is not a regular file or cannot be looked up: a FIFO, socket or device, a dangling
@@ -247,9 +265,14 @@ def expand_inputs(
     seen_files: set[Path] = set()
     reported: set[Path] = set()
     taken_stems: set[str] = set()
+    expanded = []
     for raw in inputs:
         text = os.fspath(raw)
-        entries, error = _expand_one(text, recursive, skip)
+        error = _output_problem(text, skip)
+        entries, error = ([], error) if error is not None else _expand_one(text, recursive, skip)
+        expanded.append((text, entries, error))
+    wanted = {stem.casefold() for _, entries, _ in expanded for _, stem, problem in entries if problem is None}
+    for text, entries, error in expanded:
         if error is not None:
             logger.debug(error)
             items.append(InputItem(Path(text), Path(text).stem or text, output_root, error))
@@ -267,7 +290,7 @@ def expand_inputs(
                 logger.debug("skipping %s: already listed", file)
                 continue
             seen_files.add(resolved)
-            stem = _unique_stem(stem, file, taken_stems)
+            stem = _unique_stem(stem, file, taken_stems, wanted)
             taken_stems.add(stem.casefold())
             items.append(InputItem(file, stem, output_root))
     return items

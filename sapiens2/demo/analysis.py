@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..data.io import ImageReadError, read_image
+from ..data.io import ImageReadError, ImageTooLargeError, read_image
 from ..predict.writers import WriteOptions, write_result
 from ..tasks import TASKS, check_task
 from .models import ModelCache
@@ -29,18 +29,6 @@ _STAGES = ("detection", "preprocess", "inference", "postprocess")
 
 class UploadError(ValueError):
     """An upload the page cannot use; ``str(error)`` is one line naming the file and the problem."""
-
-
-def _peek_size(path: Path) -> tuple[int, int] | None:
-    """(W, H) from the file header without decoding the pixels, or None when PIL cannot tell."""
-    try:
-        from PIL import Image  # Gradio depends on Pillow, so the demo always has it
-
-        Image.MAX_IMAGE_PIXELS = None  # our own limit applies; PIL's would raise before we can say why
-        with Image.open(path) as image:
-            return image.size
-    except Exception:  # not an image PIL knows: read_image decides and explains
-        return None
 
 
 def read_upload(
@@ -68,18 +56,12 @@ def read_upload(
         raise UploadError(f"cannot read {name!r}: {error.strerror or error}") from None
     if size > max_file_mb * 1e6:
         raise UploadError(f"{name!r} is {size / 1e6:.1f} MB; this page takes files up to {max_file_mb:g} MB")
-    limit = max_megapixels * 1e6
-    peeked = _peek_size(path)
-    if peeked is not None and peeked[0] * peeked[1] > limit:
-        raise UploadError(_too_large(name, peeked[1], peeked[0], max_megapixels))
-    try:
-        image = read_image(path)
+    try:  # the pixel limit of every reader (data.io): judged from the header before decoding
+        return read_image(path, max_megapixels=max_megapixels)
+    except ImageTooLargeError as error:
+        raise UploadError(_too_large(name, error.height, error.width, max_megapixels)) from None
     except ImageReadError as error:
         raise UploadError(f"cannot read image {name!r}: {error.reason}") from None
-    height, width = image.shape[:2]
-    if height * width > limit:
-        raise UploadError(_too_large(name, height, width, max_megapixels))
-    return image
 
 
 def _too_large(name: str, height: int, width: int, max_megapixels: float) -> str:

@@ -9,22 +9,21 @@ never a stopped server.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import shutil
-import tempfile
-import threading
-import uuid
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 from ..metadata import seg_metadata
-from ..predict.run import OptionText, python_option
+from ..predict.options import OptionText, python_option
 from ..tasks import TASKS
 from . import render
 from .analysis import Analysis, UploadError, analyse, read_upload, rewrite_pose
 from .models import ModelCache
 from .options import DemoOptions
+from .sessions import RequestFolders, ResultStore
 
 __all__ = ["build_app", "launch"]
 
@@ -32,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 KEYPOINT_SETS = [("Sapiens 308", "sapiens308"), ("COCO-WholeBody 133", "coco_wholebody133"), ("COCO 17", "coco17")]
 _KEPT_REQUESTS = 64  # the newest requests' files stay on disk for download; older folders are removed
+_KEPT_FILE_BYTES = 4 << 30  # ... and at most 4 GB of them (a 12-megapixel photo's files with every task: ~1 GB)
+_RETAINED = ("seg", "pose")  # results the page still needs after a run (class toggles, keypoint-set choice)
 _INTRO = (
     "# Sapiens2\n"
     "Drop a photo with people (or pick a sample), tick the tasks and press **Run**. Every result is computed at the "
@@ -45,25 +46,6 @@ def _import_gradio():
     except ImportError:
         raise ImportError("the demo needs Gradio: pip install 'sapiens2[demo]'") from None
     return gradio
-
-
-class _RequestFolders:
-    """One folder per request under a private temporary root; only the newest ``keep`` survive."""
-
-    def __init__(self, keep: int = _KEPT_REQUESTS) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="sapiens2-demo-"))
-        self._folders: deque[Path] = deque()
-        self._keep = keep
-        self._lock = threading.Lock()
-
-    def new(self) -> Path:
-        folder = self.root / uuid.uuid4().hex
-        folder.mkdir()
-        with self._lock:
-            self._folders.append(folder)
-            while len(self._folders) > self._keep:
-                shutil.rmtree(self._folders.popleft(), ignore_errors=True)
-        return folder
 
 
 def build_app(options: DemoOptions | None = None, *, option: OptionText = python_option) -> Any:
@@ -85,12 +67,14 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
     options.check(option)
     gr = _import_gradio()
     cache = ModelCache(options, option)
-    folders = _RequestFolders()
+    folders = RequestFolders(_KEPT_REQUESTS, _KEPT_FILE_BYTES)  # removed when the server stops (launch) or at exit
+    kept = ResultStore(options.max_kept_results, int(options.max_kept_mb * 1e6))
     class_names = list(seg_metadata().class_names)
     gr.set_static_paths([str(path.parent) for path in options.samples])  # packaged samples, wherever installed
 
     with gr.Blocks(title="Sapiens2 demo", analytics_enabled=False, delete_cache=(1800, 3600)) as app:
-        state = gr.State(None, time_to_live=3600)  # a session's last results (full-size arrays), dropped after an hour
+        # A page holds the key of its last results; the arrays stay in ``kept`` (bounded), dropped with the session.
+        state = gr.State(None, time_to_live=3600, delete_callback=kept.drop)
         gr.Markdown(_INTRO)
         with gr.Tab("Photo", elem_id="photo-tab"):
             with gr.Row():
@@ -147,11 +131,15 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
             except UploadError as error:
                 gr.Warning(str(error))
                 return gr.update(value=None, visible=False), render.error_markdown(str(error))
+            except Exception as error:  # whatever happens, the page says so and the server goes on
+                logger.exception("demo upload failed")
+                return gr.update(value=None, visible=False), _failed(Path(path).name, error)
             height, width = image.shape[:2]
             note = f"**{Path(path).name}**: {width}×{height} pixels. Tick the tasks and press **Run**."
             return gr.update(value=image, visible=True), note
 
-        def on_run(path, ticked, keypoint_format, draw_boxes, shown, progress=progress_tracker):
+        def on_run(previous, path, ticked, keypoint_format, draw_boxes, shown, progress=progress_tracker):
+            kept.drop(previous)  # this page's earlier results are replaced whatever happens now
             hidden = [gr.update(value=None, visible=False)] * len(views)
             hidden += [gr.update(value=None, visible="hidden"), gr.update(visible=False), render.seg_legend(None)]
             if path is None:
@@ -163,6 +151,9 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
             except UploadError as error:
                 gr.Warning(str(error))
                 return [None, render.error_markdown(str(error)), None, *hidden]
+            except Exception as error:  # whatever happens, the page says so and the server goes on
+                logger.exception("demo upload failed")
+                return [None, _failed(Path(path).name, error), None, *hidden]
             try:
                 analysis = analyse(
                     image,
@@ -176,29 +167,40 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
                 shown_views = _views(gr, analysis, keypoint_format, draw_boxes, shown)
             except Exception as error:  # whatever happens, the page says so and the server goes on
                 logger.exception("demo request failed")
-                return [None, render.error_markdown(f"the request failed: {type(error).__name__}: {error}"), None,
-                        *hidden]  # fmt: skip
+                return [None, _failed(None, error), None, *hidden]
             files_out = [str(p) for p in analysis.files()] or None
-            return [analysis, render.status_markdown(analysis, cache), files_out, *shown_views]
+            key = kept.put(_retained(analysis))  # only what the toggles need: the photo, seg and pose
+            return [key, render.status_markdown(analysis, cache), files_out, *shown_views]
 
-        def on_classes(analysis: Analysis | None, shown):
+        def on_classes(key: str | None, shown):
+            analysis = kept.get(key)
             seg = None if analysis is None else analysis.result("seg")
             if seg is None:
                 return gr.update()
-            return render.seg_picture(analysis.image, seg.labels, shown)
+            try:
+                return render.seg_picture(analysis.image, seg.labels, shown)
+            except Exception:  # the picture stays as it was; the server goes on
+                logger.exception("demo seg redraw failed")
+                return gr.update()
 
-        def on_pose_choice(analysis: Analysis | None, keypoint_format, draw_boxes):
+        def on_pose_choice(key: str | None, keypoint_format, draw_boxes):
+            analysis = kept.get(key)
             pose = None if analysis is None else analysis.result("pose")
             if pose is None:
                 return gr.update(), gr.update()
-            rewrite_pose(analysis, keypoint_format)
-            picture = render.pose_picture(analysis.image, pose, keypoint_format, draw_boxes)
+            try:
+                analysis.folder.mkdir(parents=True, exist_ok=True)  # an old request's folder may have gone
+                rewrite_pose(analysis, keypoint_format)
+                picture = render.pose_picture(analysis.image, pose, keypoint_format, draw_boxes)
+            except Exception:  # the picture stays as it was; the server goes on
+                logger.exception("demo pose redraw failed")
+                return gr.update(), gr.update()
             return picture, [str(p) for p in analysis.files()]
 
         upload.change(on_upload, [upload], [views["photo"], status], concurrency_id="render", concurrency_limit=4)
         run.click(
             on_run,
-            [upload, tasks, keypoints, boxes, classes],
+            [state, upload, tasks, keypoints, boxes, classes],
             [state, status, files, *view_outputs],
             concurrency_id="models",
             concurrency_limit=1,
@@ -214,10 +216,21 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
             )
     app.queue(max_size=options.queue_size, default_concurrency_limit=1)
     app.sapiens2_cache = cache  # for notebooks and tests: which models are loaded, and their load times
+    app.sapiens2_kept = kept  # ... the results kept for the pages (bounded)
+    app.sapiens2_folders = folders  # ... and the requests' files, removed with the server (and at exit)
+    close = app.close
+
+    def close_and_clean(*args, **kwargs) -> None:
+        try:
+            close(*args, **kwargs)
+        finally:
+            folders.close()
+
+    app.close = close_and_clean
     return app
 
 
-def _video_tab(gr, options: DemoOptions, cache: ModelCache, folders: _RequestFolders) -> None:
+def _video_tab(gr, options: DemoOptions, cache: ModelCache, folders: RequestFolders) -> None:
     """The short-video tab (inside the app's Blocks): a clip through ``sapiens2.video`` with the cached models."""
     import importlib.util
 
@@ -253,17 +266,73 @@ def _video_tab(gr, options: DemoOptions, cache: ModelCache, folders: _RequestFol
         if not ticked:
             return render.error_markdown("tick at least one task"), None, None
         try:
-            outcome = analyse_video(path, ticked, cache, folders.new(), max_frames=options.max_video_frames,
+            folder = folders.new()
+            outcome = analyse_video(path, ticked, cache, folder, max_frames=options.max_video_frames,
                                     max_file_mb=options.max_file_mb, keypoint_format=keypoint_format)  # fmt: skip
         except Exception as error:  # whatever happens, the page says so and the server goes on
             logger.exception("demo video request failed")
-            return render.error_markdown(f"the request failed: {type(error).__name__}: {error}"), None, None
+            return _failed(None, error), None, None
+        try:
+            downloads = download_files(outcome.files, folder)  # one distinct name each (chunks of several tasks)
+        except OSError as error:
+            logger.exception("demo video downloads failed")
+            return _failed(None, error), None, None
         overlay_path = None if outcome.overlay is None else str(outcome.overlay)
-        return render.video_markdown(outcome, options.max_video_frames), overlay_path, [str(p) for p in outcome.files]
+        return render.video_markdown(outcome, options.max_video_frames), overlay_path, downloads or None
 
     run.click(on_video, [clip, tasks, keypoints], [status, overlay, files], concurrency_id="models",
               concurrency_limit=1)  # fmt: skip
 
+
+
+def download_files(files, folder: str | os.PathLike) -> list[str]:
+    """The files to offer for download, each under a distinct name: a browser saves a download under its file name
+    alone, so ``clip_seg/chunk_000000.npz`` and ``clip_normal/chunk_000000.npz`` would both arrive as
+    ``chunk_000000.npz``. Files in subfolders of ``folder`` are offered as a link named after their path
+    (``clip_seg_chunk_000000.npz``); the others as they are."""
+    folder = Path(folder)
+    offered, names = [], set()
+    for path in map(Path, files):
+        try:
+            relative = path.relative_to(folder)
+        except ValueError:
+            relative = Path(path.name)
+        if relative.parts[0] == "_downloads":  # offered before
+            relative = Path(path.name)
+        name = "_".join(relative.parts)
+        stem, suffix, number = Path(name).stem, Path(name).suffix, 1
+        while name in names:  # still the same name: number it
+            number += 1
+            name = f"{stem}_{number}{suffix}"
+        names.add(name)
+        if name == path.name and (relative.parent == Path(".") or path.parent.name == "_downloads"):
+            offered.append(str(path))
+            continue
+        link = folder / "_downloads" / name
+        link.parent.mkdir(exist_ok=True)
+        if not link.exists():
+            try:
+                os.link(path, link)  # no copy on disk
+            except OSError:
+                shutil.copyfile(path, link)
+        offered.append(str(link))
+    return offered
+
+
+def _failed(name: str | None, error: Exception) -> str:
+    """A request that failed, in one line on the page (the server's log has the traceback)."""
+    where = f"{name!r}: " if name else ""
+    return render.error_markdown(f"{where}the request failed: {type(error).__name__}: {error}")
+
+
+def _retained(analysis: Analysis) -> Analysis:
+    """What the page needs after a run (the photo, the seg and pose results, every task's files): the other
+    full-size results (normals, pointmaps, albedo, mattes: up to 48 bytes a pixel) are not kept."""
+    outcomes = {
+        task: outcome if task in _RETAINED else dataclasses.replace(outcome, result=None)
+        for task, outcome in analysis.outcomes.items()
+    }
+    return dataclasses.replace(analysis, outcomes=outcomes)
 
 
 def _image(gr, label: str, elem_id: str):
@@ -304,17 +373,26 @@ def _views(gr, analysis: Analysis, keypoint_format: str, draw_boxes: bool, shown
 def launch(options: DemoOptions | None = None, *, option: OptionText = python_option, block: bool = True) -> Any:
     """Build the app and serve it on ``options.host``:``options.port`` (``sapiens2 demo``); returns the app.
 
+    The requests' files (a private temporary folder) are removed when the server stops: Ctrl+C, ``app.close()``,
+    or the interpreter's exit.
+
     Args:
         block: wait until the server is stopped (Ctrl+C); False returns at once with the server running.
     """
     options = options or DemoOptions()
     app = build_app(options, option=option)
-    app.launch(
-        server_name=options.host,
-        server_port=options.port,
-        share=options.share,
-        max_file_size=f"{int(options.max_file_mb * 1e6)}b",
-        prevent_thread_lock=not block,
-        show_error=True,
-    )
+    try:
+        app.launch(
+            server_name=options.host,
+            server_port=options.port,
+            share=options.share,
+            max_file_size=f"{int(options.max_file_mb * 1e6)}b",
+            prevent_thread_lock=not block,
+            show_error=True,
+        )
+    except BaseException:
+        app.sapiens2_folders.close()
+        raise
+    if block:  # the server has stopped
+        app.sapiens2_folders.close()
     return app

@@ -1,5 +1,5 @@
 """The demo's models: one ``Predictor`` per task, loaded on first use and kept, found exactly as ``predict`` finds
-them (``predict.run``: a size, repo id, file or folder; downloaded once into the Hugging Face cache)."""
+them (``predict.batch``: a size, repo id, file or folder; downloaded once into the Hugging Face cache)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import threading
 import time
 from typing import Any
 
-from ..predict.run import OptionText, PredictOptions, _make_predictors, check_model_input_size, python_option
+from ..predict.batch import make_predictors
+from ..predict.options import OptionText, PredictOptions, check_model_input_size, python_option
 from ..tasks import check_task
 from .options import DemoOptions
 
@@ -34,6 +35,28 @@ class ModelCache:
 
     def is_loaded(self, task: str) -> bool:
         return task in self._predictors
+
+    def device_text(self, task: str | None = None) -> str:
+        """Where the models run, as the page shows it: ``cuda:0 (NVIDIA H100 80GB HBM3), bf16`` or ``cpu, fp32``.
+
+        The loaded predictor's own device and dtype (``task``'s, else any loaded one); before any model loads, the
+        device ``Predictor`` will pick (``device`` as given, or CUDA when available) and the dtype asked for.
+        """
+        import torch
+
+        from ..predict.predictor import resolve_device
+
+        predictor = self._predictors.get(task) if task else next(iter(self._predictors.values()), None)
+        if predictor is not None:
+            device, dtype = torch.device(predictor.device), predictor.dtype
+        else:
+            device, dtype = resolve_device(self.options.device), self.options.dtype
+        names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+        dtype = names.get(dtype, str(dtype))
+        if device.type == "cuda":
+            index = torch.cuda.current_device() if device.index is None else device.index
+            return f"cuda:{index} ({torch.cuda.get_device_name(index)}), {dtype}"
+        return f"{device}, {dtype}"
 
     def get(self, task: str) -> Any:
         """The task's ``Predictor``, loading it (finding or downloading its file first) if needed.
@@ -63,7 +86,7 @@ class ModelCache:
                 detector=options.detector,
                 flip_test=options.flip_test,
             )
-            predictor = _make_predictors(predict_options, [task], self.option)[task]
+            predictor = make_predictors(predict_options, [task], self.option)[task]
             check_model_input_size(predictor.input_size, predictor.model, self.option)
             self._predictors[task] = predictor
             self.load_seconds[task] = time.perf_counter() - start

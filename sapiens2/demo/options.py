@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..metadata import SAMPLE_IMAGE
-from ..predict.run import OptionText, check_device, check_input_size, python_option
+from ..predict.options import OptionText, check_device, check_input_size, python_option
 from ..tasks import TASKS, check_task
 
 __all__ = ["DemoOptions", "SAMPLE_IMAGES"]
@@ -50,6 +50,10 @@ class DemoOptions:
         max_file_mb: larger uploads are refused [``--max-file-mb``].
         queue_size: requests waiting beyond this are turned away (each sees its place in the queue) [``--queue-size``].
         max_video_frames: the video tab processes at most this many frames of a clip [``--max-video-frames``].
+        max_kept_results: pages whose last results the server keeps in memory, for the seg class toggles and the
+            keypoint-set choice; the least recently used go first [``--max-kept-results``].
+        max_kept_mb: megabytes of those results kept at most (a 12-megapixel photo's take ~180 MB; the newest is
+            always kept) [``--max-kept-mb``].
     """
 
     model: str | os.PathLike = "1b"
@@ -72,6 +76,8 @@ class DemoOptions:
     max_file_mb: float = 50.0
     queue_size: int = 16
     max_video_frames: int = 150
+    max_kept_results: int = 16
+    max_kept_mb: float = 1024.0
 
     def __post_init__(self) -> None:  # frozen: normalise once, here
         set_field = object.__setattr__
@@ -113,7 +119,8 @@ class DemoOptions:
             raise ValueError(f"{option('batch_size', self.batch_size)}: must be >= 1")
         if self.port is not None and not 1 <= self.port <= 65535:
             raise ValueError(f"{option('port', self.port)}: a port is 1 to 65535")
-        for name in ("max_megapixels", "max_file_mb", "queue_size", "max_video_frames"):
+        for name in ("max_megapixels", "max_file_mb", "queue_size", "max_video_frames", "max_kept_results",
+                     "max_kept_mb"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"{option(name, getattr(self, name))}: must be > 0")
         missing = [str(path) for path in self.samples if not path.is_file()]

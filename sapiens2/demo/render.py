@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..metadata import seg_metadata
-from ..predict.visualize import colorize_depth, colorize_normals, draw_pose, seg_overlay
+from ..predict.visualize import colorize_depth, colorize_normals, draw_pose, seg_legend_entries, seg_overlay
 from ..tasks import TASKS
 from .analysis import Analysis
 from .mesh import grid_mesh, save_glb
@@ -47,29 +47,27 @@ def seg_picture(image: np.ndarray, labels: np.ndarray, shown: Iterable[str] | No
 
 
 def seg_legend(labels: np.ndarray | None) -> str:
-    """HTML legend of the 29 classes: colour, name and share of the image (classes absent from it dimmed)."""
-    meta = seg_metadata()
-    counts = np.zeros(len(meta.class_names), dtype=np.int64)
-    if labels is not None and labels.size:
-        found = np.bincount(labels.reshape(-1), minlength=len(counts))
-        counts = found[: len(counts)]
-    total = max(int(counts.sum()), 1)
+    """HTML legend of the 29 classes: colour, name and share of the image (classes absent from it dimmed); the
+    entries of ``predict.visualize.seg_legend_entries``, as the legend panel of ``_seg_overlay`` pictures."""
     items = []
-    for index, (name, colour) in enumerate(zip(meta.class_names, meta.palette.tolist(), strict=True)):
-        share = f"{100.0 * counts[index] / total:.1f}%" if counts[index] else "–"
-        opacity = 1.0 if counts[index] or labels is None else 0.45
+    for entry in seg_legend_entries(labels):
+        share = f"{100.0 * entry.share:.1f}%" if entry.pixels else "–"
+        opacity = 1.0 if entry.pixels or labels is None else 0.45
+        colour = entry.color
         items.append(
             f'<span class="seg-class" style="display:inline-block;margin:2px 10px 2px 0;opacity:{opacity}">'
             f'<span style="display:inline-block;width:12px;height:12px;vertical-align:middle;border:1px solid #888;'
-            f'background:rgb({colour[0]},{colour[1]},{colour[2]})"></span> {index} {html.escape(name)} '
-            f"<small>{share}</small></span>"
+            f'background:rgb({colour[0]},{colour[1]},{colour[2]})"></span> {entry.class_id} '
+            f"{html.escape(entry.name)} <small>{share}</small></span>"
         )
     return '<div id="seg-legend-items" style="line-height:1.6">' + "".join(items) + "</div>"
 
 
 def pose_picture(image: np.ndarray, result, keypoint_format: str = "sapiens308", boxes: bool = True) -> np.ndarray:
-    """Skeletons in ``keypoint_format`` (``draw_pose``), with the person boxes when ``boxes``."""
-    return draw_pose(image, result, fmt=keypoint_format, draw_boxes=boxes)
+    """Skeletons in ``keypoint_format`` (``draw_pose``), with the person boxes and their ``#n`` (the person's
+    position in ``_pose.json``) when ``boxes``, as ``sapiens2 predict`` draws them."""
+    ids = list(range(len(result))) if boxes else None
+    return draw_pose(image, result, fmt=keypoint_format, draw_boxes=boxes, box_ids=ids)
 
 
 def normal_picture(result) -> np.ndarray:
@@ -114,8 +112,10 @@ def _stage_text(milliseconds: dict[str, float]) -> str:
 def status_markdown(analysis: Analysis, cache: ModelCache) -> str:
     """Per task: the model, its load time when this request loaded it, this request's times, or the error."""
     height, width = analysis.image.shape[:2]
+    ran = [task for task in analysis.outcomes if cache.is_loaded(task)]
+    device = f"; device: {cache.device_text(ran[0])}" if ran else ""  # the loaded predictors' own device and dtype
     lines = [
-        f"**{html.escape(analysis.name)}**: {width}×{height} pixels",
+        f"**{html.escape(analysis.name)}**: {width}×{height} pixels{device}",
         "",
         "| task | model | load | this image | status |",
         "|---|---|---|---|---|",
@@ -157,7 +157,7 @@ def models_markdown(options: DemoOptions, cache: ModelCache) -> str:
             "|---|---|---|",
             *rows,
             "",
-            f"Pose person detector: `{detector}`; device `{options.device or 'auto'}`, {options.dtype}.",
+            f"Pose person detector: `{detector}`; device: {cache.device_text()}.",
         ]
     )
 

@@ -90,6 +90,51 @@ def _tight_box(keypoints: np.ndarray) -> list[float] | None:
     return [float(x0), float(y0), float(x1 - x0), float(y1 - y0)]
 
 
+def _json_numbers(value: Any) -> tuple[np.ndarray | None, str]:
+    """(float64 array, "") for a JSON list of numbers, else (None, what the value is instead)."""
+    if isinstance(value, str):
+        return None, f"a string ({value[:20]!r}{'...' if len(value) > 20 else ''})"
+    if not isinstance(value, list | tuple):
+        return None, f"{type(value).__name__} {value!r}"[:60]
+    for index, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, int | float):
+            kind = "a string" if isinstance(item, str) else type(item).__name__
+            return None, f"{kind} {item!r} at position {index}"[:80]
+    return np.asarray(value, dtype=np.float64), ""
+
+
+def _check_annotation(path: Path, number: int, record: Mapping, num_keypoints: int, keypoint_format: str) -> None:
+    """Refuse, naming the file and the annotation, keypoints/bbox/area that are not JSON numbers, non-finite (NaN,
+    Infinity) or negative (coordinates and visibility of labelled keypoints, box corners and sides, area)."""
+    name = f"{path}: annotation {number}" + (f" (id {record['id']!r})" if "id" in record else "")
+    keypoints, kind = _json_numbers(record.get("keypoints", []))
+    if keypoints is None:
+        raise ValueError(f"{name}: keypoints must be a list of numbers (x, y, v per keypoint), got {kind}")
+    if keypoints.size != 3 * num_keypoints:
+        raise ValueError(
+            f"{name} has {keypoints.size} keypoint numbers, expected {3 * num_keypoints} "
+            f"({num_keypoints} x (x, y, v) for keypoint_format={keypoint_format!r})"
+        )
+    triplets = keypoints.reshape(-1, 3)
+    labelled = triplets[:, 2] > 0
+    bad = ~np.isfinite(triplets).all(axis=1) | (triplets[:, 2] < 0) | (labelled & (triplets[:, :2] < 0).any(axis=1))
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        problem = "non-finite" if not np.isfinite(triplets[k]).all() else "negative"
+        raise ValueError(f"{name} has a {problem} keypoint: keypoint {k} is (x, y, v) = {tuple(triplets[k].tolist())}")
+    if record.get("bbox") is not None:
+        box, kind = _json_numbers(record["bbox"])
+        if box is None or box.size != 4:
+            raise ValueError(f"{name}: bbox must be 4 numbers [x, y, width, height], got {kind or box.tolist()}")
+        if not np.isfinite(box).all() or (box < 0).any():
+            problem = "non-finite" if not np.isfinite(box).all() else "negative"
+            raise ValueError(f"{name} has a {problem} bbox {box.tolist()} (x, y, width, height must be >= 0)")
+    if "area" in record:
+        area, kind = _json_numbers([record["area"]])
+        if area is None or not np.isfinite(area).all() or area[0] < 0:
+            raise ValueError(f"{name}: area must be a number >= 0, got {record['area']!r}")
+
+
 def read_pose_labels(
     root: str | os.PathLike,
     split: str = "val",
@@ -118,17 +163,11 @@ def read_pose_labels(
             f"{path} is not COCO-style JSON with 'images' (id, file_name) and 'annotations': {error}"
         ) from None
     known = {image["id"] for image in images}
-    expected = 3 * len(ids)
     for number, record in enumerate(records):
         if not isinstance(record, Mapping) or record.get("image_id") not in known:
             image_id = record.get("image_id") if isinstance(record, Mapping) else None
             raise ValueError(f"{path}: annotation {number} refers to unknown image_id {image_id!r}")
-        size = np.asarray(record.get("keypoints", []), dtype=np.float64).size
-        if size != expected:
-            raise ValueError(
-                f"{path}: annotation {number} has {size} keypoint numbers, expected {expected} "
-                f"({len(ids)} x (x, y, v) for keypoint_format={keypoint_format!r})"
-            )
+        _check_annotation(path, number, record, len(ids), keypoint_format)
     split_file = root / f"{split}.txt"
     if split_file.is_file():
         listed = [line.strip() for line in split_file.read_text().splitlines() if line.strip()]
@@ -346,8 +385,9 @@ def evaluate_pose(
         keypoint_format: layout of the annotations' ``keypoints``.
         annotations: annotations file name under ``root``.
         progress: show a progress bar (only when stderr is a terminal).
-        results_path: also write the predictions as a COCO results file (``CocoResultsWriter``, 308 keypoints,
-            image ids of the annotations).
+        results_path: also write the predictions as a COCO keypoint results array (``CocoResultsWriter``) in
+            ``keypoint_format``, with the annotations' image ids: ``COCO(annotations).loadRes(results_path)`` and
+            ``COCOeval`` score it against the same file (coco17: with pycocotools' default sigmas).
         output: a folder for the per-group AP chart (``pose_group_ap.png``).
 
     Returns:
@@ -363,7 +403,7 @@ def evaluate_pose(
     if results_path is not None:
         from sapiens2.predict.writers import CocoResultsWriter
 
-        writer = CocoResultsWriter(results_path, keypoint_format="sapiens308")
+        writer = CocoResultsWriter(results_path, keypoint_format=keypoint_format)
     from tqdm.auto import tqdm
 
     results: list[dict] = []

@@ -64,7 +64,8 @@ class EvalOptions:
         dtype: ``fp32``, ``bf16`` or ``fp16``.
         batch_size: images per forward pass.
         device: ``cpu``, ``cuda``, ... (default: CUDA if available).
-        input_size: network input (H, W).
+        input_size: network input (H, W); None: the size the model was built or trained for (an exported file's,
+            a training run's, what a pointmap scale MLP takes), else 1024x768 (``sapiens2.models.input_size``).
         output: folder for ``report.json``, ``report.md`` and the charts; None writes nothing.
         compare: two model sources evaluated on the same data instead of ``model`` [``--compare A B``]; the report
             is B's with A's as its ``baseline``, and B − A beside them.
@@ -85,7 +86,7 @@ class EvalOptions:
     dtype: str = "fp32"
     batch_size: int = 4
     device: str | None = None
-    input_size: tuple[int, int] = (1024, 768)
+    input_size: tuple[int, int] | None = None
     output: str | os.PathLike | None = None
     compare: tuple[ModelSource, ModelSource] | None = None
     label_map: str | None = None
@@ -96,7 +97,8 @@ class EvalOptions:
     flip_test: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "input_size", (int(self.input_size[0]), int(self.input_size[1])))
+        if self.input_size is not None:
+            object.__setattr__(self, "input_size", (int(self.input_size[0]), int(self.input_size[1])))
         if self.compare is not None:
             if len(self.compare) != 2:
                 raise ValueError(f"compare takes two model sources (A B), got {len(self.compare)}")
@@ -533,7 +535,8 @@ def evaluate(options: EvalOptions) -> EvalReport:
     AP, AP50, AP75, APm, APl, AR, AR50, AR75, ARm, ARl (fractions; -1 where the data labels no keypoint of the
     group), and an ``oks`` table with one row per group.
     With ``options.output`` the report is written there (``report.json``, ``report.md``, charts; pose: also
-    ``pose_results.json``, the predictions as a COCO results file that ``pycocotools`` loads).
+    ``pose_results.json``, the predictions as a COCO keypoint results array in the annotations' keypoint format and
+    image ids, for ``pycocotools``' ``COCO(annotations).loadRes``).
 
     Example:
         >>> report = evaluate(EvalOptions("seg", "data/val_seg", model="1b", output="eval_out"))

@@ -101,12 +101,16 @@ def _recording(network: Network, record: list) -> Callable[[torch.Tensor], Any]:
 
 
 def _decidable_keypoints(expected_raw: list, got_raw: list, flip_test: bool) -> np.ndarray:
-    """(K,) bool: keypoints whose heatmap peak beats every value outside its 3x3 neighbourhood by more than twice
-    the largest difference between the two networks' heatmaps of that keypoint.
+    """(K,) bool: keypoints whose heatmap has a peak to find: its maximum beats every value outside its 3x3
+    neighbourhood by more than twice the largest difference between the two networks' heatmaps of that keypoint,
+    and the DARK-UDP refinement's Newton step from it stays within one heatmap pixel (a peak the quadratic model
+    fits; a flat or noisy map gives steps of many pixels that any rounding moves).
 
-    Elsewhere the argmax may go to another, equally high peak in either network (random-weight heatmaps are flat;
-    the parity fixtures call such keypoints unstable), so their movement says nothing about the export.
+    Elsewhere the argmax may go to another, equally high peak in either network, or the sub-pixel step is
+    ill-conditioned (random-weight heatmaps are flat; the parity fixtures call such keypoints unstable), so their
+    movement says nothing about the export.
     """
+    from ..pose.codec import BLUR_KERNEL_SIZE, heatmap_maximum, modulated_blur, refine_dark_udp
     from ..pose.topdown import flip_average
 
     def averaged(raw: list) -> np.ndarray:
@@ -121,7 +125,11 @@ def _decidable_keypoints(expected_raw: list, got_raw: list, flip_test: bool) -> 
         others = heatmap.copy()
         others[max(row - 1, 0) : row + 2, max(column - 1, 0) : column + 2] = -np.inf
         decidable[index] = heatmap[row, column] - others.max(initial=-np.inf) > 2 * noise[index]
-    return decidable
+    maps = expected[None].astype(np.float32)
+    peaks, _ = heatmap_maximum(maps)
+    step = np.abs(peaks - refine_dark_udp(peaks, *modulated_blur(maps, BLUR_KERNEL_SIZE)))[0]  # (K, 2)
+    with np.errstate(invalid="ignore"):
+        return decidable & np.all(step < 1.0, axis=-1)  # NaN steps (no positive value) count as flat
 
 
 def _dense_figures(task: str, expected: Any, got: Any) -> dict[str, float]:

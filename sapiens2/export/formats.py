@@ -60,6 +60,15 @@ def network_metadata(model: nn.Module, input_size: Sequence[int], dtype: str) ->
     }
 
 
+def _check_suffix(path: str | os.PathLike, suffixes: tuple[str, ...], what: str) -> Path:
+    """Refuse a file name whose suffix names another format: files are read back by their suffix."""
+    path = Path(path)
+    if path.suffix.lower() not in suffixes:
+        raise ExportError(f"{path}: {what} is written to a {' or '.join(suffixes)} file (files are read back by "
+                          f"their suffix); name it {path.with_suffix(suffixes[0]).name}")  # fmt: skip
+    return path
+
+
 def _require(module: str, purpose: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise ExportError(f"{purpose} needs the '{module}' package, which is not installed; {EXPORT_EXTRA}")
@@ -116,6 +125,7 @@ def export_onnx(
         >>> export_onnx(load_model("seg", "0.4b"), "seg.onnx")
         >>> Predictor("seg", model="seg.onnx")("photo.jpg")
     """
+    _check_suffix(path, (".onnx",), "an ONNX network")
     _require("onnx", "ONNX export")
     _require("onnxscript", "ONNX export")
     if int(opset) < MIN_OPSET:
@@ -154,6 +164,7 @@ def export_pt2(
     Example:
         >>> export_pt2(load_model("normal", "1b"), "normal.pt2")
     """
+    _check_suffix(path, (".pt2",), "a torch.export program")
     size = tuple(input_size or default_input_size(model))
     program = export_program(model, size, dtype)
     extra = {METADATA_FILE: json.dumps(network_metadata(model, size, dtype))}
@@ -178,6 +189,7 @@ def export_aoti(
     The bf16 RoPE is compiled through the same explicit rounding as the ONNX export, so inductor's fusion cannot
     drop the per-op bf16 roundings (MODEL.md §1.4 "Dtype traps").
     """
+    _check_suffix(path, (".pt2",), "an AOTInductor package")
     if _compiler() is None:
         raise ExportError(
             "AOTInductor compiles C++ and no C++ compiler (c++, g++, clang++) was found; install one, or export "
@@ -219,6 +231,7 @@ def export_tensorrt(
     The engine has a dynamic batch 1..``max_batch`` (optimised for ``max_batch``) and runs only on the GPU kind it
     was built on. Needs ``tensorrt`` and a CUDA GPU.
     """
+    _check_suffix(path, (".engine", ".plan"), "a TensorRT engine")
     problem = tensorrt_problem()
     if problem is not None:
         raise ExportError(

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..models.backbone import Sapiens2
+from ..models.input_size import model_input_size
 from ..models.layers.rope import RopePositionEmbedding
 from ..models.task_model import TaskModel
 from ..models.zoo import Arch
@@ -69,12 +70,10 @@ def output_names(model: nn.Module) -> tuple[str, ...]:
 
 
 def default_input_size(model: nn.Module) -> tuple[int, int]:
-    """The network input (H, W) the model was built for (4K tokenizer models: the full-resolution input)."""
-    backbone = backbone_of(model)
-    height, width = backbone.img_size
-    if backbone.tokenizer is not None:
-        return height * backbone.window_size, width * backbone.window_size
-    return int(height), int(width)
+    """The network input (H, W) the model was built or trained for (``sapiens2.models.input_size``: a training
+    run's size, what a pointmap scale MLP takes, the full resolution of 4K models, else 1024x768)."""
+    backbone_of(model)  # refuses a foreign module
+    return model_input_size(model)
 
 
 def _check_input_size(model: nn.Module, input_size: Sequence[int]) -> tuple[int, int]:
@@ -154,9 +153,9 @@ def export_program(
         except (RuntimeError, ValueError) as error:
             hint = ""
             if isinstance(model, TaskModel) and model.task == "pointmap":
+                height, width = model_input_size(model)
                 hint = (
-                    "; a pointmap model runs only at the input size its scale MLP was built for (released models: "
-                    "1024x768): pass that size"
+                    f"; a pointmap model runs only at input sizes its scale MLP was built for: pass {height}x{width}"
                 )
             raise ExportError(f"the model cannot run at {size[0]}x{size[1]}: {_first_line(error)}{hint}") from None
     batch = torch.export.Dim("batch", min=1)

@@ -12,7 +12,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BLUR_KERNEL_SIZE", "SIGMA", "decode_heatmaps", "decode_heatmaps_torch", "encode_heatmaps"]
+__all__ = [
+    "BLUR_KERNEL_SIZE",
+    "SIGMA",
+    "decode_heatmaps",
+    "decode_heatmaps_torch",
+    "encode_heatmaps",
+    "heatmap_maximum",
+    "modulated_blur",
+    "refine_dark_udp",
+]
 
 SIGMA = 6.0
 """Gaussian sigma of the training targets, in heatmap pixels (POSE.md §3)."""
@@ -102,7 +111,7 @@ def encode_heatmaps(
     return heatmaps, weights
 
 
-def _heatmap_maximum(heatmaps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def heatmap_maximum(heatmaps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(B, K, H, W) -> integer (x, y) of the first row-major maximum (B, K, 2) float32, maxima (B, K) float32."""
     batch, num, height, width = heatmaps.shape
     flat = heatmaps.reshape(batch, num, height * width)
@@ -114,7 +123,7 @@ def _heatmap_maximum(heatmaps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return locations, scores
 
 
-def _modulated_blur(heatmaps: np.ndarray, kernel_size: int) -> tuple[np.ndarray, np.ndarray]:
+def modulated_blur(heatmaps: np.ndarray, kernel_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Zero-padded Gaussian blur and its rescale factor to the raw maximum (POSE.md §2.8 step 2).
 
     All channels of all instances are blurred by one OpenCV call on a tall image of stacked channels, each with
@@ -158,7 +167,7 @@ def _log_modulated_at(blurred: np.ndarray, ratio: np.ndarray, flat_padded: np.nd
         return np.log(np.clip(values, *_LOG_CLIP))
 
 
-def _refine_dark_udp(locations: np.ndarray, blurred: np.ndarray, ratio: np.ndarray) -> np.ndarray:
+def refine_dark_udp(locations: np.ndarray, blurred: np.ndarray, ratio: np.ndarray) -> np.ndarray:
     """One Newton step on the log map at the integer peaks (POSE.md §2.8 step 3), vectorised over (B, K).
 
     The reference reads the 3x3 neighbourhood from the flattened, edge-padded (K, H+2, W+2) array of one
@@ -236,8 +245,8 @@ def decode_heatmaps(
         empty = np.zeros((*maps.shape[:2], 2), dtype=np.float64), np.zeros(maps.shape[:2], dtype=np.float32)
         return (empty[0][0], empty[1][0]) if unbatched else empty
     hm_h, hm_w = maps.shape[2:]
-    locations, scores = _heatmap_maximum(maps)
-    refined = _refine_dark_udp(locations, *_modulated_blur(maps, blur_kernel_size))
+    locations, scores = heatmap_maximum(maps)
+    refined = refine_dark_udp(locations, *modulated_blur(maps, blur_kernel_size))
     # float32 / int64 -> float64, as the reference's `keypoints / [W-1, H-1] * input_size`.
     keypoints = refined / np.array([hm_w - 1, hm_h - 1]) * np.array([in_w, in_h])
     if unbatched:

@@ -11,19 +11,14 @@ from __future__ import annotations
 import difflib
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
 
-if TYPE_CHECKING:
-    from sapiens2.pose.topdown import PoseResult
-
 __all__ = [
     "FORMATS",
     "SkeletonLayout",
-    "as_keypoint_format",
     "convert_keypoints",
     "flip_keypoints",
     "format_keypoint_names",
@@ -265,19 +260,3 @@ def skeleton_links(fmt: str = "sapiens308") -> np.ndarray:
     format_keypoint_names(fmt)  # checks fmt
     return skeleton_layout(fmt).links.copy()
 
-
-def as_keypoint_format(pose_result: PoseResult, fmt: str) -> PoseResult:
-    """``pose_result`` in keypoint format ``fmt``: itself if already in it, converted if it holds 308 keypoints.
-
-    Raises:
-        ValueError: unknown ``fmt`` (with a did-you-mean), or a result in another format that cannot be converted.
-    """
-    names = format_keypoint_names(fmt)  # checks fmt
-    if tuple(pose_result.keypoint_names) == names:
-        return pose_result
-    if len(pose_result.keypoint_names) == NUM_KEYPOINTS:
-        return pose_result.converted(fmt)
-    raise ValueError(
-        f"pose result has {len(pose_result.keypoint_names)} keypoints that are not the {fmt!r} format; only "
-        f"308-keypoint results can be converted (formats: {', '.join(FORMATS)})"
-    )

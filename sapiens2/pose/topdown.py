@@ -23,10 +23,11 @@ import torch
 from sapiens2.data.transforms import normalize_to_tensor
 from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
 from sapiens2.pose.codec import decode_heatmaps, decode_heatmaps_torch
-from sapiens2.pose.keypoints import convert_keypoints
+from sapiens2.pose.keypoints import FORMATS, convert_keypoints, format_keypoint_names
 
 __all__ = [
     "PoseResult",
+    "as_keypoint_format",
     "box_to_center_scale",
     "crop_person",
     "estimate_pose",
@@ -428,6 +429,23 @@ class PoseResult:
             "keypoint_names": list(self.keypoint_names),
             "instances": instances,
         }
+
+
+def as_keypoint_format(pose_result: PoseResult, fmt: str) -> PoseResult:
+    """``pose_result`` in keypoint format ``fmt``: itself if already in it, converted if it holds 308 keypoints.
+
+    Raises:
+        ValueError: unknown ``fmt`` (with a did-you-mean), or a result in another format that cannot be converted.
+    """
+    names = format_keypoint_names(fmt)  # checks fmt
+    if tuple(pose_result.keypoint_names) == names:
+        return pose_result
+    if len(pose_result.keypoint_names) == NUM_KEYPOINTS:
+        return pose_result.converted(fmt)
+    raise ValueError(
+        f"pose result has {len(pose_result.keypoint_names)} keypoints that are not the {fmt!r} format; only "
+        f"308-keypoint results can be converted (formats: {', '.join(FORMATS)})"
+    )
 
 
 def _as_numpy_heatmaps(output: torch.Tensor | np.ndarray, batch: int) -> np.ndarray:

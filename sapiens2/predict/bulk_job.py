@@ -1,8 +1,9 @@
 """``sapiens2 predict`` as a bulk job (``sapiens2.bulk``): every worker loads the task models once and writes each
 image's outputs through the writers table, as per-image files or as rows and blobs for the Parquet/WebDataset sinks.
 
-Columnar sinks get: ``height``, ``width``; pose: ``pose_boxes`` (N, 4) xyxy pixels, ``pose_box_scores`` (N,),
-``pose_keypoints`` (N, K, 2) (x, y) pixels and ``pose_keypoint_scores`` (N, K) in ``keypoint_format``; pointmap:
+Columnar sinks get: ``height``, ``width``; pose: ``pose_boxes`` (N, 4) xyxy pixels clipped to the image,
+``pose_box_scores`` (N,), ``pose_keypoints`` (N, K, 2) (x, y) pixels and ``pose_keypoint_scores`` (N, K) in
+``keypoint_format``; pointmap:
 ``pointmap_focal`` (pixels) and ``pointmap_scale``; and the dense maps as blobs named by the writers' suffixes
 (``_seg.png``, ``_normal.npy``, ``_pointmap.npy``, ``_depth.npy``, ``_albedo.png``, ``_alpha.png``, ``_cutout.png``;
 ``_seg_probs.npy``/``_seg.npy`` with ``save_npy``). No quick-look pictures and no ``.ply`` there.
@@ -18,16 +19,10 @@ from typing import Any
 import numpy as np
 
 from ..bulk import BulkJob, ItemOutput, WorkItem
+from ..data.collections import Record, decode_rgb
 from ..data.sources import InputItem
-from .run import (
-    PredictOptions,
-    _boxes_for,
-    _make_predictors,
-    _pending_tasks,
-    check_model_input_size,
-    python_option,
-    run_tasks,
-)
+from .batch import make_predictors, pending_tasks, run_tasks
+from .options import PredictOptions, boxes_for, check_model_input_size, python_option
 
 __all__ = ["PredictJob"]
 
@@ -44,7 +39,7 @@ class PredictJob(BulkJob):
         tasks: the tasks in run order (the mask source first).
         resolved: (task -> model file, detector file or None), found or downloaded once by the driver.
         sink: ``files``, ``parquet`` or ``webdataset``.
-        boxes: person boxes by file name (``run.load_boxes``), or None.
+        boxes: person boxes by file name (``options.load_boxes``), or None.
     """
 
     def __init__(
@@ -75,8 +70,12 @@ class PredictJob(BulkJob):
             **{name: getattr(options, name) for name in ("mode", "quantize") if getattr(options, name) is not None},
         }  # fmt: skip
 
+    def decode(self, record: Record, data: bytes) -> np.ndarray:
+        """The image, refused from its header when it has more pixels than ``options.max_megapixels``."""
+        return decode_rgb(data, record.source, max_megapixels=self.options.max_megapixels)
+
     def setup(self, device: str) -> None:
-        self.predictors = _make_predictors(self.options, self.tasks, python_option, self.resolved, device)
+        self.predictors = make_predictors(self.options, self.tasks, python_option, self.resolved, device)
         for predictor in self.predictors.values():
             check_model_input_size(predictor.input_size, predictor.model)
 
@@ -88,20 +87,22 @@ class PredictJob(BulkJob):
             return None
 
         floats = pa.list_(pa.float64())
-        return pa.schema([
-            ("height", pa.int32()), ("width", pa.int32()), ("pose_boxes", pa.list_(floats)),
-            ("pose_box_scores", floats), ("pose_keypoints", pa.list_(pa.list_(floats))),
-            ("pose_keypoint_scores", pa.list_(floats)), ("pointmap_focal", pa.float64()),
-            ("pointmap_scale", pa.float64()),
-        ])  # fmt: skip
+        columns = {
+            None: [("height", pa.int32()), ("width", pa.int32())],
+            "pose": [("pose_boxes", pa.list_(floats)), ("pose_box_scores", floats),
+                     ("pose_keypoints", pa.list_(pa.list_(floats))), ("pose_keypoint_scores", pa.list_(floats))],
+            "pointmap": [("pointmap_focal", pa.float64()), ("pointmap_scale", pa.float64())],
+        }  # fmt: skip
+        # Declared up front, so every part has these columns (null where an item has no value): only this run's tasks.
+        return pa.schema([field for task in (None, *self.tasks) for field in columns.get(task, [])])
 
     def process(self, items: list[WorkItem]) -> list[ItemOutput | BaseException]:
         from .writers import WRITERS, WriteOptions, write_result
 
         options = self.options
         destinations = [InputItem(Path(it.record.source), it.record.stem, Path(options.output)) for it in items]
-        pending = [_pending_tasks(d, self.tasks, options.skip_existing and self.sink == "files") for d in destinations]
-        boxes = None if self.boxes is None else [_boxes_for(d, self.boxes) for d in destinations]
+        pending = [pending_tasks(d, self.tasks, options.skip_existing and self.sink == "files") for d in destinations]
+        boxes = None if self.boxes is None else [boxes_for(d, self.boxes) for d in destinations]
         images = [it.data for it in items]
         outputs: list[ItemOutput | BaseException] = [
             ItemOutput(row={"height": image.shape[0], "width": image.shape[1]} if self.sink != "files" else {})
@@ -138,10 +139,12 @@ class PredictJob(BulkJob):
         return outputs
 
     def _pose_row(self, result: Any) -> dict[str, Any]:
-        from ..pose.keypoints import as_keypoint_format
+        from ..pose.topdown import as_keypoint_format
+        from .writers import clip_boxes
 
         pose = as_keypoint_format(result, self.options.keypoint_format)
-        return {"pose_boxes": _floats(pose.boxes), "pose_box_scores": _floats(pose.box_scores),
+        boxes = clip_boxes(pose.boxes, pose.image_size)  # as the _pose.json files hold them
+        return {"pose_boxes": _floats(boxes), "pose_box_scores": _floats(pose.box_scores),
                 "pose_keypoints": _floats(pose.keypoints), "pose_keypoint_scores": _floats(pose.scores)}  # fmt: skip
 
     @staticmethod

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from ..data.io import to_rgb_array
 from ..dense import albedo, matting, normal, pointmap, seg
 from ..export.runtime import InputSizeError, is_network_file, load_network
 from ..models.fast import CompiledBuckets, attention_backends, make_fast
+from ..models.input_size import model_input_size
 from ..models.lowp import quantize as quantize_blocks
 from ..models.task_model import check_task
 
@@ -52,7 +54,9 @@ class Timings:
         return {stage: 1000.0 * getattr(self, stage) / count for stage in self.stages}
 
 
-def _resolve_device(device: torch.device | str | None) -> torch.device:
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """The device a Predictor runs on: ``device`` as given (refused if it is CUDA and there is none), else CUDA when
+    available, else the CPU."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
@@ -99,6 +103,27 @@ def _is_single_image(images: Any) -> bool:
     )
 
 
+def _detector_source(detector: Any) -> Any:
+    """``detector=`` as a checkpoint path, a callable or None: ``"none"`` (as on the command line) is None,
+    ``"rtmdet"`` the official file (downloaded once); a missing local file is named in this argument's words."""
+    if not isinstance(detector, (str, os.PathLike)):
+        return detector
+    if str(detector).lower() == "none":
+        return None
+    from ..pose.detector import DETECTOR_FILENAME, resolve_detector_checkpoint
+
+    if str(detector) == "rtmdet":
+        hint = f"detector='/path/to/{DETECTOR_FILENAME}' (or detector=None: the whole image as one person)"
+        return resolve_detector_checkpoint(None, local_hint=hint)
+    path = Path(detector).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"detector={str(detector)!r}: no such file; give a local {DETECTOR_FILENAME}, 'rtmdet' (downloaded "
+            "once) or None / 'none' (the whole image as one person)"
+        )
+    return path
+
+
 class Predictor:
     """Run a Sapiens2 task model on images.
 
@@ -113,11 +138,13 @@ class Predictor:
         device: ``"cuda"``/``"cpu"``/a torch device; default CUDA when available.
         dtype: ``"fp32"`` (default, the official numerics), or ``"bf16"``/``"fp16"`` (on GPU) for speed. An
             exported network keeps the precision it was exported with.
-        input_size: network input (H, W); default (1024, 768) as the released models, or an exported network's.
+        input_size: network input (H, W); default the size the model was built or trained for
+            (``sapiens2.models.input_size``: an exported network's, a training run's, what a pointmap scale MLP
+            takes), else (1024, 768) as the released models.
         batch_size: images (pose: person crops) per forward pass.
         detector: pose only: ``"rtmdet"`` (the official RTMDet-m person detector, downloaded once), a local
-            ``rtmdet_m.pth`` path, a callable ``images -> list of (N, 5) [x1, y1, x2, y2, score]``, or ``None``
-            (whole image, unless boxes are given per call).
+            ``rtmdet_m.pth`` path, a callable ``images -> list of (N, 5) [x1, y1, x2, y2, score]``, or ``None`` /
+            ``"none"`` (no detector: the whole image, unless boxes are given per call).
         flip_test: pose only: average with the horizontally flipped input (the official setting).
         reference: follow the official demo wherever this library's default post-processing differs from it, to
             reproduce its saved files exactly. Today that is one place: normals are not normalised again after
@@ -161,7 +188,7 @@ class Predictor:
         quantize: str | None = None,
     ) -> None:
         self.task = check_task(task)
-        self.device = _resolve_device(device)
+        self.device = resolve_device(device)
         self.mode = _resolve_mode(mode, self.device, bool(reference))
         self.dtype = _resolve_dtype(dtype) if dtype is not None else _default_dtype(self.device, self.mode)
         if batch_size < 1:
@@ -178,6 +205,7 @@ class Predictor:
             model = model.to(self.device, self.dtype).eval()
         else:  # built on meta and materialised in place: no float32 copy on the host on the way to a GPU
             model = load_model(task, model, device=self.device, dtype=self.dtype).eval()
+        input_size = input_size or model_input_size(model)  # the size the model was built or trained for
         if compile and (self.mode != "fast" or not isinstance(model, nn.Module)):
             raise ValueError("compile=True needs mode='fast' and a PyTorch model (not an exported network)")
         if self.mode == "fast" and isinstance(model, nn.Module):
@@ -188,14 +216,13 @@ class Predictor:
                 raise ValueError("quantize needs a PyTorch model (not an exported network)")
             model = quantize_blocks(model, quantize)
         self._compiled = CompiledBuckets(model, cuda_graphs=True) if compile else None
-        input_size = input_size or (1024, 768)
         self.input_size = (int(input_size[0]), int(input_size[1]))
         self.model = model
         self.detector = None
         if task == "pose":
             from ..pose.topdown import make_detector
 
-            self.detector = make_detector(detector, device=self.device)
+            self.detector = make_detector(_detector_source(detector), device=self.device)
         self.timings = Timings()
 
     # ---------------------------------------------------------------------------------------------- public API
@@ -229,26 +256,6 @@ class Predictor:
                 batch = []
         if batch:
             yield from self.predict_batch(batch)
-
-    def video(self, source: str | os.PathLike | int, output: str | os.PathLike, **options: Any) -> Any:
-        """Run this task over a video file, image-sequence folder, camera index or stream URL and write its outputs
-        to ``output`` (overlay mp4, per-frame JSON Lines, dense arrays): ``sapiens2.video.predict_video``.
-
-        Args:
-            source: ``clip.mp4``, a folder of frames, ``0`` (a camera) or ``rtsp://...``.
-            output: output folder.
-            options: ``sapiens2.video.VideoOptions`` fields, e.g. ``start=0, end=300, stride=2, detect_every=5,
-                smooth="offline"``.
-
-        Returns:
-            A ``sapiens2.video.VideoReport`` (frames, outputs, error, seconds per stage, ``frames_per_second()``).
-
-        Example:
-            >>> report = Predictor("pose", model="1b").video("clip.mp4", "out/", detect_every=5)
-        """
-        from ..video.run import VideoOptions, predict_video  # lazy: video sits above predict (test_import_graph)
-
-        return predict_video({self.task: self}, source, output, VideoOptions(**options))
 
     @torch.inference_mode()
     def predict_batch(self, images: Sequence[Any], boxes: Sequence[Any] | None = None) -> list[Any]:

@@ -7,22 +7,29 @@ where this module departs from them on purpose (black backgrounds, sizes scaled 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import cv2
 import numpy as np
 
 from sapiens2.metadata import seg_metadata
-from sapiens2.pose.keypoints import as_keypoint_format, skeleton_layout
-from sapiens2.pose.topdown import PoseResult
+from sapiens2.pose.keypoints import skeleton_layout
+from sapiens2.pose.topdown import PoseResult, as_keypoint_format
 
 __all__ = [
+    "LegendEntry",
     "apply_mask",
     "colorize_depth",
     "colorize_labels",
     "colorize_normals",
     "depth_range",
     "draw_pose",
+    "draw_seg_legend",
+    "id_color",
     "pose_sizes",
     "seg_overlay",
+    "seg_legend_entries",
     "seg_palette",
     "side_by_side",
 ]
@@ -117,6 +124,81 @@ def seg_overlay(
     if colours.shape != image.shape:
         raise ValueError(f"labels of shape {np.shape(labels)} do not match the image of shape {image.shape[:2]}")
     return cv2.addWeighted(image, 1.0 - alpha, colours, alpha, 0.0)
+
+
+@dataclass(frozen=True)
+class LegendEntry:
+    """One class of a segmentation legend: id, name, RGB colour, and its pixels in the label map."""
+
+    class_id: int
+    name: str
+    color: tuple[int, int, int]
+    pixels: int
+    share: float  # fraction of the image's pixels, 0..1
+
+
+def seg_legend_entries(labels: np.ndarray | None) -> list[LegendEntry]:
+    """Every one of the 29 classes with its colour and share of ``labels`` (all 0 when ``labels`` is None).
+
+    The one source of the legend drawn on ``_seg_overlay`` pictures (:func:`draw_seg_legend`) and of the demo's
+    HTML legend. Ids outside the 29 classes (e.g. 255 "ignore") count towards the total but get no entry.
+    """
+    meta = seg_metadata()
+    counts = np.zeros(len(meta.class_names), dtype=np.int64)
+    total = 0
+    if labels is not None:
+        labels = np.asarray(labels)
+        if labels.size:
+            if labels.min() < 0:
+                raise ValueError(f"labels must be class ids >= 0, got a minimum of {labels.min()}")
+            counts = np.bincount(labels.reshape(-1), minlength=len(counts))[: len(counts)]
+            total = int(labels.size)
+    return [
+        LegendEntry(index, name, tuple(int(c) for c in colour), int(counts[index]), counts[index] / max(total, 1))
+        for index, (name, colour) in enumerate(zip(meta.class_names, meta.palette.tolist(), strict=True))
+    ]
+
+
+def draw_seg_legend(picture: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """``picture`` with a white legend panel on its right: colour, id, name and share of each class present.
+
+    Classes are listed by id in columns as tall as the picture; text and swatches scale with its height (as the
+    demo's legend, classes absent from ``labels`` are left out rather than dimmed). A label map with no class of
+    the 29 gets no panel.
+
+    Args:
+        picture: (H, W, 3) uint8 RGB, e.g. :func:`seg_overlay` of ``labels``.
+        labels: (H, W) integer class ids.
+
+    Returns:
+        (H, W + panel width, 3) uint8 RGB.
+    """
+    picture = _check_image(picture, "picture")
+    entries = [entry for entry in seg_legend_entries(labels) if entry.pixels]
+    if not entries:
+        return picture.copy()
+    height = picture.shape[0]
+    font, scale = cv2.FONT_HERSHEY_SIMPLEX, float(np.clip(height / 1100, 0.4, 1.2))
+    thickness = max(1, round(scale * 1.6))
+    texts = [f"{e.class_id} {e.name} {100 * e.share:.1f}%" for e in entries]
+    (_, text_h), _ = cv2.getTextSize("Ag", font, scale, thickness)
+    line, pad = int(text_h * 1.9) + 1, max(2, text_h // 2)
+    swatch = text_h + 2
+    rows = max(1, (height - 2 * pad) // line)
+    columns = [texts[i : i + rows] for i in range(0, len(texts), rows)]
+    widths = [max(cv2.getTextSize(t, font, scale, thickness)[0][0] for t in col) + swatch + 3 * pad for col in columns]
+    panel = np.full((height, sum(widths) + pad, 3), 255, dtype=np.uint8)
+    x0 = pad
+    for c, (column, width) in enumerate(zip(columns, widths, strict=True)):
+        for r, text in enumerate(column):
+            entry = entries[c * rows + r]
+            y = pad + r * line
+            cv2.rectangle(panel, (x0, y), (x0 + swatch, y + swatch), entry.color, -1)
+            cv2.rectangle(panel, (x0, y), (x0 + swatch, y + swatch), (128, 128, 128), 1)
+            origin = (x0 + swatch + pad, y + text_h + 1)
+            cv2.putText(panel, text, origin, font, scale, (0, 0, 0), thickness, cv2.LINE_AA)
+        x0 += width
+    return np.concatenate([picture, panel], axis=1)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -288,6 +370,7 @@ def draw_pose(
     thickness: int | None = None,
     draw_boxes: bool = False,
     box_color: tuple[int, int, int] = (255, 255, 255),
+    box_ids: Sequence[int | None] | None = None,
 ) -> np.ndarray:
     """Draw each person's skeleton links, then keypoints, with the official colours (POSE.md §7.2).
 
@@ -304,8 +387,10 @@ def draw_pose(
         fmt: keypoint format to draw (see ``sapiens2.pose.keypoints.FORMATS``).
         radius: keypoint radius in pixels; default from :func:`pose_sizes`.
         thickness: link width in pixels; default from :func:`pose_sizes`.
-        draw_boxes: also draw the person boxes (under the skeletons).
+        draw_boxes: also draw the person boxes (under the skeletons), clipped to the image.
         box_color: RGB colour of the boxes.
+        box_ids: with ``draw_boxes``, one id per person (None: no label), written as ``#id`` above its box in
+            :func:`id_color` (``sapiens2 predict``: the person's position in ``_pose.json``; video: the track id).
 
     Returns:
         (H, W, 3) uint8 RGB copy with the drawing.
@@ -319,8 +404,11 @@ def draw_pose(
     thickness = max(1, auto_thickness if thickness is None else int(thickness))
     if radius < 0:
         raise ValueError(f"radius must be >= 0 pixels, got {radius}")
+    if box_ids is not None and len(box_ids) != len(pose):
+        raise ValueError(f"box_ids has {len(box_ids)} entries for {len(pose)} people")
     if draw_boxes:
-        for box in pose.boxes:
+        limits = [width - 1, height - 1, width - 1, height - 1]
+        for box in np.clip(np.asarray(pose.boxes, dtype=np.float64), 0, limits):
             if np.isfinite(box).all():
                 x1, y1, x2, y2 = np.round(box).astype(np.int64).tolist()
                 # Axis-aligned: drawn crisp (no anti-aliasing), unlike the skeleton.
@@ -337,4 +425,26 @@ def draw_pose(
         for joint in np.flatnonzero(shown):
             color = tuple(int(c) for c in layout.colors[joint])
             cv2.circle(canvas, tuple(pixels[joint].tolist()), radius, color, -1, cv2.LINE_AA)
+    if draw_boxes and box_ids is not None:
+        _draw_box_ids(canvas, np.asarray(pose.boxes, dtype=np.float64), box_ids)
     return canvas
+
+
+def id_color(identity: int) -> tuple[int, int, int]:
+    """RGB colour of a person id (track ids, ``#n`` labels): hue steps of 94 degrees, full value."""
+    hue = (int(identity) * 47) % 180
+    return tuple(int(c) for c in cv2.cvtColor(np.uint8([[[hue, 200, 255]]]), cv2.COLOR_HSV2RGB)[0, 0])
+
+
+def _draw_box_ids(canvas: np.ndarray, boxes: np.ndarray, ids: Sequence[int | None]) -> None:
+    """``#id`` at the top-left corner of each box (inside the image), as the video overlay labels its tracks."""
+    height, width = canvas.shape[:2]
+    scale = max(height, width) / 1000
+    font_scale, thickness = max(scale, 0.4), max(1, round(2 * scale))
+    for box, identity in zip(boxes, ids, strict=True):
+        if identity is None or not np.isfinite(box).all():
+            continue
+        x1, y1 = float(np.clip(box[0], 0, width - 1)), float(np.clip(box[1], 0, height - 1))
+        origin = (int(x1) + 2, max(int(y1) - 4, 12))
+        font, color = cv2.FONT_HERSHEY_SIMPLEX, id_color(identity)
+        cv2.putText(canvas, f"#{int(identity)}", origin, font, font_scale, color, thickness, cv2.LINE_AA)

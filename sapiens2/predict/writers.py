@@ -7,18 +7,24 @@ interrupted run never leaves a half-written output. File names are ``<stem><suff
 Files per task (``.jpg`` pictures become ``.png`` with ``picture_format="png"``):
 
 ========  ===========================================================================================================
-seg       ``_seg.png`` (uint8 class ids), ``_seg_overlay.jpg``; ``_seg.npy`` (uint8 ids) and ``_seg_probs.npy``
-          ((C, H, W) float32, if the result holds probabilities) with ``save_npy``
+seg       ``_seg.png`` (uint8 class ids), ``_seg_overlay.jpg`` (with a legend panel of the classes present);
+          ``_seg.npy`` (uint8 ids) and ``_seg_probs.npy`` ((C, H, W) float32, if the result holds probabilities)
+          with ``save_npy``
 normal    ``_normal.npy`` ((H, W, 3) float32), ``_normal.jpg``
-pointmap  ``_pointmap.npy`` ((H, W, 3) float32 metres), ``_depth.npy`` ((H, W) **float16** Z, as the reference demo;
-          the float32 Z is ``pointmap[..., 2]``), ``.ply`` (coloured points), ``_depth.jpg``, ``_focal.json``
+pointmap  ``_pointmap.npy`` ((H, W, 3) float32 metres), ``_depth.npy`` ((H, W) float32 Z metres, the pointmap's
+          Z channel), ``.ply`` (coloured points), ``_depth.jpg``, ``_focal.json``
 albedo    ``_albedo.png`` (RGB uint8)
 matting   ``_alpha.png`` (8-bit alpha), ``_cutout.png`` (RGBA: un-premultiplied colour + alpha)
-pose      ``_pose.json`` (boxes, box scores, named keypoints and scores), ``_pose.jpg`` (skeletons)
+pose      ``_pose.json`` (``bbox_xyxy`` boxes, scores, named keypoints), ``_pose.jpg`` (skeletons, boxes, ``#n``)
 ========  ===========================================================================================================
 
 Each task's main file (named first above; a resumed run looks for it) is written last, so when it exists the
 image's other outputs are complete too.
+
+Boxes: every file names its box field by its layout: ``bbox_xyxy`` [x1, y1, x2, y2] in ``_pose.json``, COCO's own
+``bbox`` [x, y, w, h] in COCO files. Written boxes are clipped to the image, [0, W-1] x [0, H-1] (pixel centres on
+integers; the whole image is (0, 0, W-1, H-1)); the detector's boxes may reach past the image, and the crops are
+still taken from the unclipped boxes, as the reference does.
 
 ``WriteOptions.mask`` (True = person) blanks the background of normal, pointmap and albedo outputs: NaN in the
 ``.npy`` arrays (so a background pixel can never pass for a prediction; ``np.isnan`` finds them), black in the
@@ -27,6 +33,7 @@ pictures and the albedo PNG, and absent from the PLY. Without a mask every pixel
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -45,14 +52,15 @@ from sapiens2.dense.matting import MattingResult
 from sapiens2.dense.normal import NormalResult
 from sapiens2.dense.pointmap import PointmapResult
 from sapiens2.dense.seg import SegResult
-from sapiens2.pose.keypoints import FORMATS, as_keypoint_format, format_keypoint_names, skeleton_links
-from sapiens2.pose.topdown import PoseResult
+from sapiens2.pose.keypoints import FORMATS, format_keypoint_names, skeleton_links
+from sapiens2.pose.topdown import PoseResult, as_keypoint_format
 from sapiens2.predict.visualize import (
     KEYPOINT_THRESHOLD,
     apply_mask,
     colorize_depth,
     colorize_normals,
     draw_pose,
+    draw_seg_legend,
     seg_overlay,
     side_by_side,
 )
@@ -62,7 +70,10 @@ __all__ = [
     "TaskWriter",
     "CocoResultsWriter",
     "WriteOptions",
+    "clip_boxes",
+    "coco_dataset_path",
     "instance_score",
+    "read_pose_json",
     "write_albedo",
     "write_matting",
     "write_normal",
@@ -86,6 +97,7 @@ class WriteOptions:
         save_npy: segmentation only: also write ``_seg.npy`` (and ``_seg_probs.npy`` when the result has
             probabilities). Normal and pointmap arrays are their main output and always written.
         overlay: write the quick-look pictures (seg overlay, normal and depth colours, pose skeletons).
+        legend: add the class legend panel (``predict.visualize.draw_seg_legend``) to the seg overlay.
         keypoint_format: pose keypoint format of the JSON and the picture (``sapiens2.pose.keypoints.FORMATS``).
         mask: optional (H, W) bool foreground (True = person, e.g. ``SegResult.foreground()``) for normal,
             pointmap and albedo; see the module docstring. Must match the image size.
@@ -93,7 +105,8 @@ class WriteOptions:
         jpeg_quality: 0-100, for ``"jpg"`` pictures (95 as the reference's ``cv2.imwrite``).
         side_by_side: save pictures as ``[image | picture]`` like the reference demos.
         keypoint_threshold: minimum keypoint score drawn in pose pictures.
-        draw_boxes: draw the person boxes in pose pictures.
+        draw_boxes: draw the person boxes in pose pictures, each labelled ``#n``: the person's position in
+            ``_pose.json``'s ``instances`` (0-based).
         save_ply: write the pointmap's ``.ply`` point cloud.
         depth_range: fixed (near, far) metres for the depth colours (e.g. one range for a whole video); default
             each image's own 1st-99th percentile range.
@@ -101,13 +114,14 @@ class WriteOptions:
 
     save_npy: bool = False
     overlay: bool = True
+    legend: bool = True
     keypoint_format: str = "sapiens308"
     mask: np.ndarray | None = None
     picture_format: str = "jpg"
     jpeg_quality: int = 95
     side_by_side: bool = False
     keypoint_threshold: float = KEYPOINT_THRESHOLD
-    draw_boxes: bool = False
+    draw_boxes: bool = True
     save_ply: bool = True
     depth_range: tuple[float, float] | None = None
 
@@ -183,6 +197,17 @@ def _finite_or_none(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def clip_boxes(boxes: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
+    """(N, 4) xyxy boxes clipped to an image of (H, W): x in [0, W-1], y in [0, H-1] (float64 copy; NaN stays NaN).
+
+    The boxes every output file holds: the detector's may reach past the image (POSE.md §5.4), and the crops are
+    taken from those, but a written box says which pixels the person covers.
+    """
+    height, width = (int(v) for v in image_size)
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    return np.clip(boxes, 0, [max(width - 1, 0), max(height - 1, 0)] * 2)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # One writer per task. Each returns the paths it wrote, in order; the task's main file (the one named first in the
 # module docstring, which a resumed run checks for) is written last, so if it exists the image's outputs are complete.
@@ -203,7 +228,10 @@ def write_seg(
     written = []
     if options.overlay:
         image = _need_image(image_rgb, "seg", "an overlay")
-        written.append(_save_picture(destination, "_seg_overlay", seg_overlay(image, labels), image, options))
+        picture = seg_overlay(image, labels)
+        if options.legend:
+            picture = draw_seg_legend(picture, labels)
+        written.append(_save_picture(destination, "_seg_overlay", picture, image, options))
     if options.save_npy:
         written.append(save_npy(_output_path(destination, "_seg.npy"), labels))
         if result.probabilities is not None:
@@ -236,7 +264,7 @@ def write_pointmap(
     image_rgb: np.ndarray | None = None,
     options: WriteOptions = _DEFAULT_OPTIONS,
 ) -> list[Path]:
-    """Write ``_pointmap.npy``, ``_depth.npy`` (float16), ``.ply``, the ``_depth`` picture and ``_focal.json``.
+    """Write ``_pointmap.npy``, ``_depth.npy`` (float32), ``.ply``, the ``_depth`` picture and ``_focal.json``.
 
     The PLY holds the camera-frame points (metres; X right, Y down, Z forward) of the foreground pixels with
     finite coordinates, row-major, coloured with the image's RGB when ``image_rgb`` is given. Unlike the reference
@@ -246,8 +274,8 @@ def write_pointmap(
     _check_size(image_rgb, result.size, "image_rgb")
     points = _blank(np.asarray(result.points, dtype=np.float32), mask)
     depth = _blank(np.asarray(result.depth, dtype=np.float32), mask)
-    # float16 as the reference demo saves depth (DENSE.md §4.5): steps of ~2 mm at 3 m.
-    written = [save_npy(_output_path(destination, "_depth.npy"), depth.astype(np.float16))]
+    # float32, the pointmap's own precision (the reference demo saves float16: steps of ~2 mm at 3 m, DENSE.md §4.5).
+    written = [save_npy(_output_path(destination, "_depth.npy"), depth)]
     if options.save_ply:
         keep = np.isfinite(points).all(axis=2)  # (H, W); masked pixels are NaN already
         colors = None if image_rgb is None else np.ascontiguousarray(image_rgb[keep], dtype=np.uint8)
@@ -311,20 +339,34 @@ def write_pose(
 ) -> list[Path]:
     """Write ``_pose.json`` in ``options.keypoint_format`` and the ``_pose`` skeleton picture.
 
-    The JSON is ``PoseResult.to_json_dict()`` of the converted result plus ``"keypoint_format"``: ``path`` (the
-    source image: the result's path, else the ``InputItem``'s file),
-    ``image_size`` [H, W], ``num_keypoints``, ``keypoint_names`` and per person ``bbox`` (x1, y1, x2, y2 pixels),
-    ``bbox_score``, ``keypoints`` [[x, y], ...] (image pixels) and ``keypoint_scores`` (non-finite -> null).
+    The JSON holds ``keypoint_format``, ``path`` (the source image: the result's path, else the ``InputItem``'s
+    file), ``image_size`` [H, W], ``num_keypoints``, ``keypoint_names`` and ``instances``, one per person in the
+    order the picture labels ``#0``, ``#1``, ...: ``bbox_xyxy`` [x1, y1, x2, y2] (image pixels, clipped to the
+    image), ``bbox_score`` (detector score; 1.0 for given or whole-image boxes), ``score`` (the COCO results score,
+    :func:`instance_score` of the 308 keypoint scores), ``keypoints`` [[x, y], ...] (image pixels) and
+    ``keypoint_scores``. Non-finite numbers are written as null.
     """
     _check_size(image_rgb, result.image_size, "image_rgb")
     pose = as_keypoint_format(result, options.keypoint_format)
     record = {"keypoint_format": options.keypoint_format, **pose.to_json_dict()}
     record["path"] = _source_path(record.get("path"), destination)
+    boxes = clip_boxes(pose.boxes, result.image_size)
+    record["instances"] = [
+        {
+            "bbox_xyxy": [_finite_or_none(v) for v in boxes[person]],
+            "bbox_score": instance["bbox_score"],
+            "score": _finite_or_none(instance_score(result.box_scores[person], result.scores[person])),
+            "keypoints": instance["keypoints"],
+            "keypoint_scores": instance["keypoint_scores"],
+        }
+        for person, instance in enumerate(record["instances"])
+    ]
     written = []
     if options.overlay:
         image = _need_image(image_rgb, "pose", "a skeleton picture")
+        ids = list(range(len(pose))) if options.draw_boxes else None
         picture = draw_pose(
-            image, pose, options.keypoint_threshold, options.keypoint_format, draw_boxes=options.draw_boxes
+            image, pose, options.keypoint_threshold, options.keypoint_format, draw_boxes=options.draw_boxes, box_ids=ids
         )
         written.append(_save_picture(destination, "_pose", picture, image, options))
     written.append(save_json(_output_path(destination, "_pose.json"), record, indent=None))
@@ -417,20 +459,34 @@ def instance_score(box_score: float, keypoint_scores: np.ndarray, min_keypoint_s
     return float(box_score) * float(confident.mean())
 
 
+def coco_dataset_path(results_path: str | os.PathLike) -> Path:
+    """Where ``sapiens2 predict --coco-results R.json`` writes the run's dataset-style file: ``R_dataset.json``."""
+    path = Path(results_path)
+    return path.with_name(f"{path.stem}_dataset{path.suffix or '.json'}")
+
+
 class CocoResultsWriter:
-    """Collect the pose results of a run and write them as one COCO keypoint file at the end (atomically).
+    """Collect the pose results of a run and write them as a COCO keypoint results file at the end (atomically).
 
-    The file is a COCO dataset-style dict, so ``pycocotools.coco.COCO(path)`` loads it as it is, and its
-    ``"annotations"`` list is a standard COCO results list (``COCO.loadRes``, ``sapiens2.eval.oks``)::
+    The file is the standard COCO results array that ``pycocotools``' ``COCO(ground_truth).loadRes(path)`` and
+    ``COCOeval(ground_truth, results, "keypoints")`` take, one object per person::
 
-        {"info": {"keypoint_format": ..., "num_keypoints": K},
-         "images": [{"id", "file_name", "height", "width"}, ...],
-         "categories": [{"id": 1, "name": "person", "keypoints": [K names], "skeleton": [[a, b], ...] (1-based)}],
-         "annotations": [{"id", "image_id", "category_id": 1, "keypoints": [x, y, score] * K, "score",
-                          "bbox": [x, y, w, h] of the person box, "box_score"}, ...]}
+        [{"image_id": 1, "category_id": 1, "keypoints": [x, y, score] * K, "score": s}, ...]
 
-    ``score`` is :func:`instance_score` of the result as given (for 308-keypoint results, the reference's
-    ranking score). Unlabelled or non-finite keypoints are written as (0, 0, 0).
+    in ``keypoint_format`` (``coco17`` gives K = 17 in COCO order, which scores against COCO-17 ground truth with
+    pycocotools' default sigmas; other formats need their own ``kpt_oks_sigmas``). ``score`` is
+    :func:`instance_score` of the result as given (for 308-keypoint results, the reference's ranking score).
+    Unlabelled or non-finite keypoints are written as (0, 0, 0). The array holds no ``bbox`` on purpose: given one,
+    ``loadRes`` would take the box branch and compute the detections' areas (APm/APl) from the box instead of the
+    keypoints. An empty run writes ``[]``, which pycocotools' ``loadRes`` cannot read (it looks at the first entry).
+
+    With ``dataset_path`` the same people also go into a COCO dataset-style file (``COCO(dataset_path)`` loads it):
+    ``info`` (``keypoint_format``, ``num_keypoints``), ``images`` (``id``, ``file_name``, ``height``, ``width``: the
+    image ids of the results array), ``categories`` (keypoint names, 1-based skeleton) and ``annotations``
+    (the results plus ``id``, the person box as COCO's ``bbox`` [x, y, w, h] clipped to the image, ``box_score``).
+
+    Image ids: ``image_ids`` (e.g. a ground-truth file's ``images``) or ``add(image_id=)`` when given, so results
+    line up with that ground truth; otherwise 1, 2, ... in the order images are added.
 
     Example:
         >>> coco = CocoResultsWriter("out/results.json", keypoint_format="coco17")
@@ -438,18 +494,24 @@ class CocoResultsWriter:
         >>> coco.write()
 
     Args:
-        path: the JSON file to write.
+        path: the results JSON file to write.
         keypoint_format: format of the written keypoints (``sapiens2.pose.keypoints.FORMATS``).
-        image_ids: optional file name -> image id map (e.g. from a ground-truth file's ``images``), so that
-            results line up with that ground truth; without it ids are 1, 2, ... in the order images are added.
+        image_ids: optional file name -> image id map; names not in it are refused.
+        dataset_path: optional path of the dataset-style file.
     """
 
     def __init__(
-        self, path: str | os.PathLike, *, keypoint_format: str = "sapiens308", image_ids: dict[str, int] | None = None
+        self,
+        path: str | os.PathLike,
+        *,
+        keypoint_format: str = "sapiens308",
+        image_ids: dict[str, int] | None = None,
+        dataset_path: str | os.PathLike | None = None,
     ) -> None:
         if keypoint_format not in FORMATS:
             raise ValueError(f"keypoint_format must be one of {', '.join(FORMATS)}, got {keypoint_format!r}")
         self.path = Path(path)
+        self.dataset_path = None if dataset_path is None else Path(dataset_path)
         self.keypoint_format = keypoint_format
         self._image_ids = None if image_ids is None else {str(name): int(i) for name, i in image_ids.items()}
         self._images: list[dict] = []
@@ -477,7 +539,14 @@ class CocoResultsWriter:
             raise ValueError(f"image id {image_id} (file {file_name!r}) was already added; each image goes in once")
         return image_id
 
-    def add(self, result: PoseResult, file_name: str | None = None, *, image_id: int | None = None) -> int:
+    def add(
+        self,
+        result: PoseResult,
+        file_name: str | None = None,
+        *,
+        image_id: int | None = None,
+        person_scores: np.ndarray | None = None,
+    ) -> int:
         """Add one image's people; returns the image id used.
 
         Args:
@@ -485,6 +554,8 @@ class CocoResultsWriter:
             file_name: name recorded in ``images`` (and looked up in ``image_ids``); default the basename of
                 ``result.path``.
             image_id: explicit id, overriding ``image_ids`` and the counter.
+            person_scores: (N,) results ``score`` per person instead of :func:`instance_score` of ``result`` (e.g.
+                the ``score`` a ``_pose.json`` holds, see :func:`read_pose_json`).
 
         Raises:
             ValueError: no file name, an id used twice, a name missing from ``image_ids``, or a result that
@@ -499,33 +570,40 @@ class CocoResultsWriter:
         self._used_ids.add(image_id)
         height, width = (int(v) for v in result.image_size)
         self._images.append({"id": image_id, "file_name": file_name, "height": height, "width": width})
+        boxes = clip_boxes(pose.boxes, result.image_size)
         for person in range(len(pose)):
-            self._annotations.append(self._record(pose, result, person, image_id))
+            record = self._record(pose, result, boxes[person], person, image_id)
+            if person_scores is not None:
+                record["score"] = float(person_scores[person])
+            self._annotations.append(record)
         return image_id
 
-    def _record(self, pose: PoseResult, original: PoseResult, person: int, image_id: int) -> dict:
+    def _record(self, pose: PoseResult, original: PoseResult, box: np.ndarray, person: int, image_id: int) -> dict:
         points = np.asarray(pose.keypoints[person], dtype=np.float64)
         scores = np.asarray(pose.scores[person], dtype=np.float64)
         usable = np.isfinite(points).all(axis=1) & np.isfinite(scores)
         triplets = np.where(usable[:, None], np.concatenate([points, scores[:, None]], axis=1), 0.0)
-        x1, y1, x2, y2 = (float(v) for v in pose.boxes[person])
-        box_score = float(pose.box_scores[person])
+        x1, y1, x2, y2 = (float(v) for v in box)
         return {
-            "id": len(self._annotations) + 1,
             "image_id": image_id,
             "category_id": 1,
             "keypoints": triplets.reshape(-1).tolist(),
-            "score": instance_score(box_score, original.scores[person]),
+            "score": instance_score(float(pose.box_scores[person]), original.scores[person]),
             "bbox": [_finite_or_none(v) for v in (x1, y1, x2 - x1, y2 - y1)],
-            "box_score": _finite_or_none(box_score),
+            "box_score": _finite_or_none(float(pose.box_scores[person])),
         }
 
-    def close(self) -> Path:
-        """Same as :meth:`write`: the end of the run."""
-        return self.write()
+    def _sorted_annotations(self) -> list[dict]:
+        """By image id (people of an image in their order), so a resumed run writes the same file as one run."""
+        return sorted(self._annotations, key=lambda annotation: annotation["image_id"])
 
-    def write(self) -> Path:
-        """Write (or rewrite) the file atomically with everything added so far; returns its path."""
+    def results(self) -> list[dict]:
+        """The results array as it is written: ``image_id``, ``category_id``, ``keypoints``, ``score`` per person."""
+        keys = ("image_id", "category_id", "keypoints", "score")
+        return [{key: annotation[key] for key in keys} for annotation in self._sorted_annotations()]
+
+    def dataset(self) -> dict:
+        """The dataset-style dict (``info``, ``images``, ``categories``, ``annotations`` with ids and boxes)."""
         names = format_keypoint_names(self.keypoint_format)
         category = {
             "id": 1,
@@ -534,12 +612,63 @@ class CocoResultsWriter:
             "keypoints": list(names),
             "skeleton": (skeleton_links(self.keypoint_format) + 1).tolist(),
         }
-        data = {
+        annotations = [{"id": n + 1, **annotation} for n, annotation in enumerate(self._sorted_annotations())]
+        return {
             "info": {"keypoint_format": self.keypoint_format, "num_keypoints": len(names)},
-            "images": self._images,
+            "images": sorted(self._images, key=lambda image: image["id"]),
             "categories": [category],
-            "annotations": self._annotations,
+            "annotations": annotations,
         }
-        path = save_json(self.path, data, indent=None)
+
+    def close(self) -> Path:
+        """Same as :meth:`write`: the end of the run."""
+        return self.write()
+
+    def write(self) -> Path:
+        """Write (or rewrite) the results file, and the dataset-style file if asked, atomically; returns the
+        results file's path. The dataset-style file is written first, so an existing results file is complete."""
+        if self.dataset_path is not None:
+            save_json(self.dataset_path, self.dataset(), indent=None)
+        path = save_json(self.path, self.results(), indent=None)
         logger.info("wrote %d people in %d images to %s", self.num_instances, len(self), path)
         return path
+
+
+def read_pose_json(path: str | os.PathLike) -> tuple[PoseResult, np.ndarray | None]:
+    """Read a ``_pose.json`` that :func:`write_pose` wrote back into a result (e.g. to add the images a resumed
+    run skips to its COCO results).
+
+    Returns:
+        The :class:`PoseResult` in the file's keypoint format (null numbers -> NaN; ``path`` as recorded), and the
+        (N,) per-person ``score`` (None for files written before it was recorded).
+
+    Raises:
+        ValueError: the file cannot be read or is not a ``_pose.json``; the message names it.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        names = tuple(data["keypoint_names"])
+        instances = data["instances"]
+        count = len(instances)
+
+        def numbers(values: Any, shape: tuple[int, ...]) -> np.ndarray:
+            array = np.array(values, dtype=object).reshape(shape)
+            return np.where(array == None, np.nan, array).astype(np.float64)  # noqa: E711 (null -> NaN, elementwise)
+
+        boxes = numbers([i.get("bbox_xyxy", i.get("bbox")) for i in instances], (count, 4))
+        result = PoseResult(
+            boxes,
+            numbers([i["bbox_score"] for i in instances], (count,)),
+            numbers([i["keypoints"] for i in instances], (count, len(names), 2)),
+            numbers([i["keypoint_scores"] for i in instances], (count, len(names))),
+            data.get("path"),
+            tuple(int(v) for v in data["image_size"]),
+            names,
+        )
+        scores = None
+        if all("score" in i for i in instances):
+            scores = numbers([i["score"] for i in instances], (count,))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not a readable pose JSON ({type(error).__name__}: {error})") from None
+    return result, scores

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..models.zoo import get_arch
-from ..train.config import DistributedConfig, _build, config_to_dict, read_config
+from ..train.config import DistributedConfig
+from ..yaml_config import build_config, config_to_dict, read_config
 from .masking import MaskSpec, mask_counts
 
 __all__ = [
@@ -219,6 +220,8 @@ class PretrainConfig:
         seed: init, data order, views and masks (per sample from (seed, epoch, index)).
         precision: ``bf16`` autocast or ``fp32``. Losses, Sinkhorn-Knopp and KoLeo are computed in fp32.
         grad_clip: max L2 norm per student submodule (backbone, decoder, head); None: no clipping.
+        nonfinite_patience: steps with a NaN/infinite loss or gradient norm are skipped; this many in a row stop
+            the run (nothing exported), as in ``sapiens2 train``; 0: no check.
         export_from: which backbone the deliverable holds: ``teacher`` (EMA) or ``student``.
         export_pth: also write ``teacher.pth`` ({"teacher": {"backbone.*", "dino_head.*"}}).
     """
@@ -229,6 +232,7 @@ class PretrainConfig:
     seed: int = 0
     precision: Literal["fp32", "bf16"] = "bf16"
     grad_clip: float | None = 3.0
+    nonfinite_patience: int = 3
     log_every: int = 10
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
@@ -261,7 +265,7 @@ def pretrain_config_from_dict(values: Any) -> PretrainConfig:
     """
     if not isinstance(values, dict):
         raise ValueError(f"a pretraining config must be a mapping of sections, got {type(values).__name__}")
-    config = _build(PretrainConfig, values)
+    config = build_config(PretrainConfig, values)
     validate(config)
     return config
 
@@ -269,10 +273,18 @@ def pretrain_config_from_dict(values: Any) -> PretrainConfig:
 def load_pretrain_config(path: str | os.PathLike | None, overrides: tuple[str, ...] | list[str] = ()) -> PretrainConfig:
     """Read a YAML pretraining config, apply ``"a.b=value"`` overrides, type-check and validate it.
 
+    Relative paths in the file (``data.sources``, a local ``model.init`` or ``data.detector``) are relative to its
+    folder; ``output_dir`` and the ``overrides`` are relative to the working folder. ``path`` may also name a
+    template shipped with the package (``pretrain_tiny.yaml``), from any folder.
+
     Example:
         >>> config = load_pretrain_config("configs/pretrain_tiny.yaml", ["steps=100"])
     """
-    return read_config(path, overrides, "pretraining", pretrain_config_from_dict)
+    return read_config(path, overrides, "pretraining", pretrain_config_from_dict, paths=CONFIG_PATHS)
+
+
+# The keys whose relative paths in a config file are relative to that file's folder (``yaml_config.rebase_paths``).
+CONFIG_PATHS = {"data.sources": "path", "data.detector": "source", "model.init": "source"}
 
 
 def pretrain_config_to_dict(config: PretrainConfig) -> dict[str, Any]:
@@ -311,6 +323,8 @@ def validate(config: PretrainConfig) -> None:
         problems.append("log_every must be >= 1, checkpoint_every and keep_checkpoints >= 0")
     if config.grad_clip is not None and config.grad_clip <= 0:
         problems.append(f"grad_clip must be positive or null, got {config.grad_clip}")
+    if config.nonfinite_patience < 0:
+        problems.append(f"nonfinite_patience must be >= 0 (0: no check), got {config.nonfinite_patience}")
     model, views, masking, data = config.model, config.views, config.masking, config.data
     use_tokenizer = False
     if model.arch is None and model.init is None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.collections import CollectionError, Record, RecordError, _local_path, decode_rgb, open_collection
+from ..data.collections import CollectionError, Record, RecordError, decode_rgb, local_path, open_collection
 from ..data.sources import IMAGE_EXTENSIONS
 from .config import PretrainConfig, mask_grid
 from .masking import draw_mask, mask_rng
@@ -62,7 +62,7 @@ class ImageEntry:
 
 def _index_tar(location: str) -> list[ImageEntry]:
     """Each WebDataset sample's first image member of a local tar, by byte offset (headers only are read)."""
-    path = _local_path(location)
+    path = local_path(location)
     if path is None:
         raise ValueError(
             f"data.sources: remote tar shard {location!r}: pretraining reads shards by offset, so they must be local "

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..checkpoints import infer_arch, read_torch_file
-from ..data.io import atomic_write
+from ..data.io import atomic_write, write_safetensors
 from ..models.backbone import Sapiens2
 
 __all__ = ["CHECKPOINT_FORMAT", "backbone_state", "export_backbone", "export_teacher_pth", "read_pretrain_checkpoint"]
@@ -73,14 +73,12 @@ def export_backbone(source: str | os.PathLike, out_path: str | os.PathLike, whic
         >>> export_backbone("runs/pretrain", "my_backbone.safetensors")
         >>> backbone = sapiens2.load_backbone("my_backbone.safetensors")
     """
-    from safetensors.torch import save_file
-
     if which not in ("teacher", "student"):
         raise ValueError(f"which must be 'teacher' or 'student', got {which!r}")
     path, checkpoint = _checkpoint(source)
     tensors = backbone_state(checkpoint[which])
     metadata = {"format": "pt", "task": "pretrain", "step": str(checkpoint["step"]), "weights": which}
-    return atomic_write(out_path, lambda temporary: save_file(tensors, str(temporary), metadata=metadata))
+    return write_safetensors(out_path, tensors, metadata)
 
 
 def export_teacher_pth(source: str | os.PathLike, out_path: str | os.PathLike) -> Path:

@@ -227,7 +227,7 @@ class PretrainTrainer(Trainer):
         loss.backward()
 
         grad_norm = self._clip_gradients()
-        self.optimizer.step()
+        self._optimizer_step(loss, grad_norm)  # skipped (and counted, to stop the run) when not finite
         ema_update(*self._ema_pairs, momentum)
         self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -7,11 +7,7 @@ are the official dense recipe (DENSE.md §6, POSE.md §4.5); every field is docu
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import os
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +17,7 @@ import yaml
 
 from ..models.zoo import ARCHS, get_arch
 from ..tasks import TASKS
+from ..yaml_config import build_config, config_to_dict, did_you_mean, read_config
 
 __all__ = [
     "DataConfig",
@@ -158,6 +155,9 @@ class TrainConfig:
         seed: base seed: model init, shuffling and augmentation; process r seeds its own RNGs with seed + r.
         precision: ``"fp32"``, or ``"bf16"`` autocast (forward and loss; master weights stay fp32).
         grad_clip: maximum global L2 gradient norm; None: no clipping.
+        nonfinite_patience: a step whose loss or gradient norm is NaN or infinite is skipped (no weight update);
+            this many such steps in a row stop the run with an error and nothing exported (a diverged run). 0: no
+            check (and no per-step host sync).
         log_every: steps between progress/CSV/TensorBoard flushes (every step's values are written).
         eval_every: steps between evaluations on ``data.val_split`` (0: never).
         checkpoint_every: steps between checkpoints (0: only the final one).
@@ -176,6 +176,7 @@ class TrainConfig:
     seed: int = 0
     precision: Literal["fp32", "bf16"] = "bf16"
     grad_clip: float | None = 4.0
+    nonfinite_patience: int = 3
     log_every: int = 10
     eval_every: int = 1000
     checkpoint_every: int = 1000
@@ -201,115 +202,8 @@ class TrainConfig:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# dict <-> dataclass with type checks
+# YAML <-> TrainConfig (the typed reader itself: sapiens2.yaml_config)
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _did_you_mean(name: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
-def _type_name(hint: Any) -> str:
-    if hint is type(None):
-        return "null"
-    if isinstance(hint, type):
-        return hint.__name__
-    return str(hint).replace("typing.", "")
-
-
-def _convert(value: Any, hint: Any, where: str) -> Any:
-    """Check ``value`` against the annotation ``hint`` and normalise it (lists -> tuples, "1e-4" -> float)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        if value is None:
-            if type(None) in options:
-                return None
-            raise ValueError(f"{where}: null is not allowed, expected {_type_name(hint)}")
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _convert(value, option, where)
-            except ValueError:
-                continue
-        raise ValueError(f"{where}: {value!r} is not a valid {_type_name(hint)}")
-    if origin is Literal:
-        choices = typing.get_args(hint)
-        if value not in choices:
-            hint_text = _did_you_mean(str(value), [str(c) for c in choices])
-            raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(repr, choices))}.{hint_text}")
-        return value
-    if hint is Any:
-        return value
-    if origin is tuple:
-        args = typing.get_args(hint)
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{where}: expected a list like [{', '.join(_type_name(a) for a in args)}], got {value!r}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise ValueError(f"{where}: expected {len(args)} values, got {len(value)} ({value!r})")
-        return tuple(_convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
-    if origin is dict:
-        key_type, value_type = typing.get_args(hint)
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{where}: expected a mapping, got {value!r}")
-        return {
-            _convert(k, key_type, f"{where} key"): _convert(v, value_type, f"{where}.{k}") for k, v in value.items()
-        }
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{where}: expected a section (mapping), got {value!r}")
-        return _build(hint, value, where)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ValueError(f"{where}: expected an integer, got {value!r}")
-        try:
-            number = float(value)
-        except ValueError:
-            raise ValueError(f"{where}: expected an integer, got {value!r}") from None
-        if not number.is_integer():
-            raise ValueError(f"{where}: expected an integer, got {value!r}")
-        return int(number)
-    if hint is float:
-        # YAML 1.1 reads "1e-4" (no dot) as a string: accept numeric strings.
-        if isinstance(value, bool):
-            raise ValueError(f"{where}: expected a number, got {value!r}")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}: expected a number, got {value!r}") from None
-    if hint is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{where}: expected a string, got {value!r}")
-        return value
-    raise TypeError(f"{where}: unsupported annotation {hint!r}")  # a bug in this file, not user input
-
-
-def _build(cls: type, values: Mapping[str, Any], where: str = "") -> Any:
-    hints = _hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in values.items():
-        path = f"{where}.{key}" if where else str(key)
-        if key not in names:
-            section = f"section {where!r}" if where else "the top level"
-            raise ValueError(
-                f"unknown config key {path!r} in {section}.{_did_you_mean(str(key), names)} "
-                f"Known keys: {', '.join(names)}"
-            )
-        kwargs[key] = _convert(value, hints[key], path)
-    return cls(**kwargs)
 
 
 def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
@@ -320,61 +214,22 @@ def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
     """
     if not isinstance(values, Mapping):
         raise ValueError(f"a training config must be a mapping of sections, got {type(values).__name__}")
-    config = _build(TrainConfig, values)
+    config = build_config(TrainConfig, values)
     _validate(config)
     return config
 
 
-def config_to_dict(config: TrainConfig) -> dict[str, Any]:
-    """Plain YAML-ready data (tuples as lists) that ``config_from_dict`` turns back into ``config``."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if isinstance(value, Mapping):
-            return {k: plain(v) for k, v in value.items()}
-        return value
-
-    return plain(dataclasses.asdict(config))
-
-
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    if not all(parts):
-        raise ValueError(f"override key {key!r} is malformed; write e.g. optimizer.lr=1e-4")
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ValueError(f"override {key!r}: {part!r} holds a value, not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply ``"a.b=value"`` overrides to a nested dict (values parsed as YAML scalars/lists); returns a copy."""
-    import copy
-
-    result = copy.deepcopy(dict(data))
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise ValueError(f"override {item!r} has no '='; write e.g. optimizer.lr=1e-4")
-        try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError as error:
-            raise ValueError(f"override {item!r}: the value is not valid YAML ({error})") from None
-        _set_dotted(result, key.strip(), value)
-    return result
+# The keys whose relative paths in a config file are relative to that file's folder (``yaml_config.rebase_paths``).
+CONFIG_PATHS = {"data.root": "path", "model.init_from": "source"}
 
 
 def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read a YAML training config, apply ``"a.b=value"`` overrides, type-check and validate it.
 
     Args:
-        path: YAML file (None: start from the defaults, everything from ``overrides``).
+        path: YAML file (None: start from the defaults, everything from ``overrides``). Relative paths in it
+            (``data.root``, a local ``model.init_from``) are relative to its folder; ``output_dir`` and the
+            ``overrides`` are relative to the working folder.
         overrides: e.g. ``["optimizer.lr=1e-4", "data.input_size=[512, 384]", "model.head.num_classes=5"]``.
 
     Raises:
@@ -384,30 +239,7 @@ def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -
     Example:
         >>> config = load_config("seg.yaml", ["steps=200", "data.root=/data/seg"])
     """
-    return read_config(path, overrides, "training", config_from_dict)
-
-
-def read_config(
-    path: str | os.PathLike | None, overrides: Sequence[str], kind: str, build: typing.Callable[[dict], Any]
-) -> Any:
-    """The one YAML config reader (train, pretrain, curate): the file at ``path`` (None: no file, only
-    ``overrides``) with the ``"a.b=value"`` overrides applied, turned into a config by ``build``; every problem is
-    a FileNotFoundError or a one-line ValueError naming the file and, as ``kind``, what config it should be."""
-    data: Any = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{kind} config not found: {path}")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as error:
-            raise ValueError(f"{path}: not valid YAML: {error}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: a {kind} config must be a mapping of sections, got {type(data).__name__}")
-    try:
-        return build(apply_overrides(data, list(overrides)))
-    except ValueError as error:
-        raise ValueError(f"{path or 'config'}: {error}") from None
+    return read_config(path, overrides, "training", config_from_dict, paths=CONFIG_PATHS)
 
 
 def save_config(config: TrainConfig, path: str | os.PathLike) -> Path:
@@ -424,7 +256,7 @@ def _validate(config: TrainConfig) -> None:
     if config.task not in TRAIN_TASKS:
         problems.append(
             f"task {config.task!r} is not trainable; choose one of {', '.join(TRAIN_TASKS)}."
-            + _did_you_mean(config.task, TRAIN_TASKS)
+            + did_you_mean(config.task, TRAIN_TASKS)
         )
     if (config.steps is None) == (config.epochs is None):
         problems.append("set exactly one of steps and epochs")
@@ -432,7 +264,7 @@ def _validate(config: TrainConfig) -> None:
         value = getattr(config, name)
         if value is not None and value <= 0:
             problems.append(f"{name} must be positive, got {value}")
-    for name in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
+    for name in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "nonfinite_patience"):
         if getattr(config, name) < 0:
             problems.append(f"{name} must be >= 0, got {getattr(config, name)}")
     if config.log_every == 0:
@@ -475,5 +307,35 @@ def _validate(config: TrainConfig) -> None:
             f"schedule.warmup_steps ({schedule.warmup_steps}) must be smaller than steps ({config.steps}); "
             "lower schedule.warmup_steps"
         )
+    problems += _loss_and_device_problems(config)
+    if len(problems) == 1:
+        raise ValueError(f"invalid training config: {problems[0]}")
     if problems:
         raise ValueError("invalid training config:\n  " + "\n  ".join(problems))
+
+
+def _loss_and_device_problems(config: TrainConfig) -> list[str]:
+    """``loss`` keys the task loss does not take, and a ``device`` torch cannot parse (its CUDA availability is
+    checked when the run starts: a config may be written on another machine)."""
+    import inspect
+
+    import torch
+
+    from .losses import TASK_LOSSES
+
+    problems = []
+    if config.task in TASK_LOSSES and config.loss:
+        loss = TASK_LOSSES[config.task]
+        taken = [name for name in inspect.signature(loss.__init__).parameters if name != "self"]
+        for key in config.loss:
+            if key not in taken:
+                problems.append(
+                    f"loss.{key}: the {config.task} loss ({loss.__name__}) takes no {key!r}; it takes "
+                    f"{', '.join(taken)}." + did_you_mean(str(key), taken)
+                )
+    if config.device is not None:
+        try:
+            torch.device(config.device)
+        except (RuntimeError, ValueError):
+            problems.append(f"device {config.device!r} is not a device; use cpu, cuda or cuda:N (null: CUDA if any)")
+    return problems

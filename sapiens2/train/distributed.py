@@ -75,11 +75,14 @@ def setup(device: str | None = None) -> Context:
         The process ``Context``. An already initialised default group (e.g. made by a test) is reused.
 
     Raises:
-        ValueError: CUDA was asked for but is not available.
+        ValueError: not a device, or CUDA was asked for but is not available.
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    chosen = torch.device(device)
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device {device!r} is not a device; use cpu, cuda or cuda:N") from None
     if chosen.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for but CUDA is not available; set device: cpu")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -28,12 +28,25 @@ from .optim import WarmupLinearSchedule, build_optimizer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CHECKPOINT_FORMAT", "Trainer", "export_model", "find_checkpoints", "fit", "latest_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "Trainer",
+    "TrainingDiverged",
+    "export_model",
+    "find_checkpoints",
+    "fit",
+    "latest_checkpoint",
+]
 
 CHECKPOINT_FORMAT = "sapiens2-train-1"
 # Ground-truth key each evaluator compares the first model output with (DENSE.md §2.6, §3.4, §4.4, §5.4); the
 # trainable dense tasks of sapiens2.tasks.
 EVAL_TARGETS = {"seg": "labels", "normal": "gt_normal", "pointmap": "gt_pointmap", "albedo": "gt_albedo"}
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient norm stayed NaN or infinite for ``nonfinite_patience`` steps in a row; the run was
+    stopped and nothing exported. ``str(error)`` is one line: the steps, the last finite checkpoint and the fix."""
 
 
 def find_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
@@ -150,6 +163,10 @@ class Trainer:
         self.device = self.context.device
         self._log = _RunLog() if self.context.is_main else None
         self.recorder: dist_utils.RunRecorder | None = None
+        self.nonfinite_steps = 0  # optimiser steps skipped in a row for a NaN/inf loss or gradient norm
+        self.nonfinite_what = ""  # which of them was not finite in the last such step
+        self.last_loss: float | None = None  # the last logged step's (kept in checkpoints; None before any)
+        self.resumed_from: Path | None = None
         try:
             self._build(resume, train_dataset, val_dataset)
         except BaseException:
@@ -345,12 +362,56 @@ class Trainer:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
         if hasattr(grad_norm, "full_tensor"):  # FSDP2 returns a replicated DTensor
             grad_norm = grad_norm.full_tensor()
-        self.optimizer.step()
+        self._optimizer_step(terms["loss"], grad_norm)
         self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
         values = {k: v.detach() for k, v in terms.items()}
         values["grad_norm"] = grad_norm.detach()
         return values
+
+    def _optimizer_step(self, loss: Tensor, grad_norm: Tensor) -> bool:
+        """``optimizer.step()``, unless the loss or the gradient norm is NaN or infinite on any process: then the
+        update (which would poison the weights and the AdamW moments) is skipped with a warning and counted in
+        ``nonfinite_steps``, which ``fit`` turns into ``TrainingDiverged`` at ``nonfinite_patience`` in a row.
+        One host sync per step; none with ``nonfinite_patience: 0`` (no check). Returns whether it stepped."""
+        if not self.config.nonfinite_patience:
+            self.optimizer.step()
+            return True
+        loss, grad_norm = loss.detach().float(), grad_norm.detach().float()
+        flags = torch.stack([~torch.isfinite(loss), ~torch.isfinite(grad_norm)]).double()  # (loss, grad_norm) bad
+        flags = dist_utils.mean_across_processes(flags, self.context) > 0
+        bad_loss, bad_norm = flags.tolist()
+        if not (bad_loss or bad_norm):
+            self.nonfinite_steps = 0
+            self.optimizer.step()
+            return True
+        self.nonfinite_steps += 1
+        self.nonfinite_what = "loss" if not bad_norm else "gradient norm" if not bad_loss else "loss and gradient norm"
+        if self.context.is_main:
+            logger.warning(
+                "step %d: %s not finite (loss %.4g, grad_norm %.4g): the update is skipped (%d of %d in a row "
+                "stop the run)",
+                self.step + 1,
+                self.nonfinite_what,
+                float(loss),
+                float(grad_norm),
+                self.nonfinite_steps,
+                self.config.nonfinite_patience,
+            )
+        return False
+
+    def _diverged(self) -> TrainingDiverged:
+        """The error that stops a run after ``nonfinite_patience`` non-finite steps in a row."""
+        count = self.nonfinite_steps
+        steps = f"step {self.step}" if count == 1 else f"steps {self.step - count + 1}-{self.step}"
+        checkpoint = latest_checkpoint(self.run_dir)
+        kept = f"the newest checkpoint is {checkpoint}" if checkpoint is not None else "no checkpoint was written"
+        lr = getattr(getattr(self.config, "optimizer", None), "lr", None)
+        return TrainingDiverged(
+            f"training diverged: the {self.nonfinite_what} was NaN or infinite in {steps} ({count} in a row: "
+            f"nonfinite_patience); stopped at step {self.step} of {self.total_steps} and exported nothing ({kept}); "
+            f"lower optimizer.lr{f' (now {lr:g})' if lr is not None else ''} and start again"
+        )
 
     def _loader(self, dataset: Any, batch_sampler: Any) -> torch.utils.data.DataLoader:
         # A private generator: creating loader iterators must not consume the global torch RNG (exact resume).
@@ -393,14 +454,18 @@ class Trainer:
         """Train to ``total_steps``, evaluating and checkpointing on schedule; export ``model.safetensors``.
 
         Returns:
-            ``run_dir``, ``steps``, ``loss`` (the last step's), ``eval`` (the last evaluation), ``checkpoint`` and
-            ``model`` (paths).
+            ``run_dir``, ``steps``, ``loss`` (the last logged step's; None when unknown), ``trained_steps`` (run by
+            this call: 0 for a finished run resumed), ``eval`` (the last evaluation), ``checkpoint`` and ``model``
+            (paths).
+
+        Raises:
+            TrainingDiverged: ``nonfinite_patience`` steps in a row had a NaN or infinite loss or gradient norm;
+                nothing is exported.
         """
         from tqdm.auto import tqdm
 
         config = self.config
         self.model.train()
-        self.last_loss = float("nan")
         # The bar only on a terminal (disable=None): a redirected log gets the step lines, not bar redraws.
         show = self.context.is_main and config.progress_bar
         bar = tqdm(
@@ -424,6 +489,7 @@ class Trainer:
         started = time.perf_counter()
         checkpoint = None
         evaluated_at = -1
+        first_step = self.step
         try:
             while self.step < self.total_steps:
                 if hasattr(self.train_dataset, "set_epoch"):
@@ -436,6 +502,9 @@ class Trainer:
                     self.batch_in_epoch += 1
                     records.append((self.step, self.epoch, lr, values))
                     bar.update(1)
+                    if config.nonfinite_patience and self.nonfinite_steps >= config.nonfinite_patience:
+                        self._flush(records, time.perf_counter() - started, bar)
+                        raise self._diverged()
                     save_now = config.checkpoint_every and self.step % config.checkpoint_every == 0
                     if self.step % config.log_every == 0 or save_now or self.step == self.total_steps:
                         self._flush(records, time.perf_counter() - started, bar)
@@ -452,6 +521,8 @@ class Trainer:
                     self.batch_in_epoch = 0
             if self.val_dataset is not None and evaluated_at != self.step:
                 self.evaluate()
+            if self.step == first_step and self.resumed_from is not None:  # resumed at the end: nothing to do
+                checkpoint = self.resumed_from
             if checkpoint is None or not checkpoint.name.endswith(f"{self.step:08d}.pt"):
                 checkpoint = self.save_checkpoint()
             model_path = self.run_dir / self.EXPORT_NAME
@@ -466,6 +537,7 @@ class Trainer:
             "run_dir": self.run_dir,
             "steps": self.step,
             "loss": self.last_loss,
+            "trained_steps": self.step - first_step,
             "eval": dict(self.last_eval),
             "checkpoint": checkpoint,
             "model": model_path,
@@ -620,7 +692,7 @@ class Trainer:
         if self.context.is_main:
             import yaml
 
-            position = {"step": self.step, "epoch": epoch, "batch_in_epoch": batch}
+            position = {"step": self.step, "epoch": epoch, "batch_in_epoch": batch, "loss": self.last_loss}
             state = {"format": format, **position, "world_size": self.context.world_size, **payload}
             state |= {"schedule": self.schedule.state_dict(), "rng": rng}
             state["config"] = yaml.safe_dump(config, sort_keys=False)
@@ -634,6 +706,10 @@ class Trainer:
         from ..data.io import atomic_write
 
         atomic_write(path, lambda temporary: torch.save(state, temporary))
+        # Hidden partial files of checkpoints a killed run was writing (atomic_write's ".step_<N>.pt.<id>.tmp.pt"):
+        # only this process writes here, so any left is stale.
+        for stale in path.parent.glob(".step_*.tmp.pt"):
+            stale.unlink(missing_ok=True)
         if self.config.keep_checkpoints:
             for old in find_checkpoints(self.run_dir)[: -self.config.keep_checkpoints]:
                 old.unlink()
@@ -660,6 +736,8 @@ class Trainer:
         self.step = int(checkpoint["step"])
         self.epoch = int(checkpoint["epoch"])
         self.batch_in_epoch = int(checkpoint["batch_in_epoch"])
+        self.last_loss = checkpoint.get("loss")  # None in checkpoints written before it was kept
+        self.resumed_from = Path(path)
         saved_world = checkpoint["world_size"]
         if saved_world == self.context.world_size:
             dist_utils.set_rng_states(checkpoint["rng"][self.context.rank])
@@ -694,6 +772,17 @@ def fit(
     return trainer.fit()
 
 
+def _trained_input_size(checkpoint: dict[str, Any]) -> tuple[int, int] | None:
+    """``data.input_size`` of the config saved in a training checkpoint, if it has one."""
+    import yaml
+
+    try:
+        size = yaml.safe_load(checkpoint.get("config") or "{}")["data"]["input_size"]
+        return int(size[0]), int(size[1])
+    except (KeyError, TypeError, IndexError, ValueError, yaml.YAMLError):
+        return None
+
+
 def export_model(source: str | os.PathLike, out_path: str | os.PathLike) -> Path:
     """Write a training checkpoint's model as an official-layout ``.safetensors`` (``backbone.*``/``decode_head.*``,
     float32), which ``sapiens2.load_model(task, out_path)`` loads.
@@ -705,9 +794,7 @@ def export_model(source: str | os.PathLike, out_path: str | os.PathLike) -> Path
     Raises:
         FileNotFoundError: no checkpoint at ``source``.
     """
-    from safetensors.torch import save_file
-
-    from ..data.io import atomic_write
+    from ..data.io import write_safetensors
 
     source = Path(source)
     path = latest_checkpoint(source) if source.is_dir() else source
@@ -719,4 +806,7 @@ def export_model(source: str | os.PathLike, out_path: str | os.PathLike) -> Path
         for name, value in checkpoint["model"].items()
     }
     metadata = {"format": "pt", "task": checkpoint["task"], "step": str(checkpoint["step"])}
-    return atomic_write(out_path, lambda temporary: save_file(tensors, str(temporary), metadata=metadata))
+    size = _trained_input_size(checkpoint)
+    if size is not None:  # the size the model was trained at: load_model builds it for that size
+        metadata["input_size"] = f"{size[0]}x{size[1]}"
+    return write_safetensors(out_path, tensors, metadata)

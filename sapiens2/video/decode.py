@@ -224,7 +224,7 @@ def _open_av(source: str | os.PathLike | int, text: str, start: int, end: int | 
     rate = stream.average_rate or stream.guessed_rate or stream.base_rate
     fps = float(rate) if rate else 30.0
     count = stream.frames or None
-    length = float(stream.duration * stream.time_base) if stream.duration else (container.duration or 0) / 1e6
+    length = _video_length(container, stream)
     if count is None and stream.duration and stream.time_base and not live:
         count = max(1, round(float(stream.duration * stream.time_base) * fps))
 
@@ -256,11 +256,14 @@ def _open_av(source: str | os.PathLike | int, text: str, start: int, end: int | 
         if live or (end is not None and end <= index + 1):
             return
         expected = stream.frames
-        if expected and index + 1 < expected:
+        short = last_time is not None and last_time + 2.5 / fps < length
+        # An AVI's count includes its empty "dropped frame" chunks: where the last frame reaches the stream's
+        # length, fewer frames than the count is not a cut.
+        if expected and index + 1 < expected and (short or last_time is None or not length):
             raise VideoReadError(
                 text, f"ended after {index + 1} of the {expected} frames its header lists (truncated?)", index + 1
             )
-        if not expected and last_time is not None and last_time + 2.5 / fps < length:
+        if not expected and short:
             raise VideoReadError(text, f"ended after {index + 1} frames at {last_time:.2f} s of the {length:.2f} s "
                                  "its header lists (truncated?)", index + 1)  # fmt: skip
 
@@ -268,6 +271,19 @@ def _open_av(source: str | os.PathLike | int, text: str, start: int, end: int | 
     size = (height, width) if height and width else None
     return FrameSource(text, fps, size, count, start, end, stride, "live" if live else "file", stream.time_base,
                        frames)  # fmt: skip
+
+
+def _video_length(container: Any, stream: Any) -> float:
+    """Seconds the header gives the video stream: its duration, Matroska's ``DURATION`` tag, else the container's
+    (which counts an audio track that runs on past the last frame, so it is trusted only without other streams)."""
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    tag = re.fullmatch(r"(\d+):(\d+):(\d+(?:\.\d*)?)", str(stream.metadata.get("DURATION", "")).strip())
+    if tag:
+        return int(tag[1]) * 3600 + int(tag[2]) * 60 + float(tag[3])
+    if len(container.streams) > 1:
+        return 0.0  # unknown: no truncation check from the length
+    return (container.duration or 0) / 1e6
 
 
 def _reason(error: BaseException) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .track import ByteTracker, _Track, box_iou
+from .track import ByteTracker, Track, box_iou
 
 KEYPOINT_BOX_THRESHOLD = 0.3  # keypoints at least this confident span the propagated box
 KEYPOINT_BOX_PADDING = 0.1  # each side, as a fraction of the keypoints' extent (the crop adds its own 25 %)
@@ -36,7 +36,7 @@ class PoseStage:
         self.count = done  # frames seen, for detect_every
         if state:
             self.tracker.next_id = int(state["next_id"])
-            self.tracker.tracks = [_Track(t["id"], np.array(t["mean"]), np.array(t["cov"]), t["lost"], t["hits"])
+            self.tracker.tracks = [Track(t["id"], np.array(t["mean"]), np.array(t["cov"]), t["lost"], t["hits"])
                                    for t in state["tracks"]]  # fmt: skip
 
     def state(self) -> dict:

@@ -35,7 +35,15 @@ from .decode import Frame, FrameSource, VideoReadError, frame_indices, is_stream
 from .people import PoseStage
 from .smooth import SMOOTH_MODES, FixedLagSmoother, LabelStabilizer, OnlineSmoother, ScaleStabilizer, rescale_pointmap
 from .track import TrackerOptions
-from .write import DENSE_MEMBERS, ChunkWriter, dense_array, join_outputs, overlay_codec, read_markers
+from .write import (
+    DENSE_MEMBERS,
+    ChunkWriter,
+    dense_array,
+    join_outputs,
+    overlay_codec,
+    read_markers,
+    remove_temporaries,
+)
 
 __all__ = ["VideoOptions", "VideoReport", "predict_video", "predict_videos", "video_stem"]
 
@@ -157,7 +165,8 @@ def _json_number(value: float, digits: int = 2) -> float | None:
 
 
 def _record(item: _Item, keypoint_format: str) -> dict:
-    from ..pose.keypoints import as_keypoint_format
+    from ..pose.topdown import as_keypoint_format
+    from ..predict.writers import clip_boxes
 
     frame = item.frame
     record: dict[str, Any] = {"frame": frame.index, "time": round(frame.time, 6), "pts": frame.pts}
@@ -165,11 +174,11 @@ def _record(item: _Item, keypoint_format: str) -> dict:
         pose = as_keypoint_format(item.results["pose"], keypoint_format)
         people = []
         for n in range(len(pose)):
-            x1, y1, x2, y2 = (float(v) for v in pose.boxes[n])
+            x1, y1, x2, y2 = (float(v) for v in clip_boxes(pose.boxes[n], pose.image_size)[0])
             flat = np.concatenate([pose.keypoints[n], pose.scores[n][:, None]], axis=1).reshape(-1)
             people.append({
                 "track_id": int(item.ids[n]) if item.ids is not None and item.ids[n] >= 0 else None,
-                "bbox": [_json_number(v) for v in (x1, y1, x2 - x1, y2 - y1)],
+                "bbox_xywh": [_json_number(v) for v in (x1, y1, x2 - x1, y2 - y1)],
                 "score": _json_number(pose.box_scores[n], 4),
                 "keypoints": [_json_number(v, 3) for v in flat],
             })  # fmt: skip
@@ -252,6 +261,7 @@ def _prepare(stem: Path, signature: dict, tasks: Sequence[str]) -> list[dict]:
     except (OSError, ValueError):
         same = False
     if same:
+        remove_temporaries(stem)  # a killed run's half-written files
         return read_markers(parts)
     shutil.rmtree(parts, ignore_errors=True)
     for task in DENSE_MEMBERS:
@@ -261,7 +271,7 @@ def _prepare(stem: Path, signature: dict, tasks: Sequence[str]) -> list[dict]:
 
 
 def predict_video(
-    predictors: Mapping[str, Any],
+    predictors: Mapping[str, Any] | Any,
     source: str | os.PathLike | int,
     output: str | os.PathLike,
     options: VideoOptions | None = None,
@@ -271,7 +281,8 @@ def predict_video(
     """Run each task's ``Predictor`` over a video and write its outputs (see ``sapiens2.video.write``).
 
     Args:
-        predictors: task -> ``Predictor`` (pose: its detector, or None for the whole frame).
+        predictors: a ``Predictor``, or task -> ``Predictor`` for several tasks (pose: its detector, or None for the
+            whole frame).
         source: a video file, an image-sequence folder, a camera index or a stream URL.
         output: output folder; files are named after the source (``video_stem``).
         options: see ``VideoOptions``.
@@ -280,10 +291,15 @@ def predict_video(
     Returns:
         A ``VideoReport``. A source that fails mid-way keeps its outputs up to the last good frame and reports the
         error (``report.error``) instead of raising; an unusable source raises ``VideoReadError``.
+
+    Example:
+        >>> report = predict_video(Predictor("pose", model="1b"), "clip.mp4", "out/", VideoOptions(detect_every=5))
     """
     from tqdm.auto import tqdm
 
     options = options or VideoOptions()
+    if not isinstance(predictors, Mapping):  # one Predictor
+        predictors = {predictors.task: predictors}
     tasks = list(predictors)
     stem = video_stem(source, Path(output))
     text = str(source) if isinstance(source, int) else os.fspath(source)
@@ -330,14 +346,20 @@ def predict_video(
     span = (-float("inf"), float("inf"))
     if options.start > 0 or options.end is not None:  # the audio of the frames kept
         span = (markers[0]["times"][0] - 0.5 / fps, markers[-1]["times"][1] + options.stride / fps) if markers else span
-    overlay_path = join_outputs(stem, len(markers), options.overlay, audio, span) if markers else None
-    report.outputs = [str(stem.parent / f"{stem.name}_frames.jsonl")] if markers else []
-    if overlay_path is not None:
-        report.outputs.append(str(overlay_path))
-    summary = _summary(report, predictors, options, mode, fps, markers, writer)
-    atomic_write(summary_path, json.dumps(summary, indent=1).encode())
-    report.outputs.append(str(summary_path))
+    try:
+        overlay_path = join_outputs(stem, len(markers), options.overlay, audio, span) if markers else None
+        report.outputs = [str(stem.parent / f"{stem.name}_frames.jsonl")] if markers else []
+        if overlay_path is not None:
+            report.outputs.append(str(overlay_path))
+        summary = _summary(report, predictors, options, mode, fps, markers, writer)
+        atomic_write(summary_path, json.dumps(summary, indent=1).encode())
+        report.outputs.append(str(summary_path))
+    except Exception as problem:  # e.g. the disk filled up: the sealed chunks stay in clip.parts/ for a resume
+        report.error = report.error or f"{text}: cannot write outputs ({type(problem).__name__}: {problem})"
+        remove_temporaries(stem)
+        return report
     shutil.rmtree(writer.parts, ignore_errors=True)
+    remove_temporaries(stem)
     return report
 
 
@@ -360,28 +382,50 @@ def _summary(report: VideoReport, predictors: Mapping[str, Any], options: VideoO
     return summary
 
 
+def _put(target: queue.Queue, item: Any, consumer: threading.Thread | None = None,
+         stop: threading.Event | None = None) -> bool:  # fmt: skip
+    """Put ``item`` without ever blocking for good: False once the ``consumer`` has died or ``stop`` is set."""
+    while True:
+        try:
+            target.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            if (consumer is not None and not consumer.is_alive()) or (stop is not None and stop.is_set()):
+                return False
+
+
+def _get(source: queue.Queue, producer: threading.Thread) -> Any:
+    """The next item; ``_END`` if the ``producer`` died without sending it (it never should)."""
+    while True:
+        try:
+            return source.get(timeout=0.1)
+        except queue.Empty:
+            if not producer.is_alive() and source.empty():
+                return _END
+
+
 def _decode_thread(frames: FrameSource, out: queue.Queue, timer: _Timer, stop: threading.Event) -> None:
-    iterator = iter(frames)
     try:
+        iterator = iter(frames)
         while not stop.is_set():
             start = time.perf_counter()
             frame = next(iterator, _END)
             timer.add("decode", start)
-            out.put(frame)
-            if frame is _END:
+            if not _put(out, frame, stop=stop) or frame is _END:
                 return
     except VideoReadError as error:
-        out.put(error)
-    except Exception as error:  # anything else from FFmpeg: reported the same way, naming the source
-        out.put(VideoReadError(frames.name, f"{type(error).__name__}: {error}"))
+        _put(out, error, stop=stop)
+    except BaseException as error:  # anything else from FFmpeg or a reader: reported the same way, naming the source
+        _put(out, VideoReadError(frames.name, f"{type(error).__name__}: {error}"), stop=stop)
 
 
 def _write_thread(inbox: queue.Queue, writer: ChunkWriter, options: VideoOptions, timer: _Timer, failed: list,
                   bar: Any) -> None:  # fmt: skip
     drawer = _Drawer(options.keypoint_format)
     last_state = None
+    ended = False  # _END taken from the inbox: after a failure, drain until it comes, never past it
     try:
-        while (item := inbox.get()) is not _END:
+        while not (ended := (item := inbox.get()) is _END):
             start = time.perf_counter()
             picture = drawer(item) if options.overlay else None
             timer.add("draw", start)
@@ -396,37 +440,45 @@ def _write_thread(inbox: queue.Queue, writer: ChunkWriter, options: VideoOptions
             bar.update(1)
         writer.seal(last_state if writer.frames_in_chunk else None)
     except BaseException as error:  # a write failure stops the run; sealed chunks stay valid
-        writer.abort()
         failed.append(error)
-        while inbox.get() is not _END:  # drain so the producer never blocks
-            pass
+        try:
+            writer.abort()
+        except BaseException as also:  # abort never raises; if it did, the first error is the one to report
+            logger.debug("abort after %r failed too: %r", error, also)
+    finally:
+        while not ended:  # drain so the producer never blocks; it always ends with _END
+            ended = inbox.get() is _END
 
 
 def _run_pipeline(predictors: Mapping[str, Any], frames: FrameSource, options: VideoOptions, mode: str,
                   writer: ChunkWriter, timer: _Timer, markers: list[dict], error: list[str], report: VideoReport,
                   bar: Any) -> None:  # fmt: skip
+    """Decode, infer and write until the source ends or any stage fails; a failure anywhere becomes one line in
+    ``error`` (naming the source), the threads always finish, and nothing waits on a thread that has stopped."""
     decoded: queue.Queue = queue.Queue(maxsize=options.queue_frames)
     finished: queue.Queue = queue.Queue(maxsize=options.queue_frames)
     stop = threading.Event()
     failed: list[BaseException] = []
-    state = markers[-1]["state"] if markers else None
-    pose = PoseStage(predictors["pose"], options, timer, state, report.resumed_frames) if "pose" in predictors \
-        else None  # fmt: skip
-    online = OnlineSmoother(options.min_cutoff, options.beta) if mode == "online" else None
-    lagged = FixedLagSmoother(options.sigma) if mode == "offline" else None
-    scale_online = ScaleStabilizer() if mode == "online" else None
-    labels = LabelStabilizer() if options.stabilize_seg and mode != "none" else None
     reader = threading.Thread(target=_decode_thread, args=(frames, decoded, timer, stop), daemon=True)
     writing = threading.Thread(target=_write_thread, args=(finished, writer, options, timer, failed, bar), daemon=True)
-    reader.start()
-    writing.start()
-    batch_size = max(getattr(p, "batch_size", 1) for p in predictors.values())
-    done = False
+    started = False
     try:
+        state = markers[-1]["state"] if markers else None
+        pose = PoseStage(predictors["pose"], options, timer, state, report.resumed_frames) if "pose" in predictors \
+            else None  # fmt: skip
+        online = OnlineSmoother(options.min_cutoff, options.beta) if mode == "online" else None
+        lagged = FixedLagSmoother(options.sigma) if mode == "offline" else None
+        scale_online = ScaleStabilizer() if mode == "online" else None
+        labels = LabelStabilizer() if options.stabilize_seg and mode != "none" else None
+        reader.start()
+        writing.start()
+        started = True
+        batch_size = max(getattr(p, "batch_size", 1) for p in predictors.values())
+        done = False
         while not done and not failed:
             batch: list[_Item] = []
             while len(batch) < batch_size:
-                got = decoded.get()
+                got = _get(decoded, reader)
                 if got is _END or isinstance(got, VideoReadError):
                     done = True
                     if isinstance(got, VideoReadError):
@@ -439,23 +491,25 @@ def _run_pipeline(predictors: Mapping[str, Any], frames: FrameSource, options: V
             start = time.perf_counter()
             released = _smooth(batch, online, lagged, scale_online, labels)
             timer.add("smooth", start)
-            for item in released:
-                finished.put(item)
+            if not all(_put(finished, item, writing) for item in released):
+                break
             report.frames += len(batch)
-        if lagged is not None:
+        if lagged is not None and not failed:
             for item in _release(lagged.flush()):
-                finished.put(item)
+                if not _put(finished, item, writing):
+                    break
     except Exception as problem:  # a model failure: keep what is written, report it, go on with the next video
         error.append(f"{frames.name}: {type(problem).__name__}: {problem}")
     finally:
         stop.set()
-        while reader.is_alive():  # unblock the reader if it waits on a full queue
-            try:
-                decoded.get(timeout=0.05)
-            except queue.Empty:
-                pass
-        finished.put(_END)
-        writing.join()
+        if started:
+            while reader.is_alive():  # unblock the reader if it waits on a full queue
+                try:
+                    decoded.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+            _put(finished, _END, writing)
+            writing.join()
         bar.close()
     if failed:
         error.append(f"{frames.name}: cannot write outputs ({type(failed[0]).__name__}: {failed[0]})")
@@ -527,26 +581,29 @@ def predict_videos(options: Any, video: VideoOptions, *, option: Any = None) -> 
     """``sapiens2 predict`` on video inputs: ``options`` is the ``PredictOptions`` of the run (tasks, models,
     device, output ...), its ``inputs`` the videos; one error line per failed video, the others still run.
     Returns 0 when every video is complete, 1 otherwise."""
-    from ..predict.run import _make_predictors, check_device, check_input_size, check_model_input_size, python_option
+    from ..predict.batch import make_predictors
+    from ..predict.options import check_device, check_input_size, check_model_input_size, python_option, setup_status
 
     option = option or python_option
     try:
         tasks = list(dict.fromkeys(options.tasks))
         check_device(options.device, option)
         check_input_size(options.input_size, option=option)
-        predictors = _make_predictors(options, tasks, option)
+        predictors = make_predictors(options, tasks, option)
         for predictor in predictors.values():
             check_model_input_size(predictor.input_size, predictor.model, option)
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return setup_status(error)
     video = dataclasses.replace(video, keypoint_format=options.keypoint_format, skip_existing=options.skip_existing)
     status = 0
     for source in options.inputs:
         try:
             report = predict_video(predictors, source, options.output, video)
-        except (VideoReadError, ValueError, OSError) as error:
-            print(f"error: {error}", file=sys.stderr)
+        except Exception as error:  # one line naming the video, then the next one
+            message = str(error) if isinstance(error, (VideoReadError, ValueError, OSError)) else \
+                f"{type(error).__name__}: {error}"  # fmt: skip
+            print(f"error: {message if str(source) in message else f'{source}: {message}'}", file=sys.stderr)
             status = 1
             continue
         if report.error:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ByteTracker", "TrackerOptions", "box_iou", "linear_assignment"]
+__all__ = ["ByteTracker", "Track", "TrackerOptions", "box_iou", "linear_assignment"]
 
 
 def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -120,7 +120,9 @@ def _to_box(mean: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class _Track:
+class Track:
+    """One tracked person: id, Kalman state (box centre, aspect, height and their velocities), frames lost, hits."""
+
     id: int
     mean: np.ndarray
     cov: np.ndarray
@@ -163,7 +165,7 @@ class ByteTracker:
     """
 
     options: TrackerOptions = field(default_factory=TrackerOptions)
-    tracks: list[_Track] = field(default_factory=list)
+    tracks: list[Track] = field(default_factory=list)
     next_id: int = 1
 
     def __post_init__(self) -> None:
@@ -208,7 +210,7 @@ class ByteTracker:
         for det in high:
             if ids[det] < 0 and scores[det] >= opts.new_track:
                 mean, cov = self._kalman.start(_to_z(boxes[det]))
-                self.tracks.append(_Track(self.next_id, mean, cov))
+                self.tracks.append(Track(self.next_id, mean, cov))
                 ids[det] = self.next_id
                 self.next_id += 1
         self.tracks = [t for t in self.tracks if t.lost <= opts.max_lost]

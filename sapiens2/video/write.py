@@ -4,9 +4,11 @@ For an input with output stem ``out/clip`` (files in brackets exist only for the
 
 =============================  ========================================================================================
 ``clip_overlay.mp4``           the frames with the results drawn (H.264 when FFmpeg has libx264, else MPEG-4 Part 2),
-                               the input's timestamps frame for frame, the input's audio copied untouched
+                               the input's timestamps frame for frame, the input's audio (copied, or encoded to
+                               AAC where mp4 players do not take its codec)
 ``clip_frames.jsonl``          one JSON object per frame: ``frame`` (source index), ``time`` (s), ``pts``; pose:
-                               ``people`` (``track_id``, COCO ``bbox`` [x, y, w, h], ``score``, COCO ``keypoints``
+                               ``people`` (``track_id``, null for a detection too weak to start a track;
+                               ``bbox_xywh`` [x, y, w, h] clipped to the frame; ``score`` (box); COCO ``keypoints``
                                [x1, y1, s1, ...] with s the keypoint score); pointmap: ``scale``, ``focal``
 (``clip_<task>/chunk_NNNNNN.npz``) dense arrays, one compressed NumPy archive per chunk, one member per frame
                                ``frame_<index>``: seg labels (H, W) uint8, normal (H, W, 3) float16, pointmap points
@@ -24,6 +26,7 @@ removed.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -41,7 +44,16 @@ import numpy as np
 from ..data.io import atomic_write
 from .decode import require_av
 
-__all__ = ["ChunkWriter", "DenseArchive", "VideoEncoder", "join_outputs", "overlay_codec", "read_markers"]
+__all__ = [
+    "ChunkWriter",
+    "DenseArchive",
+    "VideoEncoder",
+    "encoder_time_base",
+    "join_outputs",
+    "overlay_codec",
+    "read_markers",
+    "remove_temporaries",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +82,13 @@ def _seal(temporary: Path, path: Path) -> None:
 
 
 class VideoEncoder:
-    """Encode RGB frames with given timestamps into an mp4 file (written to a temporary name, renamed on close)."""
+    """Encode RGB frames with given timestamps into an mp4 file (written to a temporary name, renamed on close).
+
+    ``write(image, pts)`` takes the source's pts in ``time_base`` units. The encoder runs in a time base of its own
+    (``encoder_time_base``: the source's, or 1/60000 where the codec cannot take it); pts are rescaled into it and
+    kept strictly increasing, and each packet carries that time base to the muxer, which picks the file's own at
+    its header (mp4 turns 1/1000 into 1/16000): frames are never stamped in a time base the stream has left.
+    """
 
     def __init__(self, path: Path, fps: float, time_base: Fraction, codec: str | None = None) -> None:
         av = require_av()
@@ -78,16 +96,19 @@ class VideoEncoder:
         self.temporary = _temporary(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.codec = codec or overlay_codec()
+        self.source_time_base = Fraction(time_base)
+        self.time_base = encoder_time_base(self.codec, self.source_time_base)
         self.container = av.open(str(self.temporary), "w", format="mp4")
         rate = Fraction(fps).limit_denominator(1001) if fps > 0 else Fraction(30)
         options = {"preset": "veryfast", "crf": "20", "bf": "0"} if self.codec == "libx264" else {"qscale": "3"}
         self.stream = self.container.add_stream(self.codec, rate=rate, options=options)
-        self.stream.time_base = time_base
-        self.stream.codec_context.time_base = time_base
+        self.stream.time_base = self.time_base  # a wish only: the muxer sets the stream's own at its header
+        self.stream.codec_context.time_base = self.time_base
         self.stream.pix_fmt = "yuv420p"
         self.stream.codec_context.max_b_frames = 0
         self.size: tuple[int, int] | None = None
         self.frames = 0
+        self._last_pts: int | None = None
 
     def write(self, image: np.ndarray, pts: int) -> None:
         av = require_av()
@@ -97,8 +118,12 @@ class VideoEncoder:
         if self.size is None:
             self.size = image.shape[:2]
             self.stream.height, self.stream.width = self.size
+        stamp = round(int(pts) * self.source_time_base / self.time_base)
+        if self._last_pts is not None and stamp <= self._last_pts:  # repeated or rounded-together pts
+            stamp = self._last_pts + 1
+        self._last_pts = stamp
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
-        frame.pts, frame.time_base = int(pts), self.stream.time_base
+        frame.pts, frame.time_base = stamp, self.time_base
         for packet in self.stream.encode(frame):
             self.container.mux(packet)
         self.frames += 1
@@ -111,11 +136,24 @@ class VideoEncoder:
         return self.path
 
     def abort(self) -> None:
+        """Drop the half-made file; never raises (it runs while handling another error, e.g. a full disk)."""
         try:
             self.container.close()
         except Exception:  # closing a half-made file: nothing to keep either way
             pass
-        self.temporary.unlink(missing_ok=True)
+        try:
+            self.temporary.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def encoder_time_base(codec: str, source: Fraction) -> Fraction:
+    """The time base the overlay encoder runs in: the source's own, so pts carry over exactly, unless the codec
+    cannot take it (MPEG-4 Part 2 allows denominators up to 65535; 1/90000 becomes 1/60000, exact for 24, 25, 30,
+    50, 60 and the NTSC 1001 rates)."""
+    if codec == "mpeg4" and source.denominator > 65535:
+        return Fraction(1, 60000)
+    return source
 
 
 class DenseArchive:
@@ -137,8 +175,15 @@ class DenseArchive:
         return self.path
 
     def abort(self) -> None:
-        self.zip.close()
-        self.temporary.unlink(missing_ok=True)
+        """Drop the half-made archive; never raises."""
+        try:
+            self.zip.close()
+        except Exception:  # e.g. the disk is full: the file goes either way
+            pass
+        try:
+            self.temporary.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def dense_array(task: str, result: Any) -> np.ndarray:
@@ -208,10 +253,12 @@ class ChunkWriter:
         self._first = self._last = self._times = None
 
     def abort(self) -> None:
+        """Drop the unsealed chunk's files (sealed chunks stay); never raises."""
         if self._encoder is not None:
             self._encoder.abort()
         for archive in self._archives.values():
             archive.abort()
+        self.frames_in_chunk, self._encoder, self._lines, self._archives = 0, None, [], {}
 
 
 def read_markers(parts: Path) -> list[dict]:
@@ -225,21 +272,26 @@ def read_markers(parts: Path) -> list[dict]:
     return markers
 
 
-def _packets(path: Path, stream_type: str) -> Iterator[tuple[Any, Any]]:
-    av = require_av()
-    with av.open(str(path)) as container:
-        streams = [s for s in container.streams if s.type == stream_type]
-        if not streams:
-            return
-        for packet in container.demux(streams):
-            if packet.dts is not None:
-                yield packet.stream, packet
+def remove_temporaries(stem: Path) -> None:
+    """Remove the hidden temporary files (``.name.<hex>.tmp.ext``) a killed or failed run of ``stem`` left in its
+    parts and dense folders; the files they were to replace are untouched."""
+    folders = [stem.parent / f"{stem.name}.parts", *(stem.parent / f"{stem.name}_{task}" for task in DENSE_MEMBERS)]
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            if path.name.startswith(".") and ".tmp" in path.name:
+                path.unlink(missing_ok=True)
 
 
 def join_outputs(stem: Path, chunks: int, overlay: bool, audio_from: str | None, time_range: tuple[float, float]
                  ) -> Path | None:  # fmt: skip
     """Join the sealed chunks: JSON Lines parts into ``stem_frames.jsonl``, mp4 segments (stream copy) plus the
-    source's audio packets within ``time_range`` (seconds) into ``stem_overlay.mp4``. Returns the overlay path."""
+    source's audio within ``time_range`` (seconds) into ``stem_overlay.mp4``. Returns the overlay path.
+
+    Audio that mp4 players take (AAC, MP3, Opus, AC-3, E-AC-3, ALAC, FLAC) is copied untouched; other codecs
+    (Vorbis, PCM, MP2, WMA ...) are encoded to AAC. Audio that cannot be read or encoded is left out with one
+    warning: the overlay is still written."""
     parts = stem.parent / f"{stem.name}.parts"
 
     def write_lines(temporary: Path) -> None:
@@ -258,44 +310,99 @@ def join_outputs(stem: Path, chunks: int, overlay: bool, audio_from: str | None,
     return path
 
 
+COPIED_AUDIO = frozenset({"aac", "mp3", "mp3float", "opus", "ac3", "eac3", "alac", "flac"})
+"""Audio codecs copied into the mp4 overlay as they are (others are encoded to AAC)."""
+_AAC_RATES = frozenset({96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000, 7350})
+
+
 def _remux(temporary: Path, segments: list[Path], audio_from: str | None, time_range: tuple[float, float]) -> None:
+    if audio_from is not None:
+        try:
+            _mux(temporary, segments, audio_from, time_range)
+            return
+        except Exception as error:
+            if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):
+                raise  # the disk, not the audio: no second try
+            logger.warning("%s: audio left out of the overlay (%s: %s)", audio_from, type(error).__name__, error)
+    _mux(temporary, segments, None, time_range)
+
+
+class _AudioFeed:
+    """The source's audio streams within a time span, as packets for the overlay: copied, or encoded to AAC."""
+
+    def __init__(self, out: Any, source: str, time_range: tuple[float, float]) -> None:
+        av = require_av()
+        self.container = av.open(source)
+        self.start, self.stop = time_range
+        self.routes: dict[int, tuple[Any, bool]] = {}  # source stream index -> (output stream, copied)
+        try:
+            for stream in self.container.streams.audio:
+                context = stream.codec_context
+                if context is None:
+                    continue
+                if context.name in COPIED_AUDIO:
+                    self.routes[stream.index] = (out.add_stream_from_template(stream), True)
+                else:
+                    layout = "mono" if context.channels == 1 else "stereo"  # more channels: downmixed
+                    rate = context.sample_rate if context.sample_rate in _AAC_RATES else 48000  # else resampled
+                    encoder = out.add_stream("aac", rate=rate, layout=layout)
+                    self.routes[stream.index] = (encoder, False)
+        except BaseException:
+            self.container.close()
+            raise
+
+    def packets(self) -> Iterator[tuple[float, Any]]:
+        """(seconds, packet) in the source's order, then the encoders' last packets."""
+        try:
+            streams = [s for s in self.container.streams.audio if s.index in self.routes]
+            for packet in self.container.demux(streams) if streams else ():  # demux([]) would give every stream
+                target, copied = self.routes[packet.stream.index]
+                if copied:
+                    if packet.dts is None:
+                        continue
+                    if self.start - 1e-6 <= float((packet.pts or packet.dts) * packet.time_base) < self.stop:
+                        when = float(packet.dts * packet.time_base)
+                        packet.stream = target
+                        yield when, packet
+                    continue
+                for frame in packet.decode():
+                    if frame.time is None or not self.start - 1e-6 <= frame.time < self.stop:
+                        continue
+                    rate = target.codec_context.sample_rate
+                    frame.pts, frame.time_base = round(frame.time * rate), Fraction(1, rate)
+                    for encoded in target.encode(frame):
+                        yield float(encoded.pts * encoded.time_base), encoded
+            for target, copied in self.routes.values():
+                if not copied:
+                    for encoded in target.encode(None):
+                        yield float(encoded.pts * encoded.time_base), encoded
+        finally:
+            self.container.close()
+
+
+def _mux(temporary: Path, segments: list[Path], audio_from: str | None, time_range: tuple[float, float]) -> None:
     av = require_av()
-    with av.open(str(segments[0])) as first:
-        template = first.streams.video[0]
-        with av.open(str(temporary), "w", format="mp4") as out:
-            video = out.add_stream_from_template(template)
-            audio_streams: dict[int, Any] = {}
-            audio_iter: Iterator[tuple[Any, Any]] = iter(())
-            if audio_from is not None:
-                try:
-                    with av.open(audio_from) as source:
-                        for stream in source.streams.audio:
-                            audio_streams[stream.index] = out.add_stream_from_template(stream)
-                except Exception as error:  # the overlay is still written, without sound
-                    logger.warning("%s: audio not copied (%s)", audio_from, error)
-                if audio_streams:
-                    audio_iter = _packets(Path(audio_from), "audio")
-            pending = next(audio_iter, None)
-            start, stop = time_range
-
-            def flush_audio(until: float | None) -> Any:
-                nonlocal pending
-                while pending is not None:
-                    stream, packet = pending
-                    when = float(packet.dts * packet.time_base)
-                    if until is not None and when > until:
-                        return
-                    if start - 1e-6 <= float((packet.pts or packet.dts) * packet.time_base) < stop:
-                        packet.stream = audio_streams[stream.index]
-                        out.mux(packet)
-                    pending = next(audio_iter, None)
-
+    with av.open(str(segments[0])) as first, av.open(str(temporary), "w", format="mp4") as out:
+        video = out.add_stream_from_template(first.streams.video[0])
+        feed = _AudioFeed(out, audio_from, time_range) if audio_from is not None else None
+        audio = feed.packets() if feed is not None else iter(())
+        try:
+            pending = next(audio, None)
             for segment in segments:
                 with av.open(str(segment)) as part:
                     for packet in part.demux(part.streams.video[0]):
                         if packet.dts is None:
                             continue
-                        flush_audio(float(packet.dts * packet.time_base))
+                        now = float(packet.dts * packet.time_base)
+                        while pending is not None and pending[0] <= now:  # interleave by time
+                            out.mux(pending[1])
+                            pending = next(audio, None)
                         packet.stream = video
                         out.mux(packet)
-            flush_audio(None)
+            while pending is not None:
+                out.mux(pending[1])
+                pending = next(audio, None)
+        finally:
+            if feed is not None:
+                audio.close()
+                feed.container.close()
