@@ -233,15 +233,17 @@ def rebase_paths(data: dict[str, Any], base: Path, paths: Mapping[str, str]) -> 
         if not isinstance(node, dict) or node.get(last) is None:
             continue
 
-        def rebased(text: Any) -> Any:
-            if not isinstance(text, str) or not _is_local_relative(text):
-                return text
-            joined = base / text
-            return str(joined) if kind == "path" or joined.exists() else text
-
         value = node[last]
-        node[last] = [rebased(v) for v in value] if isinstance(value, list) else rebased(value)
+        rebased = [_rebased(v, base, kind) for v in value] if isinstance(value, list) else _rebased(value, base, kind)
+        node[last] = rebased
     return result
+
+
+def _rebased(text: Any, base: Path, kind: str) -> Any:
+    if not isinstance(text, str) or not _is_local_relative(text):
+        return text
+    joined = base / text
+    return str(joined) if kind == "path" or joined.exists() else text
 
 
 def read_config(

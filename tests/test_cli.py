@@ -106,23 +106,34 @@ def test_a_misspelt_flag_through_the_console_script_of_every_command():
         _check_misspelt(name, process.returncode, out, err)
 
 
-def test_exit_status_is_2_for_a_bad_model_flag_in_every_command_that_takes_one(tmp_path):
+BOGUS = "error: --model bogus=x: unknown task 'bogus'; choose one of pose, seg, normal, pointmap, albedo, matting."
+
+
+def test_exit_status_is_2_for_a_bad_model_flag_in_every_command_that_takes_one(tmp_path, capsys):
     from sapiens2.metadata import SAMPLE_IMAGE
 
-    runs = {
-        "predict": _sapiens2("predict", "--task", "seg", str(SAMPLE_IMAGE), "-o", str(tmp_path / "p"),
-                             "--model", "bogus=x"),  # fmt: skip
-        "demo": _sapiens2("demo", "--model", "bogus=x"),
-        "predict-missing-file": _sapiens2("predict", "--task", "seg", str(SAMPLE_IMAGE), "-o", str(tmp_path / "q"),
-                                          "--model", str(tmp_path / "missing.safetensors")),  # fmt: skip
-        "eval-missing-file": _sapiens2("eval", "--task", "seg", "--data", str(tmp_path),
-                                       "--model", str(tmp_path / "missing.safetensors")),  # fmt: skip
-    }
+    predict = ["predict", "--task", "seg", str(SAMPLE_IMAGE), "-o", str(tmp_path / "p")]
+    for argv in ([*predict, "--model", "bogus=x"], ["demo", "--model", "bogus=x"]):  # predict exited 1
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err.strip() == BOGUS
+    missing = str(tmp_path / "missing.safetensors")
+    evaluate = ["eval", "--task", "seg", "--data", str(tmp_path)]
+    for argv in ([*predict, "--model", missing], [*evaluate, "--model", missing]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.slow
+def test_exit_status_through_the_console_script(tmp_path):
+    from sapiens2.metadata import SAMPLE_IMAGE
+
+    predict = ["predict", "--task", "seg", str(SAMPLE_IMAGE), "-o", str(tmp_path / "p"), "--model", "bogus=x"]
+    runs = {"predict": _sapiens2(*predict), "demo": _sapiens2("demo", "--model", "bogus=x")}
     for name, process in runs.items():
         _, err = process.communicate(timeout=300)
-        assert process.returncode == 2, (name, err)
-        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (name, err)
-    assert not (tmp_path / "p").exists()
+        assert process.returncode == 2 and err.strip() == BOGUS, (name, err)
 
 
 def test_benchmark_takes_the_common_spellings_and_the_old_ones_hidden():

@@ -176,48 +176,30 @@ def test_a_failing_request_leaves_the_app_answering(served):
         client.close()
 
 
-@pytest.mark.slow  # ~16 requests through the real server: ~30 s alone, much more on a busy machine
-def test_memory_stays_flat_under_many_pages(served):
-    """Every request comes from a new page (a new session): the results kept stay at 2 pages, and the server's
-    memory does not grow with the number of pages (before, each page kept its full-size arrays for an hour)."""
-    app, client_module, url, folder = served
-    photo = folder / "photo.png"  # 1.2 megapixels: seg + pose keep ~5 MB a page (12 MB with the old full state)
-    cv2.imwrite(str(photo), cv2.resize(cv2.imread(str(PHOTO)), (1280, 960)))
-
-    def rss_mb() -> float:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
-
-    samples = []
-    for _ in range(16):
-        client = client_module.Client(url, verbose=False)
-        try:
-            status = _run(client_module, client, photo, tasks=("seg", "pose"))[0]
-        finally:
-            client.close()
-        assert "1280×960" in status and "failed" not in status
-        assert len(app.sapiens2_kept) <= 2 and app.sapiens2_kept.nbytes <= 64e6
-        samples.append(rss_mb())
-    warm, last = np.median(samples[3:7]), np.median(samples[-4:])
-    assert last - warm < 100, f"RSS grew from {warm:.0f} MB to {last:.0f} MB over {len(samples)} pages: {samples}"
-
-
-@pytest.mark.slow  # a server process importing torch and Gradio: ~15 s alone
-def test_sigterm_stops_the_demo_and_removes_its_temporary_files(tiny_checkpoints, tmp_path):
-    """``sapiens2 demo`` stopped with SIGTERM (kill, docker stop, systemd) removes its request folders and
-    Gradio's copies of them, as Ctrl+C does."""
+@pytest.mark.slow  # a server process importing torch and Gradio, then 16 requests: ~60 s alone
+def test_a_served_demo_stays_flat_under_many_pages_and_sigterm_removes_its_files(tiny_checkpoints, tmp_path):
+    """``sapiens2 demo --max-kept-results 2`` answers 16 requests, each from a new page (a new session): the server's
+    memory stays flat (before, each page kept its full-size arrays for an hour: ~10 MB a request here). Stopped with
+    SIGTERM (kill, docker stop, systemd), it removes its request folders and Gradio's copies, as Ctrl+C does."""
     client_module = require_module("gradio_client")
     require_module("gradio")
     port = _free_port()
     temp = tmp_path / "tmp"
     temp.mkdir()
-    argv = [sys.executable, "-m", "sapiens2", "demo", f"--model=seg={tiny_checkpoints['seg']}", "--detector", "none",
-            "--input-size", "64", "48", "--device", "cpu", "--port", str(port), "--task", "seg"]  # fmt: skip
-    env = {**os.environ, "TMPDIR": str(temp), "GRADIO_TEMP_DIR": str(temp / "gradio"), "OMP_NUM_THREADS": "1",
-           "GRADIO_ANALYTICS_ENABLED": "False"}  # fmt: skip
+    photo = tmp_path / "photo.png"  # 0.48 megapixels; seg + normal results: ~16 bytes a pixel
+    cv2.imwrite(str(photo), cv2.resize(cv2.imread(str(PHOTO)), (800, 600)))
+    argv = [sys.executable, "-m", "sapiens2", "demo", f"--model=seg={tiny_checkpoints['seg']}",
+            f"--model=normal={tiny_checkpoints['normal']}", "--detector", "none", "--input-size", "64", "48",
+            "--device", "cpu", "--port", str(port), "--task", "seg", "--max-kept-results", "2"]  # fmt: skip
+    env = {key: value for key, value in os.environ.items() if key != "GRADIO_TEMP_DIR"}
+    env |= {"TMPDIR": str(temp), "OMP_NUM_THREADS": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     server = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+    def rss_mb() -> float:
+        return int(Path(f"/proc/{server.pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
     try:
-        deadline = time.monotonic() + 120
-        client = None
+        deadline, client = time.monotonic() + 120, None
         while client is None and time.monotonic() < deadline and server.poll() is None:
             time.sleep(0.5)
             try:
@@ -225,16 +207,23 @@ def test_sigterm_stops_the_demo_and_removes_its_temporary_files(tiny_checkpoints
             except Exception:
                 client = None
         assert client is not None, server.stdout.read() if server.poll() is not None else "no answer in 120 s"
-        status = _run(client_module, client, PHOTO)[0]
         client.close()
-        assert "512×512" in status
-        folders = list(temp.glob("sapiens2-demo-*"))
-        assert len(folders) == 1 and any(path.is_file() for path in folders[0].rglob("*"))
+        samples = []
+        for _ in range(16):
+            client = client_module.Client(f"http://127.0.0.1:{port}/", verbose=False)
+            try:
+                status = _run(client_module, client, photo, tasks=("seg", "normal"))[0]
+            finally:
+                client.close()
+            assert "800×600" in status and "failed" not in status
+            samples.append(rss_mb())
+        warm, last = np.median(samples[2:5]), np.median(samples[-3:])
+        assert last - warm < 60, f"server RSS grew from {warm:.0f} MB to {last:.0f} MB: {[round(s) for s in samples]}"
+        assert [path for path in temp.rglob("*") if path.is_file()]  # the requests' files, Gradio's uploads ...
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == 0
     finally:
         if server.poll() is None:
             server.kill()
             server.wait(timeout=30)
-    assert not list(temp.glob("sapiens2-demo-*"))  # our request folders
-    assert not [path for path in (temp / "gradio").rglob("*") if path.is_file()]  # Gradio's cached copies
+    assert not list(temp.iterdir())  # ... all gone: the request folders and Gradio's folder

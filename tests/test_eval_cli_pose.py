@@ -129,8 +129,9 @@ def test_pose_flags_reach_the_predictor(demo, monkeypatch, capsys):
     assert main([*argv, "--detector", "my_rtmdet.pth"]) == 0
     capsys.readouterr()
     gt, whole, given = _NoisyTruth.made
-    # Ground-truth boxes never load a detector; the released models' input size is the default, as in predict.
-    assert gt == {"task": "pose", "model": "0", "device": None, "dtype": "fp32", "input_size": (1024, 768),
+    # Ground-truth boxes never load a detector; no --input-size leaves the size to the model (models.input_size), as
+    # in predict.
+    assert gt == {"task": "pose", "model": "0", "device": None, "dtype": "fp32", "input_size": None,
                   "batch_size": 3, "detector": None, "flip_test": True}  # fmt: skip
     assert (whole["detector"], whole["flip_test"], whole["dtype"]) == (None, False, "bf16")
     assert given["detector"] == "my_rtmdet.pth"
@@ -140,7 +141,7 @@ def test_pose_flags_reach_the_predictor(demo, monkeypatch, capsys):
     )  # fmt: skip
     options = options_from_args(build_parser().parse_args(["eval", "--task", "pose", "--data", "d",
                                                            "--keypoint-format", "coco17"]))  # fmt: skip
-    assert options.keypoint_format == "coco17" and options.input_size == (1024, 768)
+    assert options.keypoint_format == "coco17" and options.input_size is None
 
 
 def test_a_coco_json_file_is_read_as_its_folders_annotations(tmp_path, monkeypatch):

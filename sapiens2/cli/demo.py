@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import shutil
 import sys
+import tempfile
 
 from ..demo.options import DemoOptions
 from ..tasks import TASKS
@@ -85,6 +89,23 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
     )
 
 
+@contextlib.contextmanager
+def _private_gradio_folder():
+    """Gradio keeps uploads and copies of every result under ``$GRADIO_TEMP_DIR`` (default a shared
+    /tmp/gradio), and leaves some behind: unless the user chose a folder, this server gets its own, removed when it
+    stops."""
+    if os.environ.get("GRADIO_TEMP_DIR"):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="sapiens2-demo-gradio-")
+    os.environ["GRADIO_TEMP_DIR"] = folder
+    try:
+        yield
+    finally:
+        os.environ.pop("GRADIO_TEMP_DIR", None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _stop_on_sigterm() -> None:
     """``kill``, ``docker stop`` and systemd send SIGTERM, which ends Python without any clean-up: make it stop the
     server as Ctrl+C does, so the requests' temporary files go with it."""
@@ -109,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         from ..demo import launch
 
         _stop_on_sigterm()
-        launch(options, option=cli_option)
+        with _private_gradio_folder():
+            launch(options, option=cli_option)
     except ImportError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

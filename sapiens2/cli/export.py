@@ -1,6 +1,9 @@
-"""``sapiens2 export MODEL --format onnx|pt2|aoti|tensorrt|safetensors|transformers -o PATH [--check IMAGE]``.
+"""``sapiens2 export MODEL -o PATH [--format onnx|pt2|aoti|tensorrt|safetensors|transformers] [--check IMAGE]``.
 
 MODEL is anything ``load_model`` accepts (a file, folder, repo id or size) or a training run folder / checkpoint.
+The name of PATH says the format (``.onnx``, ``.pt2``, ``.engine``/``.plan``, ``.safetensors``; a folder:
+``transformers``); ``--format`` picks another of the same suffix (``aoti``: ``.pt2``), and a mismatch is refused.
+Networks are exported at the size the model was built or trained for unless ``--input-size`` says otherwise.
 Network formats go through ``sapiens2.export``; ``safetensors`` (the default for a training run) through
 ``sapiens2.train.export_run``; ``transformers`` through ``sapiens2.save_transformers``. ``--check IMAGE`` runs the
 written network and PyTorch on the image through the task's pre/post-processing and prints the parity figures.
@@ -50,8 +53,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--format",
         choices=FORMATS,
         default=None,
-        help="default: from the -o name (.onnx, .pt2, .engine/.plan: tensorrt, .safetensors; a folder: "
-        "transformers); a different --format of the same suffix (aoti: .pt2) or a name without one must be given",
+        help="default: from the -o name (.onnx, .pt2, .engine/.plan: tensorrt, .safetensors); give it for aoti "
+        "(a .pt2 name) and transformers (a folder)",
     )
     parser.add_argument(
         "--task",
@@ -62,7 +65,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="network precision "
                         "(default fp32; tensorrt: fp16); inputs and outputs stay float32")  # fmt: skip
     parser.add_argument("--input-size", nargs=2, type=int, metavar=("H", "W"), default=None,
-                        help="network input size (default the model's own, 1024 768 for released models)")  # fmt: skip
+                        help="network input size (default: the size the model was built or trained for: a training "
+                        "run's, what a pointmap scale head takes; else 1024 768)")  # fmt: skip
     parser.add_argument("--opset", type=int, default=18, help="ONNX opset (>= 18)")
     parser.add_argument("--check", metavar="IMAGE", default=None,
                         help="run the export and PyTorch on IMAGE and print how far apart they are")  # fmt: skip

@@ -141,9 +141,9 @@ def add_model_flags(group: argparse._ArgumentGroup, batch_help: str) -> None:
         nargs=2,
         default=None,
         metavar=("H", "W"),
-        help="network input height and width in pixels, multiples of 16 (of 64 for 4K models); default 1024 768, "
-        "the size of the released models (an exported .onnx/.pt2 file: its own size; pointmap models take only the "
-        "size their scale head was built for)",
+        help="network input height and width in pixels, multiples of 16 (of 64 for 4K models); default: the size "
+        "the model was built or trained for (an exported .onnx/.pt2 file's, a training run's, what a pointmap scale "
+        "head takes), else 1024 768, the size of the released models",
     )
     group.add_argument(
         "--mode",

@@ -656,8 +656,9 @@ def _make_plan(listed: Callable[[], Iterator[Shard]]) -> _Plan:
     del names, places
     first_place: dict[str, str] = {}
     owners: dict[str, str] = {}
-    dropped: list[str] = []
+    dropped: list[str] = []  # the first WARNINGS_SHOWN lines of each, then only counted
     renamed: list[str] = []
+    counts = {"dropped": 0, "renamed": 0}
     for shard in listed():
         if shard.kind == "tar":
             continue
@@ -667,7 +668,9 @@ def _make_plan(listed: Callable[[], Iterator[Shard]]) -> _Plan:
             if place is not None and _contains(repeated_places, _hash64(place)):
                 if place in first_place:
                     drops.append(position)
-                    dropped.append(f"{where}: {record.key!r} is the same image as {first_place[place]}; read once")
+                    counts["dropped"] += 1
+                    if len(dropped) < WARNINGS_SHOWN:
+                        dropped.append(f"{where}: {record.key!r} is the same image as {first_place[place]}; read once")
                     continue
                 first_place[place] = where
             identity = name_identity(record.stem)
@@ -679,15 +682,18 @@ def _make_plan(listed: Callable[[], Iterator[Shard]]) -> _Plan:
             stem = _free_stem(record, lambda name: name in owners or _contains(taken_names, _hash64(name)))
             owners[name_identity(stem)] = where
             renames.append((position, stem))
-            renamed.append(f"{where}: {record.key!r} would write outputs named {record.stem!r} like "
-                           f"{owners[identity]}; its outputs are named {stem!r}")  # fmt: skip
+            counts["renamed"] += 1
+            if len(renamed) < WARNINGS_SHOWN:
+                renamed.append(f"{where}: {record.key!r} would write outputs named {record.stem!r} like "
+                               f"{owners[identity]}; its outputs are named {stem!r}")  # fmt: skip
         if renames or drops:
             changes[shard.id] = {**changes.get(shard.id, {}), "renames": tuple(renames), "drops": tuple(drops)}
     warnings = []
-    for lines, what in ((dropped, "entries listed again were read once"), (renamed, "output names were changed")):
-        warnings += lines[:WARNINGS_SHOWN]
-        if len(lines) > WARNINGS_SHOWN:
-            warnings.append(f"... {len(lines) - WARNINGS_SHOWN} more {what}")
+    for lines, total, what in ((dropped, counts["dropped"], "entries listed again were read once"),
+                               (renamed, counts["renamed"], "output names were changed")):  # fmt: skip
+        warnings += lines
+        if total > len(lines):
+            warnings.append(f"... {total - len(lines)} more {what}")
     return _Plan(changes, tuple(warnings), None if count is None else count - sum(len(c.get("drops", ()))
                                                                                 for c in changes.values()))
 

@@ -30,7 +30,7 @@ class DemoOptions:
         models: task -> model source for single tasks [``--model pose=PATH``].
         device: cpu, cuda, cuda:1 ...; None: CUDA if available [``--device``].
         dtype: inference precision, fp32, bf16 or fp16 [``--dtype``].
-        input_size: network input (H, W) in pixels, multiples of 16; None: an exported file's own, else 1024×768
+        input_size: network input (H, W) in pixels, multiples of 16; None: the model's own
             [``--input-size H W``].
         batch_size: person crops per forward pass (pose) [``--batch-size``].
         mode, compile, quantize: the network's mode, ``torch.compile`` and low-precision blocks, as ``Predictor``

@@ -38,8 +38,8 @@ class PredictOptions:
         device: cpu, cuda, cuda:1 ...; None: CUDA if available [``--device``].
         dtype: inference precision, fp32, bf16 or fp16 [``--dtype``].
         batch_size: images (pose: person crops) per forward pass [``--batch-size``].
-        input_size: network input (H, W) in pixels, multiples of 16 (of 64 for 4K models); None: an exported
-            file's own size, else 1024×768 [``--input-size H W``].
+        input_size: network input (H, W) in pixels, multiples of 16 (of 64 for 4K models); None: the size the
+            model was built or trained for (``sapiens2.models.input_size``), else 1024×768 [``--input-size H W``].
         reference: the official demo's post-processing where ours differs [``--reference``].
         mode: ``"fast"`` or ``"reference"`` network (``Predictor``'s ``mode``); None: fast on CUDA [``--mode``].
         compile: fast mode: ``torch.compile`` per input size and batch bucket [``--compile``].
