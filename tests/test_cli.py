@@ -98,6 +98,18 @@ def test_a_misspelt_flag_prints_the_commands_usage_with_a_did_you_mean_and_exits
         _check_misspelt(name, exit_info.value.code, *capsys.readouterr())
 
 
+def test_a_misspelt_flag_is_named_before_a_missing_required_one(capsys):
+    """argparse reports a missing ``-o`` before an unknown flag; the misspelling is the user's real problem."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["predict", "--task", "pose", "--smaple", "x.jpg"])  # no -o either
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.startswith("usage: sapiens2 predict") and "did you mean --sample?" in err and "-o/--output" not in err
+    with pytest.raises(SystemExit):  # an abbreviation argparse accepts is not called unknown
+        main(["predict", "--task", "pose", "--samp"])
+    assert "the following arguments are required: -o/--output" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_a_misspelt_flag_through_the_console_script_of_every_command():
     running = {name: _sapiens2(name, *argv) for name, (argv, _) in MISSPELT.items()}  # in parallel: ~1 import each

@@ -433,3 +433,14 @@ def test_predictor_takes_the_detector_as_the_cli_does(tiny_checkpoints, tmp_path
     message = str(error.value)
     assert message.startswith("detector=") and "no such file" in message and "'none'" in message, message
     assert "checkpoint not found: none" not in message and "to download it" not in message
+
+
+def test_predictor_refuses_non_finite_boxes_in_one_line(tiny_checkpoints):
+    from sapiens2 import Predictor
+
+    pose = Predictor("pose", tiny_checkpoints["pose"], device="cpu", input_size=(64, 48), detector=None)
+    image = np.zeros((40, 30, 3), np.uint8)
+    with pytest.raises(ValueError, match=r"boxes must be finite numbers; box 1 is \[0.0, 0.0, nan, 20.0\]"):
+        pose(image, boxes=[[0, 0, 10, 20], [0, 0, float("nan"), 20]])
+    with pytest.raises(ValueError, match=r"boxes must be \(N, 4\) xyxy or \(N, 5\) xyxy\+score, got shape \(1, 3\)"):
+        pose(image, boxes=[[0, 0, 10]])

@@ -55,12 +55,34 @@ def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.Argument
     return action.choices[name]
 
 
+def _refuse_unknown_long_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """A ``--flag`` the named command does not know (nor abbreviates) is the error to report, even when a required
+    flag is missing too: ``sapiens2 predict --smaple`` should hear about ``--sample``, not about ``-o``."""
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = next((i for i, token in enumerate(argv) if token in action.choices), None)
+    if command is None:
+        return
+    owner = action.choices[argv[command]]
+    flags = [flag for a in owner._actions for flag in a.option_strings]
+    unknown = []
+    for token in argv[command + 1 :]:
+        if token == "--":
+            break
+        name = token.split("=", 1)[0]
+        if token.startswith("--") and not any(flag.startswith(name) for flag in flags):
+            unknown.append(token)
+    if unknown:
+        owner.error(_did_you_mean(owner, unknown))  # exits with status 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status: 0 done, 1 a run in which items failed, 2 a usage or config error
     (nothing was run). A flag a command does not know prints that command's usage with the closest flags."""
     import logging
 
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _refuse_unknown_long_flags(parser, argv)  # before argparse complains about a missing required flag instead
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         command = getattr(args, "command", None)

@@ -9,6 +9,7 @@ from ..benchmark import BACKBONE, DTYPES, BenchmarkOptions, run_benchmark
 from ..checkpoints import CheckpointMismatchError, CheckpointNotFoundError
 from ..models.lowp import QUANTIZATIONS
 from ..tasks import TASKS
+from .predict import add_input_size_flag
 
 _USER_ERRORS = (CheckpointNotFoundError, CheckpointMismatchError, FileNotFoundError, ValueError)
 
@@ -38,14 +39,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=1, help="images per forward (default 1)")
     parser.add_argument("--batch", dest="batch_size", type=int, help=argparse.SUPPRESS)  # deprecated spelling
     parser.add_argument("--dtype", default=None, choices=tuple(DTYPES), help="default: bf16 on CUDA, fp32 on CPU")
-    parser.add_argument(
-        "--input-size",
-        type=int,
-        nargs=2,
-        default=None,
-        metavar=("H", "W"),
-        help="network input height and width in pixels (default: the size the model was built for)",
-    )
+    add_input_size_flag(parser)
     parser.add_argument("--resolution", dest="input_size", type=_resolution, help=argparse.SUPPRESS)  # deprecated
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--mode", default="fast", choices=("fast", "reference"), help="network mode (default fast)")

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..checkpoints import CheckpointMismatchError, CheckpointNotFoundError
 from ..eval.pose import KEYPOINT_FORMATS
 from ..eval.run import TASK_EVALUATORS, EvalOptions, evaluate
+from .predict import add_input_size_flag
 
 # Problems with the user's data, model or flags: one line on stderr, exit status 2 (no traceback). A run that
 # skipped unreadable samples prints its report and exits 1, as predict does when items fail.
@@ -49,15 +50,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")
     parser.add_argument("--batch-size", type=int, default=4, help="images per forward pass")
-    parser.add_argument(
-        "--input-size",
-        type=int,
-        nargs=2,
-        default=None,
-        metavar=("H", "W"),
-        help="network input height and width in pixels (default: the size the model was built or trained for, an "
-        "exported .onnx/.pt2 file's own; else 1024 768)",
-    )
+    add_input_size_flag(parser)
     parser.add_argument("--label-map", default=None, help="seg: remap stored ids with a seg29.json table")
     pose = parser.add_argument_group("pose")
     pose.add_argument(

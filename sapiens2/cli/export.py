@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .predict import add_input_size_flag
+
 FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "safetensors", "transformers")
 NETWORK_FORMATS = ("onnx", "pt2", "aoti", "tensorrt")
 # The file name tells the format (the first one listed; --format picks another of the same suffix): ``Predictor``
@@ -64,9 +66,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="network precision "
                         "(default fp32; tensorrt: fp16); inputs and outputs stay float32")  # fmt: skip
-    parser.add_argument("--input-size", nargs=2, type=int, metavar=("H", "W"), default=None,
-                        help="network input size (default: the size the model was built or trained for: a training "
-                        "run's, what a pointmap scale head takes; else 1024 768)")  # fmt: skip
+    add_input_size_flag(parser)
     parser.add_argument("--opset", type=int, default=18, help="ONNX opset (>= 18)")
     parser.add_argument("--check", metavar="IMAGE", default=None,
                         help="run the export and PyTorch on IMAGE and print how far apart they are")  # fmt: skip

@@ -121,6 +121,19 @@ def _positive_float(text: str) -> float:
     return value
 
 
+INPUT_SIZE_HELP = (
+    "network input height and width in pixels, multiples of 16 (of 64 for 4K models); default: the size the model "
+    "was built or trained for (an exported .onnx/.pt2 file's, a training run's, what a pointmap scale head takes), "
+    "else 1024 768, the size of the released models"
+)
+
+
+def add_input_size_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--input-size H W``, spelt and defaulted the same in every command (None: the model decides,
+    ``models.input_size.model_input_size``)."""
+    parser.add_argument("--input-size", type=int, nargs=2, default=None, metavar=("H", "W"), help=INPUT_SIZE_HELP)
+
+
 def add_model_flags(group: argparse._ArgumentGroup, batch_help: str) -> None:
     """``--model``, ``--device``, ``--dtype``, ``--batch-size``, ``--input-size``, ``--mode``, ``--compile`` and
     ``--quantize``: the model flags of every command that runs Predictors (predict, demo)."""
@@ -135,16 +148,7 @@ def add_model_flags(group: argparse._ArgumentGroup, batch_help: str) -> None:
     group.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     group.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")
     group.add_argument("--batch-size", type=int, default=4, help=batch_help)
-    group.add_argument(
-        "--input-size",
-        type=int,
-        nargs=2,
-        default=None,
-        metavar=("H", "W"),
-        help="network input height and width in pixels, multiples of 16 (of 64 for 4K models); default: the size "
-        "the model was built or trained for (an exported .onnx/.pt2 file's, a training run's, what a pointmap scale "
-        "head takes), else 1024 768, the size of the released models",
-    )
+    add_input_size_flag(group)
     group.add_argument(
         "--mode",
         default=None,

@@ -193,6 +193,9 @@ def _as_detections(boxes: Any) -> np.ndarray:
         boxes = boxes[None]
     if boxes.ndim != 2 or boxes.shape[1] not in (4, 5):
         raise ValueError(f"boxes must be (N, 4) xyxy or (N, 5) xyxy+score, got shape {boxes.shape}")
+    if not np.isfinite(boxes).all():
+        row = int(np.flatnonzero(~np.isfinite(boxes).all(axis=1))[0])
+        raise ValueError(f"boxes must be finite numbers; box {row} is {boxes[row].tolist()}")
     if boxes.shape[1] == 4:
         boxes = np.concatenate([boxes, np.ones((len(boxes), 1), np.float32)], axis=1)
     return boxes
