@@ -120,3 +120,12 @@ def test_rerun_with_another_model_is_refused(tiny_checkpoints, tmp_path, capsys)
     assert predict(other | {"normal": tiny_checkpoints["normal"]}, [DATA / "astronaut.png"], out, "--sink",
                    "parquet", tasks=("seg",)) == 2  # fmt: skip
     assert "models differ" in capsys.readouterr().err
+
+
+def test_an_output_folder_that_is_an_input_folder_is_a_usage_error(tiny_checkpoints, tmp_path, capsys):
+    """Refused before any item runs: exit status 2 (as every usage error), not 1 (a run in which items failed)."""
+    inputs = photos(tmp_path / "in")
+    assert predict(tiny_checkpoints, [inputs], inputs, "--sink", "parquet", tasks=("seg",)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "reads the output folder" in err
+    assert not (inputs / "_bulk").exists()

@@ -150,7 +150,7 @@ def test_eval_pose_results_are_in_the_annotations_format_and_pycocotools_gives_o
     root = make_demo_dataset("pose", tmp_path / "pose", num_images=4)
     data = json.loads((root / "annotations.json").read_text())
     for number, record in enumerate(data["annotations"], start=1):  # the same people as a COCO-17 file
-        record["id"] = number  # pycocotools reads annotation id 0 as "no match" (the demo set numbers from 0)
+        assert record["id"] == number  # pycocotools reads annotation id 0 as "no match": the demo set starts at 1
         record["keypoints"] = np.asarray(record["keypoints"]).reshape(-1, 3)[BODY].reshape(-1).tolist()
         record["num_keypoints"] = int((np.asarray(record["keypoints"])[2::3] > 0).sum())
         record.setdefault("area", record["bbox"][2] * record["bbox"][3])

@@ -172,7 +172,7 @@ def test_bad_pose_data_fails_before_any_model_loads(tmp_path, capsys):
     argv = ["eval", "--task", "pose", "--model", str(missing_model), "--data", str(root)]
     assert main(argv) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "annotations.json: annotation 1 (id 1) has 921 keypoint numbers" in error
+    assert error.count("\n") == 1 and "annotations.json: annotation 1 (id 2) has 921 keypoint numbers" in error
     assert main([*argv, "--keypoint-format", "coco17"]) == 2
     assert "expected 51" in capsys.readouterr().err
     assert main(["eval", "--task", "pose", "--model", "x", "--data", str(tmp_path / "nowhere")]) == 2
@@ -224,4 +224,4 @@ def test_cli_keypoints_given_as_strings_are_one_line_naming_the_file(tmp_path, c
     path.write_text(json.dumps(data))
     assert main(["eval", "--task", "pose", "--model", str(tmp_path / "none.safetensors"), "--data", str(root)]) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and f"{path}: annotation 0 (id 0): keypoints must be a list of numbers" in error
+    assert error.count("\n") == 1 and f"{path}: annotation 0 (id 1): keypoints must be a list of numbers" in error

@@ -217,7 +217,7 @@ def test_bad_annotations_fail_before_any_prediction(tmp_path):
     short = json.loads(json.dumps(data))
     short["annotations"][1]["keypoints"] = short["annotations"][1]["keypoints"][:-3]
     path.write_text(json.dumps(short))
-    with pytest.raises(ValueError, match=r"annotation 1 \(id 1\) has 921 keypoint numbers, expected 924"):
+    with pytest.raises(ValueError, match=r"annotation 1 \(id 2\) has 921 keypoint numbers, expected 924"):
         evaluate_pose(never, root, progress=False)
     with pytest.raises(ValueError, match="expected 51"):
         evaluate_pose(never, root, keypoint_format="coco17", progress=False)
@@ -264,15 +264,15 @@ def _spoil(record: dict, how: str) -> None:
 @pytest.mark.parametrize(
     "how, message",
     [
-        ("nan keypoint", r"annotation 1 \(id 1\) has a non-finite keypoint: keypoint \d+ is \(x, y, v\) = \(nan, "),
-        ("infinite keypoint", r"annotation 1 \(id 1\) has a non-finite keypoint: keypoint \d+ is .*inf"),
-        ("negative keypoint", r"annotation 1 \(id 1\) has a negative keypoint: keypoint \d+ is .* = \(-12.0, "),
-        ("negative visibility", r"annotation 1 \(id 1\) has a negative keypoint: keypoint 0 is .*-1.0\)"),
-        ("nan bbox", r"annotation 1 \(id 1\) has a non-finite bbox \[.*nan"),
-        ("negative bbox", r"annotation 1 \(id 1\) has a negative bbox \[.*-40.0\]"),
-        ("string keypoints", r"annotation 1 \(id 1\): keypoints must be a list of numbers .*got a string"),
-        ("keypoints of strings", r"annotation 1 \(id 1\): keypoints must be .*got a string '[0-9.]+' at position 0"),
-        ("nan area", r"annotation 1 \(id 1\): area must be a number >= 0, got nan"),
+        ("nan keypoint", r"annotation 1 \(id 2\) has a non-finite keypoint: keypoint \d+ is \(x, y, v\) = \(nan, "),
+        ("infinite keypoint", r"annotation 1 \(id 2\) has a non-finite keypoint: keypoint \d+ is .*inf"),
+        ("negative keypoint", r"annotation 1 \(id 2\) has a negative keypoint: keypoint \d+ is .* = \(-12.0, "),
+        ("negative visibility", r"annotation 1 \(id 2\) has a negative keypoint: keypoint 0 is .*-1.0\)"),
+        ("nan bbox", r"annotation 1 \(id 2\) has a non-finite bbox \[.*nan"),
+        ("negative bbox", r"annotation 1 \(id 2\) has a negative bbox \[.*-40.0\]"),
+        ("string keypoints", r"annotation 1 \(id 2\): keypoints must be a list of numbers .*got a string"),
+        ("keypoints of strings", r"annotation 1 \(id 2\): keypoints must be .*got a string '[0-9.]+' at position 0"),
+        ("nan area", r"annotation 1 \(id 2\): area must be a number >= 0, got nan"),
     ],
 )
 def test_nan_negative_or_string_annotations_are_refused_naming_the_annotation(tmp_path, how, message):

@@ -153,12 +153,15 @@ def test_cli_runs_every_task_on_a_clip_and_a_frame_folder(tiny_checkpoints, tmp_
     # pointmap's tiny scale head needs its own input size: run it separately below
     argv = [a for a in argv if not a.startswith("--model=pointmap")]
     argv[2] = ",".join(t for t in TASKS if t != "pointmap")
+    argv += ["--coco-results", str(tmp_path / "results.json")]  # images only: the videos say so in one warning
     assert main(argv) == 0, capsys.readouterr().err
     assert len(frames_jsonl(out, "clip")) == 8 and len(frames_jsonl(out, "seq")) == 4
     assert probe(out / "clip_overlay.mp4")["frames"] == 8
     assert (out / "still_seg.png").is_file()  # images in the same command still go through predict_files
-    printed = capsys.readouterr().out
-    assert "clip.mkv: 8 frames; frames/s" in printed
+    printed = capsys.readouterr()
+    assert "clip.mkv: 8 frames; frames/s" in printed.out
+    assert printed.err.count("warning: --coco-results") == 1 and "_frames.jsonl" in printed.err
+    assert len(json.loads((tmp_path / "results.json").read_text())) == 1  # the still photo's one person
     argv = ["predict", "--task", "pointmap", str(clip), "-o", str(out), "--device", "cpu", "--input-size", "256",
             "192", "--model", str(tiny_checkpoints["pointmap"]), "--smooth", "online", "--end", "3"]  # fmt: skip
     assert main(argv) == 0

@@ -8,7 +8,7 @@ xtcocotools) on body-17, feet, face, each hand, both hands and all 308 keypoints
 
 The ground truth is read into the 308 ids whatever the file's ``keypoint_format``; ids the format lacks are
 unlabelled, so their groups report -1 (no ground truth). A person's OKS scale is the annotation's ``area``; files
-without one (such as the demo datasets) use the ``bbox`` area, else the area of the labelled keypoints' extent.
+without one use the ``bbox`` area, else the area of the labelled keypoints' extent.
 """
 
 from __future__ import annotations

@@ -343,8 +343,8 @@ def _predict_bulk(
     except LedgerMismatch as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except (ValueError, RuntimeError, OSError) as error:
+    except (ValueError, RuntimeError, OSError) as error:  # refused before any item ran (inputs, output folder)
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return setup_status(error)
     print("\n".join([*report.lines(), f"outputs in {options.output} (ledger: {options.output / '_bulk'})"]))
     return 1 if report.failed else 0

@@ -164,11 +164,13 @@ def make_demo_dataset(task: str, root: PathLike, num_images: int = 4) -> Path:
         images = [
             {"id": i, "file_name": r["file_name"], "width": w, "height": h} for i, (_, w, h, r) in enumerate(records)
         ]
+        # Annotation ids from 1: COCO tools (pycocotools' COCOeval) read id 0 as "no match".
         annotations = [
-            {"id": i, "image_id": i, "category_id": 1, "iscrowd": 0, "num_keypoints": 17, "bbox": r["bbox"],
-             "keypoints": r["keypoints"]}
+            {"id": i + 1, "image_id": i, "category_id": 1, "iscrowd": 0, "num_keypoints": 17, "bbox": r["bbox"],
+             "area": float(r["bbox"][2] * r["bbox"][3]), "keypoints": r["keypoints"]}
             for i, (_, _, _, r) in enumerate(records)
         ]  # fmt: skip
-        save_json(root / "annotations.json", {"images": images, "annotations": annotations, "categories": []})
+        categories = [{"id": 1, "name": "person", "supercategory": "person"}]
+        save_json(root / "annotations.json", {"images": images, "annotations": annotations, "categories": categories})
     logger.info("wrote a %d-image %s demo dataset to %s", num_images, task, root)
     return root

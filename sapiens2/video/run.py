@@ -189,13 +189,6 @@ def _record(item: _Item, keypoint_format: str) -> dict:
     return record
 
 
-def _id_color(track: int) -> tuple[int, int, int]:
-    hue = (track * 47) % 180
-    import cv2
-
-    return tuple(int(c) for c in cv2.cvtColor(np.uint8([[[hue, 200, 255]]]), cv2.COLOR_HSV2RGB)[0, 0])
-
-
 class _Drawer:
     """The overlay picture: seg blended and skeletons with track ids on the frame; other dense tasks as panels."""
 
@@ -204,7 +197,6 @@ class _Drawer:
         self.depth_range: tuple[float, float] | None = None
 
     def __call__(self, item: _Item) -> np.ndarray:
-        import cv2
 
         from ..predict.visualize import colorize_depth, colorize_normals, depth_range, draw_pose, seg_overlay
 
@@ -214,13 +206,8 @@ class _Drawer:
             picture = seg_overlay(picture, results["seg"].labels)
         if "pose" in results:
             pose = results["pose"]
-            picture = draw_pose(picture, pose, fmt=self.keypoint_format, draw_boxes=True)
-            scale = max(picture.shape[:2]) / 1000
-            for n, box in enumerate(pose.boxes):
-                if item.ids is not None and item.ids[n] >= 0 and np.isfinite(box).all():
-                    org = (int(box[0]) + 2, max(int(box[1]) - 4, 12))
-                    cv2.putText(picture, f"#{int(item.ids[n])}", org, cv2.FONT_HERSHEY_SIMPLEX, max(scale, 0.4),
-                                _id_color(int(item.ids[n])), max(1, round(2 * scale)), cv2.LINE_AA)  # fmt: skip
+            ids = None if item.ids is None else [int(i) if i >= 0 else None for i in item.ids]  # -1: no track
+            picture = draw_pose(picture, pose, fmt=self.keypoint_format, draw_boxes=True, box_ids=ids)
         panels = []
         if "normal" in results:
             panels.append(colorize_normals(results["normal"].normals))
@@ -596,6 +583,9 @@ def predict_videos(options: Any, video: VideoOptions, *, option: Any = None) -> 
         print(f"error: {error}", file=sys.stderr)
         return setup_status(error)
     video = dataclasses.replace(video, keypoint_format=options.keypoint_format, skip_existing=options.skip_existing)
+    if getattr(options, "coco_results", None):  # a results array is per image; a video's people are per frame
+        print(f"warning: {option('coco_results', options.coco_results)} holds images only; each video's people are "
+              "in its _frames.jsonl (COCO keypoints per frame)", file=sys.stderr)  # fmt: skip
     status = 0
     for source in options.inputs:
         try:
