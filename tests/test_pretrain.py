@@ -239,6 +239,11 @@ def test_two_gloo_processes_match_one_and_resume_bitwise(strategy, photos, tmp_p
             # features computed on a split batch (other GEMM shapes) is amplified where two crops of the same photo
             # lie close together, in the KoLeo value and the gradient norm.
             rel = 1e-3 if key in ("koleo", "grad_norm") and strategy == "ddp" else 1e-5
+            if key == "grad_norm" and strategy == "fsdp":
+                # The norm sums every parameter's gradient, each reduce-scattered in another order than the one
+                # process's GEMMs accumulate: 2.1e-5 relative seen on an Intel Xeon with AVX-512 (no AMX). A real
+                # sharding bug (gradients not averaged: 2x; a shard's gradients lost: ~-30 %) is far outside 1e-4.
+                rel = 1e-4
             assert float(row_two[key]) == pytest.approx(float(row_one[key]), rel=rel, abs=1e-7), key
     start = tmp_path / "two" / "checkpoints" / "step_00000002.pt"
     result = _torchrun(["-m", "sapiens2", "pretrain", str(tmp_path / "two_resumed.yaml"), "--resume", str(start)],
