@@ -153,8 +153,8 @@ def test_eval_pose_results_are_in_the_annotations_format_and_pycocotools_gives_o
         assert record["id"] == number  # pycocotools reads annotation id 0 as "no match": the demo set starts at 1
         record["keypoints"] = np.asarray(record["keypoints"]).reshape(-1, 3)[BODY].reshape(-1).tolist()
         record["num_keypoints"] = int((np.asarray(record["keypoints"])[2::3] > 0).sum())
-        record.setdefault("area", record["bbox"][2] * record["bbox"][3])
-        record.setdefault("category_id", 1)
+        assert record["area"] == record["bbox"][2] * record["bbox"][3] and record["category_id"] == 1
+    assert [c["id"] for c in data["categories"]] == [1]
     data["categories"] = [{"id": 1, "name": "person", "keypoints": list(format_keypoint_names("coco17"))}]
     (root / "val_coco17.json").write_text(json.dumps(data))
     predictor = _truth_predictor(root, 0.05, seed=1, false_people=True)
