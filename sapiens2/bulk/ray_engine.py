@@ -139,25 +139,68 @@ MARKER = "SAPIENS2_RAY_INSTANCE"
 """Environment variable that marks the processes of a local Ray instance started by ``run_ray``."""
 
 _WATCHDOG = """
-import os, signal, sys
+import os, select, signal, sys, time
 marker, driver = f"{sys.argv[1]}={sys.argv[2]}".encode(), int(sys.argv[3])
-sys.stdin.buffer.read()  # returns at end of file: the driver closed the pipe, or died (kill -9 included)
-for name in os.listdir("/proc"):
-    if not name.isdigit() or int(name) in (os.getpid(), driver):
-        continue
-    try:
-        with open(f"/proc/{name}/environ", "rb") as handle:
-            if marker in handle.read().split(b"\\0"):
-                os.kill(int(name), signal.SIGKILL)
-    except OSError:
-        pass
+
+def processes():
+    # live pid -> (parent pid, start time, marked): a start time tells a reused pid from the one seen before
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (os.getpid(), driver):
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":  # already dead, waiting for its parent to reap it
+                continue
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                marked = marker in handle.read().split(b"\\0")
+        except OSError:
+            continue
+        found[int(name)] = (int(fields[1]), fields[19], marked)
+    return found
+
+def members(found):
+    # the marked processes and their descendants: Ray's agents run with an environment of their own, so only
+    # their parent (the raylet) carries the marker, and they lose that link when it dies
+    chosen = {pid for pid, (_, _, marked) in found.items() if marked}
+    grew = True
+    while grew:
+        more = {pid for pid, (parent, _, _) in found.items() if parent in chosen} - chosen
+        chosen |= more
+        grew = bool(more)
+    return {(pid, found[pid][1]) for pid in chosen}
+
+seen = set()
+while True:  # until end of file on stdin: the driver closed the pipe, or died (kill -9 included)
+    seen |= members(processes())
+    if select.select([sys.stdin], [], [], 1.0)[0] and not os.read(sys.stdin.fileno(), 4096):
+        break
+
+def sweep():
+    found, killed = processes(), 0
+    for pid, started in seen | members(found):
+        if pid in found and found[pid][1] == started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+    return killed
+
+# A process that is being killed may still start another: sweep until three sweeps in a row, half a second
+# apart, find nothing (at most 30 s).
+quiet, deadline = 0, time.monotonic() + 30
+while quiet < 3 and time.monotonic() < deadline:
+    quiet = 0 if sweep() else quiet + 1
+    time.sleep(0.5)
 """
 
 
 def _stop_watchdog(watchdog: subprocess.Popen | None) -> None:
     if watchdog is not None:
         watchdog.stdin.close()
-        watchdog.wait(timeout=30)
+        watchdog.wait(timeout=45)  # its sweeps end within 30 s
 
 
 @contextlib.contextmanager
