@@ -1,5 +1,6 @@
 """Video: every task on video files, image sequences, cameras and stream URLs, with tracked, temporally stable
-people (``predict_video``; ``Predictor.video``; ``sapiens2 predict clip.mp4``). Needs PyAV: ``sapiens2[video]``."""
+people (``predict_video(predictor, "clip.mp4", "out/")``; ``sapiens2 predict clip.mp4``). Needs PyAV:
+``sapiens2[video]``."""
 
 from .decode import VIDEO_EXTENSIONS, Frame, FrameSource, VideoReadError, is_video_input, open_frames
 from .run import VideoOptions, VideoReport, predict_video, predict_videos
