@@ -152,15 +152,6 @@ def test_parse_devices():
         parse_devices("cpu:zero")
 
 
-def test_a_torn_journal_line_is_ignored(tmp_path):
-    ledger = Ledger(tmp_path)
-    ledger.start({"job": "x"})
-    (ledger.folder / "000-000000.journal.jsonl").write_bytes(
-        b'{"key": "a", "hash": "h", "status": "done"}\n{"key": "b", "ha'
-    )
-    assert ledger.done_hashes("000-000000") == {"a": "h"}
-
-
 
 def test_the_pipelined_reader_changes_nothing_but_timing(tmp_path):
     folder = make_images(tmp_path / "in")
@@ -190,7 +181,7 @@ def test_broken_commits_and_job_json_are_named_set_aside_and_recomputed(tmp_path
     assert bulk(folder, out, sink="parquet").skipped == 7
 
 
-def test_journal_lines_that_are_not_items_are_skipped(tmp_path):
+def test_torn_journal_lines_and_lines_that_are_not_items_are_skipped(tmp_path):
     ledger = Ledger(tmp_path)
     ledger.start({"job": "x"})
     (ledger.folder / "000-000000.journal.jsonl").write_bytes(

@@ -233,21 +233,22 @@ def test_relative_and_lazy_imports_are_found():
     assert {"sapiens2.models", "sapiens2.predict"} <= set(graph[ROOT])  # the public API re-exports
 
 
-def test_subpackages_import_each_other_without_cycles():
-    graph = _import_graph()
+def _fail_on_cycle(graph: dict) -> None:
     cycle = _find_cycle(graph)
     if cycle is not None:
         steps = "\n".join(f"  {a} -> {b}  ({graph[a][b]})" for a, b in zip(cycle[:-1], cycle[1:], strict=True))
         pytest.fail(f"import cycle {' -> '.join(cycle)}:\n{steps}")
+
+
+def test_subpackages_import_each_other_without_cycles():
+    graph = _import_graph()
+    _fail_on_cycle(graph)
 
 
 def test_modules_import_each_other_without_cycles():
     """Also inside one subpackage (``pose.keypoints`` <-> ``pose.topdown`` was one, through ``TYPE_CHECKING``)."""
     graph = _module_graph()
-    cycle = _find_cycle(graph)
-    if cycle is not None:
-        steps = "\n".join(f"  {a} -> {b}  ({graph[a][b]})" for a, b in zip(cycle[:-1], cycle[1:], strict=True))
-        pytest.fail(f"import cycle {' -> '.join(cycle)}:\n{steps}")
+    _fail_on_cycle(graph)
 
 
 def test_no_module_takes_a_private_name_of_another():
