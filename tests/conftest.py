@@ -138,3 +138,20 @@ def zeros_png(width: int, height: int, channels: int = 1) -> bytes:
     idat = b"\x78\xda" + stream + struct.pack(">I", ((length % 65521) << 16) | 1)
     header = struct.pack(">IIBBBBB", width, height, 8, {1: 0, 3: 2}[channels], 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def blender_python() -> str:
+    """The Python that has Blender's ``bpy`` (a venv of its own: bpy pins numpy<2, which our stack cannot use):
+    ``$SAPIENS2_BPY_PYTHON``, else ``.venv-bpy/bin/python`` (made by ``.ci/run``). Skips locally, fails under CI."""
+    candidate = os.environ.get("SAPIENS2_BPY_PYTHON") or str(REPO / ".venv-bpy" / "bin" / "python")
+    require(Path(candidate), f"Blender's bpy is missing: {candidate} (python3 -m venv .venv-bpy && "
+            ".venv-bpy/bin/pip install bpy==5.0.1, or set SAPIENS2_BPY_PYTHON)")  # fmt: skip
+    return candidate
+
+
+def gltf_validator() -> Path:
+    """The Khronos glTF validator's npm package (``.ci-node/node_modules/gltf-validator``, made by ``.ci/run``; or
+    ``$SAPIENS2_GLTF_VALIDATOR``), run through ``node``. Skips locally, fails under CI."""
+    folder = Path(os.environ.get("SAPIENS2_GLTF_VALIDATOR") or REPO / ".ci-node" / "node_modules" / "gltf-validator")
+    return require(folder, f"the Khronos glTF validator is missing: {folder} (npm install --prefix .ci-node "
+                   "gltf-validator, or set SAPIENS2_GLTF_VALIDATOR)")  # fmt: skip
