@@ -4,6 +4,12 @@
 >>> model = load_backbone("facebook/sapiens2-pretrain-1b")  # or a local .safetensors path
 """
 
+import os as _os
+import sys as _sys
+
+if "torch" not in _sys.modules:  # libgomp reads it once, as torch loads it: idle CPU threads sleep, not spin
+    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (sapiens2.models.threads; docs/benchmarks.md)
+
 from .checkpoints import load_backbone, load_model
 from .eval.run import EvalOptions, EvalReport, evaluate
 from .models import ARCHS, Arch, Sapiens2, get_arch

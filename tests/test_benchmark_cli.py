@@ -10,7 +10,7 @@ from conftest import TINY_ARCH
 from safetensors.torch import save_file
 
 from sapiens2 import Sapiens2
-from sapiens2.benchmark import BenchmarkOptions, device_peak_tflops, run_benchmark
+from sapiens2.benchmark import BenchmarkOptions, CpuInfo, cpu_info, device_peak_tflops, run_benchmark
 from sapiens2.cli import main
 from sapiens2.models.zoo import get_arch
 
@@ -37,11 +37,26 @@ def test_benchmark_prints_every_figure_for_a_task_model(tiny_checkpoints, capsys
     assert mfu == pytest.approx(100 * achieved / 0.5, abs=0.2)
 
 
-def test_benchmark_of_a_backbone_file_and_mfu_only_with_a_peak_on_cpu(tmp_path, capsys):
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_benchmark_of_a_backbone_file_reports_the_cpu_and_its_peak(tmp_path, capsys, monkeypatch, restore_threads):
     path = tmp_path / "tiny_backbone.safetensors"
     save_file({k: v.contiguous() for k, v in Sapiens2(TINY_ARCH).state_dict().items()}, str(path))
-    status, out, _ = _run(capsys, "--model", str(path), "--batch", "1", "--resolution", "64x48")  # deprecated flags
-    assert status == 0 and "backbone custom" in out and "n/a (give --peak-tflops)" in out
+    status, out, _ = _run(capsys, "--model", str(path), "--batch", "1", "--resolution", "64x48", "--threads", "1")
+    assert status == 0 and "backbone custom" in out and "(1 threads, OpenMP wait policy" in out  # deprecated flags
+    info = cpu_info()
+    assert f"cpu               {info.model}, " in out and f"torch kernels {info.capability}" in out
+    if info.ghz is not None:  # one core's fp32 peak: FLOP/cycle of the ISA x clock
+        peak = float(re.search(r"MFU\s+[\d.]+ % of ([\d.]+) \(fp32 peak 1 cores x", out).group(1))
+        assert peak == pytest.approx(info.flops_per_cycle("fp32") * info.ghz / 1000, rel=1e-3)
+    monkeypatch.setattr("sapiens2.benchmark.cpu_info", lambda: CpuInfo(model="no clock known"))
+    status, out, _ = _run(capsys, "--model", str(path), "--input-size", "64", "48")
+    assert status == 0 and "n/a (give --peak-tflops)" in out and "no clock known" in out
 
 
 def test_flops_are_the_arch_table_backbone_plus_the_counted_head(tiny_checkpoints):
@@ -52,7 +67,7 @@ def test_flops_are_the_arch_table_backbone_plus_the_counted_head(tiny_checkpoint
     grid = 4 * 3
     head = 2 * (32 * 16 * 16 * grid + 16 * 16 * 16 * 4 * grid) + 2 * 16 * 16 * 16 * grid + 2 * 16 * 308 * 16 * grid
     assert report.flops_per_image == get_arch(TINY_ARCH).flops((64, 48)) + head
-    assert report.images_per_s > 0 and len(report.latencies_ms) == 1 and report.mfu is None
+    assert report.images_per_s > 0 and len(report.latencies_ms) == 1 and report.cpu is not None
 
 
 @pytest.mark.parametrize(

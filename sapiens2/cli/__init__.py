@@ -1,5 +1,5 @@
 """The ``sapiens2`` command: ``sapiens2 info | predict | train | pretrain | eval | export | benchmark | demo |
-curate ...``. ``main(argv)`` returns the exit status.
+curate | mocap | relight | serve ...``. ``main(argv)`` returns the exit status.
 
 One module per command: each adds its argparse subcommand, turns the parsed flags into a typed options object and calls
 the Python API that accepts the same object.
@@ -15,7 +15,7 @@ from .. import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import benchmark, curate, demo, eval, export, info, predict, pretrain, train
+    from . import benchmark, curate, demo, eval, export, info, mocap, predict, pretrain, relight, serve, train
 
     parser = argparse.ArgumentParser(prog="sapiens2", description="Sapiens2 human-centric vision models.")
     parser.add_argument("--version", action="version", version=f"sapiens2 {__version__}")
@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(commands)
     pretrain.add_parser(commands)
     curate.add_parser(commands)
+    mocap.add_parser(commands)
+    relight.add_parser(commands)
+    serve.add_parser(commands)
     return parser
 
 

@@ -9,7 +9,7 @@ from ..benchmark import BACKBONE, DTYPES, BenchmarkOptions, run_benchmark
 from ..checkpoints import CheckpointMismatchError, CheckpointNotFoundError
 from ..models.lowp import QUANTIZATIONS
 from ..tasks import TASKS
-from .predict import add_input_size_flag
+from .predict import add_input_size_flag, add_threads_flag
 
 _USER_ERRORS = (CheckpointNotFoundError, CheckpointMismatchError, FileNotFoundError, ValueError)
 
@@ -51,8 +51,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="low-precision linear layers in the blocks through torchao: fp8 (GPUs with FP8), int8, int8-weight",
     )
     parser.add_argument(
-        "--peak-tflops", type=float, default=None, help="device peak TFLOP/s for the MFU (default: known-GPU table)"
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="device peak TFLOP/s for the MFU (default: the known-GPU table; on a CPU cores x FLOP/cycle of its ISA "
+        "x clock, docs/benchmarks.md)",
     )
+    add_threads_flag(parser)
     parser.add_argument("--iters", type=int, default=20, help="timed forwards (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed forwards first (default 3)")
     parser.set_defaults(func=run)
@@ -72,6 +77,7 @@ def options_from_args(args: argparse.Namespace) -> BenchmarkOptions:
         peak_tflops=args.peak_tflops,
         iters=args.iters,
         warmup=args.warmup,
+        threads=args.threads,
     )
 
 

@@ -11,7 +11,7 @@ import tempfile
 
 from ..demo.options import DemoOptions
 from ..tasks import TASKS
-from .predict import add_model_flags, cli_option, model_options
+from .predict import add_model_flags, add_threads_flag, cli_option, model_options
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -23,6 +23,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     model = parser.add_argument_group("model")
     add_model_flags(model, batch_help="person crops per forward pass (pose)")
+    add_threads_flag(model)
     model.add_argument(
         "--detector",
         default="rtmdet",
@@ -74,6 +75,7 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
     """The parsed flags as a ``DemoOptions`` (``--model`` as ``sapiens2 predict`` reads it)."""
     return DemoOptions(
         **model_options(args),
+        threads=args.threads,
         detector=args.detector,
         flip_test=not args.no_flip_test,
         host=args.host,

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..checkpoints import CheckpointMismatchError, CheckpointNotFoundError
 from ..eval.pose import KEYPOINT_FORMATS
 from ..eval.run import TASK_EVALUATORS, EvalOptions, evaluate
-from .predict import add_input_size_flag
+from .predict import add_input_size_flag, add_threads_flag
 
 # Problems with the user's data, model or flags: one line on stderr, exit status 2 (no traceback). A run that
 # skipped unreadable samples prints its report and exits 1, as predict does when items fail.
@@ -51,6 +51,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")
     parser.add_argument("--batch-size", type=int, default=4, help="images per forward pass")
     add_input_size_flag(parser)
+    add_threads_flag(parser)
     parser.add_argument("--label-map", default=None, help="seg: remap stored ids with a seg29.json table")
     pose = parser.add_argument_group("pose")
     pose.add_argument(
@@ -85,6 +86,7 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
         batch_size=args.batch_size,
         device=args.device,
         input_size=tuple(args.input_size) if args.input_size else None,
+        threads=args.threads,
         output=args.output,
         compare=tuple(args.compare) if args.compare else None,
         label_map=args.label_map,

@@ -16,7 +16,7 @@ from ..predict.run import predict_files
 from ..tasks import TASKS
 
 # PredictOptions fields whose flag is not "--" + the field name with dashes.
-_FLAGS = {"tasks": "--task", "models": "--model", "inputs": "INPUT"}
+_FLAGS = {"tasks": "--task", "models": "--model", "inputs": "INPUT", "output_format": "--format"}
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -41,6 +41,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--task", required=True, help=f"comma-separated tasks: {', '.join(TASKS)}")
     model = parser.add_argument_group("model")
     add_model_flags(model, batch_help="images (pose: person crops) per forward pass")
+    add_threads_flag(model, bulk=True)
     model.add_argument(
         "--reference",
         action="store_true",
@@ -49,6 +50,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     out = parser.add_argument_group("outputs")
     out.add_argument("--mask-from", choices=("seg",), default=None, help="blank normal/pointmap/albedo background")
     out.add_argument("--save-npy", action="store_true", help="also save raw arrays where optional (seg labels)")
+    out.add_argument(
+        "--format",
+        default="default",
+        choices=("default", "exr", "png16", "tiff16"),
+        help="default: the per-task files; exr: one multi-layer OpenEXR per image or video frame with every dense "
+        "task (N, P, Z, albedo, A, the plate, a Cryptomatte of the body parts; pip install 'sapiens2[exr]'); "
+        "png16/tiff16: 16-bit data images (docs/vfx.md)",
+    )
+    out.add_argument(
+        "--normal-convention",
+        default="opencv",
+        choices=("opencv", "opengl", "blender"),
+        help="camera axes of the normals and positions written: opencv (as predicted: x right, y down, z forward), "
+        "opengl or blender (x right, y up, z toward the viewer)",
+    )
     out.add_argument("--skip-existing", action="store_true", help="skip images whose outputs already exist")
     out.add_argument("--no-recursive", action="store_true", help="do not descend into subfolders")
     out.add_argument(
@@ -96,7 +112,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "WebDataset tar shards; columnar sinks are written atomically per shard",
     )
     bulk.add_argument("--shard-size", type=int, default=256, help="images per shard (the unit of atomic writes)")
-    bulk.add_argument("--threads", type=int, default=None, help="torch threads per CPU worker")
     video = parser.add_argument_group("video (inputs .mp4/.mov/.mkv/.webm/.avi ..., rtsp/http URLs, /dev/videoN)")
     video.add_argument("--frames", action="store_true", help="read each folder INPUT as one video (frames in order)")
     video.add_argument("--fps", type=_positive_float, default=None,
@@ -108,6 +123,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                        "boxes from the previous frame's keypoints between")  # fmt: skip
     video.add_argument("--smooth", default="auto", choices=("auto", "none", "online", "offline"),
                        help="auto: offline (zero-lag Gaussian) for files, online (One-Euro) for live sources")
+    video.add_argument("--smooth-dense", action="store_true",
+                       help="also filter the dense tasks over time along the optical flow (normal, pointmap, "
+                       "albedo, matting), online or offline as --smooth says: less flicker, no trailing")  # fmt: skip
     parser.set_defaults(func=run)
 
 
@@ -132,6 +150,25 @@ def add_input_size_flag(parser: argparse.ArgumentParser | argparse._ArgumentGrou
     """``--input-size H W``, spelt and defaulted the same in every command (None: the model decides,
     ``models.input_size.model_input_size``)."""
     parser.add_argument("--input-size", type=int, nargs=2, default=None, metavar=("H", "W"), help=INPUT_SIZE_HELP)
+
+
+THREADS_HELP = (
+    "torch threads for the CPU work (idle ones sleep: OMP_WAIT_POLICY=PASSIVE unless set); default: one per core "
+    "this process may use"
+)
+
+
+def _threads(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def add_threads_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, bulk: bool = False) -> None:
+    """``--threads N``, spelt and defaulted the same in every command that runs a network (None: torch's count,
+    ``models.threads``); ``bulk``: say that bulk CPU workers get N each (default: the cores shared out)."""
+    extra = "; bulk mode: per CPU worker (default: the cores shared out among them)" if bulk else ""
+    parser.add_argument("--threads", type=_threads, default=None, metavar="N", help=THREADS_HELP + extra)
 
 
 def add_model_flags(group: argparse._ArgumentGroup, batch_help: str) -> None:
@@ -211,6 +248,8 @@ def options_from_args(args: argparse.Namespace) -> PredictOptions:
         reference=args.reference,
         mask_from=args.mask_from,
         save_npy=args.save_npy,
+        output_format=args.format,
+        normal_convention=args.normal_convention,
         skip_existing=args.skip_existing,
         recursive=not args.no_recursive,
         max_megapixels=args.max_megapixels,
@@ -252,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     try:
         video = VideoOptions(start=args.start, end=args.end, stride=args.stride, detect_every=args.detect_every,
-                             smooth=args.smooth, fps=args.fps)  # fmt: skip
+                             smooth=args.smooth, smooth_dense=args.smooth_dense, fps=args.fps)  # fmt: skip
     except ValueError as error:
         print(f"error: --{str(error).replace('_', '-')}", file=sys.stderr)
         return 2

@@ -336,7 +336,16 @@ def read_image(path: PathLike, *, max_megapixels: float | None = DEFAULT_MAX_MEG
             ``file_problem``).
     """
     path = Path(path)
-    data = _read_regular_file(path)
+    return decode_image(_read_regular_file(path), path, max_megapixels=max_megapixels)
+
+
+def decode_image(
+    data: bytes, name: PathLike = "<bytes>", *, max_megapixels: float | None = DEFAULT_MAX_MEGAPIXELS
+) -> np.ndarray:
+    """Decode an encoded image held in memory exactly as ``read_image`` decodes a file (the same checks, the same
+    pixels); ``name`` is what errors call it (an upload's file name). Raises ``ImageReadError`` as ``read_image``.
+    """
+    path = Path(name)
     if not data:
         raise ImageReadError(path, "file is empty (0 bytes)")
     problem = truncation_problem(data)

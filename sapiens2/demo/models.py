@@ -83,6 +83,7 @@ class ModelCache:
                 mode=options.mode,
                 compile=options.compile,
                 quantize=options.quantize,
+                threads=options.threads,
                 detector=options.detector,
                 flip_test=options.flip_test,
             )

@@ -35,6 +35,8 @@ class DemoOptions:
         batch_size: person crops per forward pass (pose) [``--batch-size``].
         mode, compile, quantize: the network's mode, ``torch.compile`` and low-precision blocks, as ``Predictor``
             takes them [``--mode``, ``--compile``, ``--quantize``].
+        threads: torch's CPU threads; None: one per core this process may use (``Predictor``'s ``threads``)
+            [``--threads``].
         detector: "rtmdet" (downloaded once), a local rtmdet_m.pth, or "none" (the whole image as one person)
             [``--detector``].
         flip_test: average with the horizontally flipped crop (pose) [off: ``--no-flip-test``].
@@ -65,6 +67,7 @@ class DemoOptions:
     mode: str | None = None
     compile: bool = False
     quantize: str | None = None
+    threads: int | None = None
     detector: str | os.PathLike = "rtmdet"
     flip_test: bool = True
     host: str = "127.0.0.1"

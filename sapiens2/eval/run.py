@@ -66,6 +66,7 @@ class EvalOptions:
         device: ``cpu``, ``cuda``, ... (default: CUDA if available).
         input_size: network input (H, W); None: the size the model was built or trained for (an exported file's,
             a training run's, what a pointmap scale MLP takes), else 1024x768 (``sapiens2.models.input_size``).
+        threads: torch's CPU threads; None: one per core this process may use (``Predictor``'s ``threads``).
         output: folder for ``report.json``, ``report.md`` and the charts; None writes nothing.
         compare: two model sources evaluated on the same data instead of ``model`` [``--compare A B``]; the report
             is B's with A's as its ``baseline``, and B − A beside them.
@@ -87,6 +88,7 @@ class EvalOptions:
     batch_size: int = 4
     device: str | None = None
     input_size: tuple[int, int] | None = None
+    threads: int | None = None
     output: str | os.PathLike | None = None
     compare: tuple[ModelSource, ModelSource] | None = None
     label_map: str | None = None
@@ -387,6 +389,7 @@ def evaluate_dense(options: EvalOptions, model: ModelSource) -> EvalReport:
         dtype=options.dtype,
         input_size=options.input_size,
         batch_size=options.batch_size,
+        threads=options.threads,
     )
     score = DENSE_SCORES[options.task]()
     skipped: list[str] = []
@@ -472,6 +475,7 @@ def evaluate_pose_set(options: EvalOptions, model: ModelSource) -> EvalReport:
             dtype=options.dtype,
             input_size=options.input_size,
             batch_size=options.batch_size,
+            threads=options.threads,
             detector=detector,
             flip_test=options.flip_test,
         )

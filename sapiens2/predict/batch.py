@@ -82,6 +82,7 @@ def make_predictors(
                 mode=options.mode,
                 compile=options.compile,
                 quantize=options.quantize,
+                threads=options.threads,
                 **extra,
             )
         except InputSizeError as error:  # an exported file has its size: say so in the words of the option
@@ -89,12 +90,25 @@ def make_predictors(
     return predictors
 
 
-def pending_tasks(item: InputItem, tasks: list[str], skip_existing: bool) -> list[str]:
-    from .writers import WRITERS
+def model_descriptions(predictors: Mapping[str, Any], sources: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Task -> "arch (model file)" of each Predictor, e.g. ``"sapiens2_1b (sapiens2_1b_seg.safetensors)"``: what
+    an output file records about the model that made it (EXR headers)."""
+    described = {}
+    for task, predictor in predictors.items():
+        arch = getattr(getattr(getattr(predictor, "model", None), "backbone", None), "arch", None)
+        name = getattr(arch, "name", None) or type(getattr(predictor, "model", predictor)).__name__
+        source = (sources or {}).get(task)
+        described[task] = name if source is None else f"{name} ({Path(str(source)).name})"
+    return described
+
+
+def pending_tasks(item: InputItem, tasks: list[str], skip_existing: bool, output_format: str = "default") -> list[str]:
+    """The tasks whose last-written file (``writers.primary_suffix`` in ``output_format``) ``item`` lacks."""
+    from .writers import primary_suffix
 
     if not skip_existing:
         return tasks
-    return [t for t in tasks if not item.output_path(WRITERS[t].primary).exists()]
+    return [t for t in tasks if not item.output_path(primary_suffix(t, output_format)).exists()]
 
 
 def run_tasks(
@@ -149,3 +163,61 @@ def _predict_members(
         except Exception as error:
             outcomes.append((index, error))
     return outcomes
+
+
+class ExrCollector:
+    """``output_format="exr"``: one image's dense results wait here until every task has run, then go into one EXR
+    (``writers.write_exr_result``); with any other format it takes nothing (``add`` returns False).
+
+    An image whose task failed (``drop``) gets no EXR, so a resumed run (``skip_existing``) does it again.
+    """
+
+    def __init__(self, options: PredictOptions, predictors: Mapping[str, Any]) -> None:
+        from .exr import EXR_TASKS
+
+        self.options = options
+        self.active = options.output_format == "exr"
+        self.tasks = EXR_TASKS
+        sources = {task: options.models.get(task, options.model) for task in predictors}
+        self.models = model_descriptions(predictors, sources) if self.active else {}
+        self.results: dict[int, dict[str, Any]] = {}
+        self.masks: dict[int, np.ndarray] = {}
+        self.dropped: set[int] = set()
+
+    def add(self, task: str, index: int, result: Any, mask: np.ndarray | None) -> bool:
+        """Keep ``result`` for image ``index`` if it goes into the EXR; True when taken."""
+        if not self.active or task not in self.tasks:
+            return False
+        self.results.setdefault(index, {})[task] = result
+        if mask is not None:
+            self.masks[index] = mask
+        return True
+
+    def drop(self, index: int) -> None:
+        self.dropped.add(index)
+
+    def write(self, destinations: Sequence[tuple[Any, np.ndarray]]) -> list[tuple[int, Any]]:
+        """Write the EXR of every image kept and not dropped; ``destinations[index]`` = (item or stem, RGB image).
+        Returns (index, paths written, or the exception that stopped the write) per image."""
+        from .writers import WriteOptions, write_exr_result
+
+        outcomes: list[tuple[int, Any]] = []
+        for index, results in sorted(self.results.items()):
+            if index in self.dropped:
+                continue
+            destination, image = destinations[index]
+            options = WriteOptions(
+                overlay=False,
+                mask=self.masks.get(index),
+                output_format="exr",
+                normal_convention=self.options.normal_convention,
+                models=self.models,
+            )
+            try:
+                outcomes.append((index, write_exr_result(results, destination, image, options)))
+            except (OSError, ValueError, ImportError) as error:
+                outcomes.append((index, error))
+        self.results.clear()
+        self.masks.clear()
+        self.dropped.clear()
+        return outcomes

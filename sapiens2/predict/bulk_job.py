@@ -21,7 +21,7 @@ import numpy as np
 from ..bulk import BulkJob, ItemOutput, WorkItem
 from ..data.collections import Record, decode_rgb
 from ..data.sources import InputItem
-from .batch import make_predictors, pending_tasks, run_tasks
+from .batch import ExrCollector, make_predictors, pending_tasks, run_tasks
 from .options import PredictOptions, boxes_for, check_model_input_size, python_option
 
 __all__ = ["PredictJob"]
@@ -68,6 +68,8 @@ class PredictJob(BulkJob):
             "flip_test": options.flip_test, "boxes": None if options.boxes is None else os.fspath(options.boxes),
             # set only when given, so that the ledgers of earlier runs keep their fingerprint
             **{name: getattr(options, name) for name in ("mode", "quantize") if getattr(options, name) is not None},
+            **{name: getattr(options, name) for name, default in (("output_format", "default"),
+               ("normal_convention", "opencv")) if getattr(options, name) != default},
         }  # fmt: skip
 
     def decode(self, record: Record, data: bytes) -> np.ndarray:
@@ -101,13 +103,15 @@ class PredictJob(BulkJob):
 
         options = self.options
         destinations = [InputItem(Path(it.record.source), it.record.stem, Path(options.output)) for it in items]
-        pending = [pending_tasks(d, self.tasks, options.skip_existing and self.sink == "files") for d in destinations]
+        skip = options.skip_existing and self.sink == "files"
+        pending = [pending_tasks(d, self.tasks, skip, options.output_format) for d in destinations]
         boxes = None if self.boxes is None else [boxes_for(d, self.boxes) for d in destinations]
         images = [it.data for it in items]
         outputs: list[ItemOutput | BaseException] = [
             ItemOutput(row={"height": image.shape[0], "width": image.shape[1]} if self.sink != "files" else {})
             for image in images
         ]
+        exr = ExrCollector(options, self.predictors)
         with tempfile.TemporaryDirectory(prefix="sapiens2-bulk-") as scratch:
             for task, index, result, mask in run_tasks(
                 self.predictors, self.tasks, options.mask_from, images, pending, boxes
@@ -117,6 +121,9 @@ class PredictJob(BulkJob):
                     continue
                 if isinstance(result, Exception):
                     outputs[index] = RuntimeError(f"{task} failed ({type(result).__name__}: {result})")
+                    exr.drop(index)
+                    continue
+                if exr.add(task, index, result, mask):  # --format exr (files sink): one EXR per image, below
                     continue
                 write_options = WriteOptions(
                     save_npy=options.save_npy,
@@ -124,6 +131,8 @@ class PredictJob(BulkJob):
                     mask=mask if WRITERS[task].maskable else None,
                     overlay=self.sink == "files",
                     save_ply=self.sink == "files",
+                    output_format=options.output_format,
+                    normal_convention=options.normal_convention,
                 )
                 try:
                     if self.sink == "files":
@@ -136,6 +145,9 @@ class PredictJob(BulkJob):
                             output.row.update(pointmap_focal=float(result.focal), pointmap_scale=float(result.scale))
                 except (OSError, ValueError) as error:
                     outputs[index] = OSError(f"cannot write {task} outputs ({error})")
+            for index, written in exr.write(list(zip(destinations, images, strict=True))):
+                if isinstance(written, Exception) and not isinstance(outputs[index], BaseException):
+                    outputs[index] = OSError(f"cannot write the EXR ({written})")
         return outputs
 
     def _pose_row(self, result: Any) -> dict[str, Any]:

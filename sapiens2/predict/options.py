@@ -21,6 +21,7 @@ import numpy as np
 from ..data.io import DEFAULT_MAX_MEGAPIXELS
 from ..data.sources import InputItem
 
+OUTPUT_FORMATS = ("default", "exr", "png16", "tiff16")  # PredictOptions.output_format (predict.writers)
 PATCH_SIZE = 16  # pixels per token side of every Sapiens2 backbone; the 4K tokenizer multiplies it by its window
 
 
@@ -46,6 +47,11 @@ class PredictOptions:
         quantize: ``"fp8"``, ``"int8"`` or ``"int8-weight"`` block linears through torchao [``--quantize``].
         mask_from: "seg" blanks the normal/pointmap/albedo background with its foreground [``--mask-from``].
         save_npy: also save raw arrays where optional (seg labels) [``--save-npy``].
+        output_format: ``"default"`` (the per-task files), ``"exr"`` (one multi-layer OpenEXR per image or video
+            frame holding every dense task; ``pip install 'sapiens2[exr]'``), ``"png16"`` or ``"tiff16"`` (16-bit
+            data images) (``predict.writers``) [``--format``].
+        normal_convention: axes of the normals and positions written: ``"opencv"`` (as predicted: x right, y down,
+            z forward), ``"opengl"`` or ``"blender"`` (x right, y up, z backward) [``--normal-convention``].
         skip_existing: skip images whose outputs already exist [``--skip-existing``].
         recursive: descend into subfolders [off: ``--no-recursive``].
         max_megapixels: refuse images with more pixels, judged from the file header before decoding (a few MB of
@@ -65,7 +71,8 @@ class PredictOptions:
         ray_address: an existing Ray cluster for ``engine="ray"``; default a local instance [``--ray-address``].
         sink: ``"files"`` (the per-image files), ``"parquet"`` or ``"webdataset"`` (bulk mode) [``--sink``].
         shard_size: bulk mode: images per shard (the unit of atomic Parquet/WebDataset writes) [``--shard-size``].
-        threads: bulk mode: torch threads per CPU worker (default: cores / CPU workers) [``--threads``].
+        threads: torch's CPU threads, in this process or (bulk mode) per CPU worker; None: one per core this
+            process may use, shared out among bulk CPU workers (``sapiens2.models.threads``) [``--threads``].
 
     Bulk mode (``docs/bulk.md``: exactly once and resumable through a ledger in ``output/_bulk``) runs when
     ``devices``, ``engine="ray"`` or a columnar ``sink`` is given, or an input is a manifest (``.txt``, ``.csv``,
@@ -88,6 +95,8 @@ class PredictOptions:
     quantize: str | None = None
     mask_from: str | None = None
     save_npy: bool = False
+    output_format: str = "default"
+    normal_convention: str = "opencv"
     skip_existing: bool = False
     recursive: bool = True
     max_megapixels: float | None = DEFAULT_MAX_MEGAPIXELS
@@ -204,6 +213,26 @@ def check_device(text: str | None, option: OptionText = python_option) -> None:
             raise ValueError(
                 f"{option('device', text)}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
             )
+
+
+def check_output_format(options: PredictOptions, option: OptionText = python_option) -> None:
+    """``output_format`` and ``normal_convention`` known; ``exr`` needs the OpenEXR bindings and per-image files."""
+    from .exr import NORMAL_CONVENTIONS
+
+    if options.output_format not in OUTPUT_FORMATS:
+        raise ValueError(f"{option('output_format', options.output_format)}: choose from {', '.join(OUTPUT_FORMATS)}")
+    if options.normal_convention not in NORMAL_CONVENTIONS:
+        raise ValueError(
+            f"{option('normal_convention', options.normal_convention)}: choose from {', '.join(NORMAL_CONVENTIONS)}"
+        )
+    if options.output_format != "exr":
+        return
+    if options.sink != "files":
+        raise ValueError(f"{option('output_format', 'exr')} writes files: use {option('sink', 'files')}")
+    try:
+        import OpenEXR  # noqa: F401
+    except ImportError:
+        raise ValueError(f"{option('output_format', 'exr')} needs OpenEXR: pip install 'sapiens2[exr]'") from None
 
 
 def check_input_size(

@@ -29,6 +29,7 @@ from ..models.fast import CompiledBuckets, attention_backends, make_fast
 from ..models.input_size import model_input_size
 from ..models.lowp import quantize as quantize_blocks
 from ..models.task_model import check_task
+from ..models.threads import set_threads
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +163,9 @@ class Predictor:
         quantize: ``"fp8"`` (GPUs with FP8 tensor cores), ``"int8"`` or ``"int8-weight"``: the transformer blocks'
             linear layers in low precision through torchao (``sapiens2.models.lowp``; ``pip install
             'sapiens2[lowp]'``); accuracy against bf16 is in docs/benchmarks.md. Default None: no quantization.
+        threads: torch's CPU threads (``sapiens2.models.threads.set_threads``: process-wide, the last Predictor
+            built with a count wins); default None leaves the count as it is (torch's: one per core this process
+            may use). Idle threads sleep rather than spin (``OMP_WAIT_POLICY=PASSIVE``, set by ``import sapiens2``).
 
     Images are file paths, PIL images or H×W×3 uint8 **RGB** arrays. ``predictor(image)`` returns one result,
     ``predictor([...])`` a list, ``predictor.stream(iterable)`` yields results as batches finish.
@@ -186,8 +190,10 @@ class Predictor:
         mode: str | None = None,
         compile: bool = False,
         quantize: str | None = None,
+        threads: int | None = None,
     ) -> None:
         self.task = check_task(task)
+        set_threads(threads)
         self.device = resolve_device(device)
         self.mode = _resolve_mode(mode, self.device, bool(reference))
         self.dtype = _resolve_dtype(dtype) if dtype is not None else _default_dtype(self.device, self.mode)

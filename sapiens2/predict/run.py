@@ -22,7 +22,7 @@ from ..data.io import ImageReadError, ImageTooLargeError, read_image
 from ..data.sources import InputItem, expand_inputs, usable
 from ..metadata import SAMPLE_IMAGE  # sample=True: a public-domain photo shipped with the package
 from ..tasks import check_task
-from .batch import make_predictors, pending_tasks, resolve_sources, run_tasks
+from .batch import ExrCollector, make_predictors, pending_tasks, resolve_sources, run_tasks
 from .options import (
     OptionText,
     PredictOptions,
@@ -30,6 +30,7 @@ from .options import (
     check_device,
     check_input_size,
     check_model_input_size,
+    check_output_format,
     load_boxes,
     python_option,
     setup_status,
@@ -105,6 +106,7 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
             )
         check_device(options.device, option)
         check_input_size(options.input_size, option=option)
+        check_output_format(options, option)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -167,7 +169,7 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
     options, stats = run.options, run.stats
     loaded: list[tuple[InputItem, np.ndarray, list[str]]] = []
     for item in batch:
-        pending = pending_tasks(item, run.tasks, options.skip_existing)
+        pending = pending_tasks(item, run.tasks, options.skip_existing, options.output_format)
         if run.coco is not None and "pose" in run.tasks and "pose" not in pending:  # done by an earlier run
             _add_coco_results(run, item, None)
         if not pending:
@@ -183,15 +185,21 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
         return
     boxes = None if run.boxes is None else [boxes_for(item, run.boxes) for item, _, _ in loaded]
     images, pending = [entry[1] for entry in loaded], [entry[2] for entry in loaded]
+    exr = ExrCollector(options, run.predictors)
     for task, index, result, mask in run_tasks(run.predictors, run.tasks, options.mask_from, images, pending, boxes):
         item, image, _ = loaded[index]
         if isinstance(result, Exception):  # a model failure on one batch is reported per image, the run goes on
             stats.fail(f"{item.source}: {task} failed ({type(result).__name__}: {result})")
+            exr.drop(index)
+            continue
+        if exr.add(task, index, result, mask):
             continue
         write_options = WriteOptions(
             save_npy=options.save_npy,
             keypoint_format=options.keypoint_format,
             mask=mask if WRITERS[task].maskable else None,
+            output_format=options.output_format,
+            normal_convention=options.normal_convention,
         )
         try:
             stats.written += len(write_result(task, result, item, image, write_options))
@@ -200,6 +208,11 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
             continue
         if run.coco is not None and task == "pose":
             _add_coco_results(run, item, result)
+    for index, paths_or_error in exr.write([(item, image) for item, image, _ in loaded]):
+        if isinstance(paths_or_error, Exception):
+            stats.fail(f"{loaded[index][0].source}: cannot write the EXR ({paths_or_error})")
+        else:
+            stats.written += len(paths_or_error)
     stats.images += len(loaded)
 
 

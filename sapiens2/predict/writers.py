@@ -21,6 +21,13 @@ pose      ``_pose.json`` (``bbox_xyxy`` boxes, scores, named keypoints), ``_pose
 Each task's main file (named first above; a resumed run looks for it) is written last, so when it exists the
 image's other outputs are complete too.
 
+``WriteOptions.output_format`` (``--format``): ``default`` as above; ``png16`` / ``tiff16`` write the data images
+as 16-bit PNG / TIFF instead (normal ``_normal.png|.tif`` RGB = round((n + 1) / 2 * 65535); depth ``_depth.png|.tif``
+in millimetres (0 = none, at most 65.535 m) instead of ``_depth.npy``; albedo ``_albedo.png|.tif``; matting
+``_alpha.png|.tif`` and ``_cutout.png|.tif`` at 16 bits); ``exr`` writes one multi-layer ``<stem>.exr`` per image for
+every dense task (``write_exr_result``, channels in :mod:`sapiens2.predict.exr`) and pose its ``_pose.json``.
+``WriteOptions.normal_convention`` gives the axes of every normal and position written (``opencv`` = as predicted).
+
 Boxes: every file names its box field by its layout: ``bbox_xyxy`` [x1, y1, x2, y2] in ``_pose.json``, COCO's own
 ``bbox`` [x, y, w, h] in COCO files. Written boxes are clipped to the image, [0, W-1] x [0, H-1] (pixel centres on
 integers; the whole image is (0, 0, W-1, H-1)); the detector's boxes may reach past the image, and the crops are
@@ -54,6 +61,8 @@ from sapiens2.dense.pointmap import PointmapResult
 from sapiens2.dense.seg import SegResult
 from sapiens2.pose.keypoints import FORMATS, format_keypoint_names, skeleton_links
 from sapiens2.pose.topdown import PoseResult, as_keypoint_format
+from sapiens2.predict.exr import EXR_TASKS, NORMAL_CONVENTIONS, convert_camera_vectors, write_exr
+from sapiens2.predict.options import OUTPUT_FORMATS
 from sapiens2.predict.visualize import (
     KEYPOINT_THRESHOLD,
     apply_mask,
@@ -66,6 +75,7 @@ from sapiens2.predict.visualize import (
 )
 
 __all__ = [
+    "OUTPUT_FORMATS",
     "WRITERS",
     "TaskWriter",
     "CocoResultsWriter",
@@ -73,8 +83,10 @@ __all__ = [
     "clip_boxes",
     "coco_dataset_path",
     "instance_score",
+    "primary_suffix",
     "read_pose_json",
     "write_albedo",
+    "write_exr_result",
     "write_matting",
     "write_normal",
     "write_pointmap",
@@ -110,6 +122,11 @@ class WriteOptions:
         save_ply: write the pointmap's ``.ply`` point cloud.
         depth_range: fixed (near, far) metres for the depth colours (e.g. one range for a whole video); default
             each image's own 1st-99th percentile range.
+        output_format: ``OUTPUT_FORMATS``: the default files, one EXR per image, or 16-bit PNG/TIFF data images
+            (module docstring).
+        normal_convention: ``opencv`` (as predicted: x right, y down, z forward), ``opengl`` or ``blender`` (x right,
+            y up, z backward) axes of the normals and positions written.
+        models: task -> model name or source, recorded in EXR headers.
     """
 
     save_npy: bool = False
@@ -124,6 +141,9 @@ class WriteOptions:
     draw_boxes: bool = True
     save_ply: bool = True
     depth_range: tuple[float, float] | None = None
+    output_format: str = "default"
+    normal_convention: str = "opencv"
+    models: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.keypoint_format not in FORMATS:
@@ -132,6 +152,12 @@ class WriteOptions:
             raise ValueError(f"picture_format must be 'jpg' or 'png', got {self.picture_format!r}")
         if not 0 <= self.jpeg_quality <= 100:
             raise ValueError(f"jpeg_quality must be in 0..100, got {self.jpeg_quality}")
+        if self.output_format not in OUTPUT_FORMATS:
+            raise ValueError(f"output_format must be one of {', '.join(OUTPUT_FORMATS)}, got {self.output_format!r}")
+        if self.normal_convention not in NORMAL_CONVENTIONS:
+            raise ValueError(
+                f"normal_convention must be one of {', '.join(NORMAL_CONVENTIONS)}, got {self.normal_convention!r}"
+            )
         if self.mask is not None and np.asarray(self.mask).ndim != 2:
             raise ValueError(f"mask must be an (H, W) bool array, got shape {np.shape(self.mask)}")
 
@@ -175,6 +201,36 @@ def _save_picture(
     if not ok:
         raise RuntimeError(f"OpenCV could not encode a JPEG of shape {picture.shape} for {str(path)!r}")
     return atomic_write(path, encoded.tobytes())
+
+
+def _sixteen_bit(options: WriteOptions) -> bool:
+    return options.output_format in ("png16", "tiff16")
+
+
+def _to_u16(values: np.ndarray) -> np.ndarray:
+    """Values in [0, 1] (NaN -> 0) as uint16 0..65535, rounded."""
+    values = np.nan_to_num(np.asarray(values, dtype=np.float32), nan=0.0)
+    return np.clip(np.rint(values * 65535.0), 0, 65535).astype(np.uint16)
+
+
+def save_tiff(path: str | os.PathLike, image: np.ndarray) -> Path:
+    """Atomically write a lossless (LZW) TIFF: HxW, HxWx3 RGB or HxWx4 RGBA, uint8 or uint16."""
+    image = np.asarray(image)
+    if image.dtype not in (np.uint8, np.uint16):
+        raise ValueError(f"save_tiff needs uint8 or uint16 pixels, got {image.dtype}")
+    if image.ndim == 3:
+        image = cv2.cvtColor(image, cv2.COLOR_RGB2BGR if image.shape[2] == 3 else cv2.COLOR_RGBA2BGRA)
+    ok, encoded = cv2.imencode(".tif", image, [cv2.IMWRITE_TIFF_COMPRESSION, 5])  # 5: LZW
+    if not ok:
+        raise RuntimeError(f"OpenCV could not encode a TIFF of shape {image.shape} for {str(path)!r}")
+    return atomic_write(path, encoded.tobytes())
+
+
+def _save_data_image(destination: Destination, suffix: str, image: np.ndarray, options: WriteOptions) -> Path:
+    """A 16-bit data image as ``<stem><suffix>.png`` (``png16``) or ``.tif`` (``tiff16``)."""
+    if options.output_format == "tiff16":
+        return save_tiff(_output_path(destination, f"{suffix}.tif"), image)
+    return save_png(_output_path(destination, f"{suffix}.png"), image)
 
 
 def _blank(array: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -254,7 +310,11 @@ def write_normal(
     written = []
     if options.overlay:
         written.append(_save_picture(destination, "_normal", colorize_normals(normals), image_rgb, options))
-    written.append(save_npy(_output_path(destination, "_normal.npy"), normals))
+    normals = convert_camera_vectors(normals, options.normal_convention)
+    if _sixteen_bit(options):  # (n + 1) / 2 in 16 bits; masked pixels 0 (no unit vector maps there)
+        written.append(_save_data_image(destination, "_normal", _to_u16((normals + 1) / 2), options))
+    else:
+        written.append(save_npy(_output_path(destination, "_normal.npy"), normals))
     return written
 
 
@@ -273,9 +333,14 @@ def write_pointmap(
     mask = _mask(options, result.size)
     _check_size(image_rgb, result.size, "image_rgb")
     points = _blank(np.asarray(result.points, dtype=np.float32), mask)
+    points = convert_camera_vectors(points, options.normal_convention)
     depth = _blank(np.asarray(result.depth, dtype=np.float32), mask)
-    # float32, the pointmap's own precision (the reference demo saves float16: steps of ~2 mm at 3 m, DENSE.md §4.5).
-    written = [save_npy(_output_path(destination, "_depth.npy"), depth)]
+    if _sixteen_bit(options):  # millimetres, 0 = no value (masked, not finite or behind the camera)
+        millimetres = np.where(np.isfinite(depth) & (depth > 0), np.rint(depth * 1000.0), 0)
+        written = [_save_data_image(destination, "_depth", np.clip(millimetres, 0, 65535).astype(np.uint16), options)]
+    else:
+        # float32, the pointmap's own precision (the reference demo saves float16: ~2 mm steps at 3 m, DENSE.md §4.5).
+        written = [save_npy(_output_path(destination, "_depth.npy"), depth)]
     if options.save_ply:
         keep = np.isfinite(points).all(axis=2)  # (H, W); masked pixels are NaN already
         colors = None if image_rgb is None else np.ascontiguousarray(image_rgb[keep], dtype=np.uint8)
@@ -308,6 +373,11 @@ def write_albedo(
     """
     mask = _mask(options, result.size)
     _check_size(image_rgb, result.size, "image_rgb")
+    if _sixteen_bit(options):  # the float albedo (sRGB-encoded, as the 8-bit file) in 16 bits
+        albedo16 = _to_u16(np.clip(result.albedo_float, 0, 1))
+        if mask is not None:
+            albedo16[~mask] = 0
+        return [_save_data_image(destination, "_albedo", albedo16, options)]
     albedo = apply_mask(np.asarray(result.albedo, dtype=np.uint8), mask)
     if options.side_by_side and image_rgb is not None:
         albedo = side_by_side(image_rgb, albedo)
@@ -324,6 +394,13 @@ def write_matting(
     _check_size(image_rgb, result.size, "image_rgb")
     if options.mask is not None:
         logger.debug("WriteOptions.mask is not used for matting (the alpha matte is the mask)")
+    if _sixteen_bit(options):
+        alpha16 = _to_u16(np.clip(result.alpha, 0, 1))
+        cutout = np.concatenate([_to_u16(result.unpremultiplied()), alpha16[..., None]], axis=2)
+        return [
+            _save_data_image(destination, "_cutout", cutout, options),
+            _save_data_image(destination, "_alpha", alpha16, options),
+        ]
     alpha = np.clip(np.rint(np.asarray(result.alpha, dtype=np.float32) * 255.0), 0, 255).astype(np.uint8)
     return [
         save_png(_output_path(destination, "_cutout.png"), result.rgba()),
@@ -401,6 +478,50 @@ WRITERS: dict[str, TaskWriter] = {
 }
 
 
+_SIXTEEN_BIT_PRIMARY = {"normal": "_normal", "albedo": "_albedo", "matting": "_alpha"}
+
+
+def primary_suffix(task: str, output_format: str = "default") -> str:
+    """The suffix of ``task``'s file written last in ``output_format``: when it exists the task is done for the
+    image (``--skip-existing``); ``.exr`` for every task an EXR holds."""
+    if output_format == "exr" and task in EXR_TASKS:
+        return ".exr"
+    if output_format in ("png16", "tiff16") and task in _SIXTEEN_BIT_PRIMARY:
+        return _SIXTEEN_BIT_PRIMARY[task] + (".tif" if output_format == "tiff16" else ".png")
+    return WRITERS[task].primary
+
+
+def write_exr_result(
+    results: dict[str, Any],
+    item_or_stem_path: Destination,
+    image_rgb: np.ndarray | None = None,
+    options: WriteOptions | None = None,
+) -> list[Path]:
+    """Write one image's dense results (task -> result, every task at once) as ``<stem>.exr``.
+
+    The plate is ``image_rgb``; ``options.mask`` blanks normal, pointmap and albedo; ``options.normal_convention``
+    and ``options.models`` go into the file (channels and header: :mod:`sapiens2.predict.exr`). Pose results are
+    not held by EXR: write them with :func:`write_result`.
+
+    Raises:
+        ValueError: a result of the wrong type, sizes that differ, or no dense result.
+        ImportError: OpenEXR is not installed (``pip install sapiens2[exr]``).
+    """
+    options = options or _DEFAULT_OPTIONS
+    dense = {task: result for task, result in results.items() if task in EXR_TASKS}
+    for task, result in dense.items():
+        if not isinstance(result, WRITERS[task].result_type):
+            raise ValueError(f"task {task!r} needs a {WRITERS[task].result_type.__name__}, got {type(result).__name__}")
+    if not dense:
+        raise ValueError(f"no result of {', '.join(EXR_TASKS)} to write to an EXR")
+    path = _output_path(item_or_stem_path, ".exr")
+    size = next(iter(dense.values())).size
+    mask = _mask(options, size)
+    return [
+        write_exr(path, dense, image_rgb, normal_convention=options.normal_convention, mask=mask, models=options.models)
+    ]
+
+
 def write_result(
     task: str,
     result: Any,
@@ -431,6 +552,8 @@ def write_result(
     """
     if task not in WRITERS:
         raise ValueError(f"unknown task {task!r}; choose from {', '.join(WRITERS)}")
+    if options is not None and options.output_format == "exr" and task in EXR_TASKS:
+        raise ValueError(f"one EXR holds every task of an image: write {task} with write_exr_result")
     result_type, writer = WRITERS[task].result_type, WRITERS[task].write
     if not isinstance(result, result_type):
         raise ValueError(f"task {task!r} needs a {result_type.__name__}, got {type(result).__name__}")

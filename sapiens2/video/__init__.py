@@ -3,7 +3,7 @@ people (``predict_video(predictor, "clip.mp4", "out/")``; ``sapiens2 predict cli
 ``sapiens2[video]``."""
 
 from .decode import VIDEO_EXTENSIONS, Frame, FrameSource, VideoReadError, is_video_input, open_frames
-from .run import VideoOptions, VideoReport, predict_video, predict_videos
+from .run import FrameHook, VideoOptions, VideoReport, predict_video, predict_videos
 from .smooth import FixedLagSmoother, OneEuroFilter, OnlineSmoother, jitter
 from .track import ByteTracker, TrackerOptions
 
@@ -12,6 +12,7 @@ __all__ = [
     "ByteTracker",
     "FixedLagSmoother",
     "Frame",
+    "FrameHook",
     "FrameSource",
     "OneEuroFilter",
     "OnlineSmoother",

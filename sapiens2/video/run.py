@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -34,10 +34,12 @@ from ..data.io import atomic_write
 from .decode import Frame, FrameSource, VideoReadError, frame_indices, is_stream_url, open_frames
 from .people import PoseStage
 from .smooth import SMOOTH_MODES, FixedLagSmoother, LabelStabilizer, OnlineSmoother, ScaleStabilizer, rescale_pointmap
+from .temporal import FixedLagTemporalFilter, TemporalFilter
 from .track import TrackerOptions
 from .write import (
     DENSE_MEMBERS,
     ChunkWriter,
+    ExrFrames,
     dense_array,
     join_outputs,
     overlay_codec,
@@ -45,7 +47,7 @@ from .write import (
     remove_temporaries,
 )
 
-__all__ = ["VideoOptions", "VideoReport", "predict_video", "predict_videos", "video_stem"]
+__all__ = ["FrameHook", "VideoOptions", "VideoReport", "predict_video", "predict_videos", "video_stem"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +65,14 @@ class VideoOptions:
         sigma: width (frames) of the offline Gaussian; the smoother holds ``ceil(3 sigma)`` frames back.
         min_cutoff, beta: the One-Euro filter's still cut-off (Hz) and speed coefficient.
         stabilize_seg: majority label over the last 3 frames per pixel (with smoothing on).
+        smooth_dense: flow-guided temporal filter of the dense tasks (normal, pointmap, albedo, matting, seg
+            probabilities), online or offline as ``smooth`` says (``sapiens2.video.temporal``) [``--smooth-dense``].
         keypoint_format: keypoints written and drawn: sapiens308, coco17, coco_wholebody133, openpose25.
         overlay: write the overlay video.
         save_dense: write the dense tasks' per-frame arrays.
+        output_format: ``"default"`` (dense ``.npz`` chunks) or ``"exr"`` (an OpenEXR per frame, ``write.ExrFrames``)
+            [``--format``].
+        normal_convention: axes of N and P in EXR frames: opencv, opengl or blender [``--normal-convention``].
         chunk_frames: frames per chunk (the unit of resuming).
         queue_frames: frames each queue holds at most.
         fps: frame rate of an image-sequence folder.
@@ -82,9 +89,12 @@ class VideoOptions:
     min_cutoff: float = 1.0
     beta: float = 0.01
     stabilize_seg: bool = False
+    smooth_dense: bool = False
     keypoint_format: str = "sapiens308"
     overlay: bool = True
     save_dense: bool = True
+    output_format: str = "default"
+    normal_convention: str = "opencv"
     chunk_frames: int = 64
     queue_frames: int = 8
     fps: float | None = None
@@ -94,6 +104,8 @@ class VideoOptions:
     def __post_init__(self) -> None:
         if self.smooth not in ("auto", *SMOOTH_MODES):
             raise ValueError(f"smooth must be auto, none, online or offline, got {self.smooth!r}")
+        if self.smooth_dense and self.smooth == "none":
+            raise ValueError("smooth_dense needs smooth auto, online or offline (the filter's mode), got 'none'")
         if self.start < 0:
             raise ValueError(f"start must be >= 0, got {self.start}")
         if self.end is not None and self.end <= self.start:
@@ -134,6 +146,23 @@ def video_stem(source: str | os.PathLike | int, output: Path) -> Path:
         return output / re.sub(r"[^A-Za-z0-9._-]+", "_", text.split("://")[-1]).strip("_")
     path = Path(text.rstrip("/"))
     return output / (path.name if path.is_dir() else path.stem)
+
+
+class FrameHook(Protocol):
+    """Per-frame work added to a video run (``predict_video(..., hook=)``; ``sapiens2.mocap`` lifts people to 3D).
+
+    It runs in the write thread on each frame after tracking and smoothing, in frame order, before the frame is
+    drawn and written: ``hook(frame, results, ids)`` gets the ``Frame``, task -> result and the people's track ids
+    (None without pose) and returns ``(fields, panel)``: ``fields`` (JSON values) join the frame's record in
+    ``clip_frames.jsonl``, so they are chunked and resumed with it; ``panel`` (an RGB image of the frame's height, or
+    None) is drawn beside the overlay picture. ``name`` is its stage in the timings; ``signature`` (JSON values) joins
+    the resume signature, so a changed hook starts afresh."""
+
+    name: str
+    signature: dict
+
+    def __call__(self, frame: Frame, results: Mapping[str, Any], ids: np.ndarray | None
+                 ) -> tuple[dict, np.ndarray | None]: ...  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------- per-frame work
@@ -230,13 +259,17 @@ class _Drawer:
 _END = object()
 
 
-def _signature(source: str, options: VideoOptions, tasks: Sequence[str]) -> dict:
+def _signature(source: str, options: VideoOptions, tasks: Sequence[str], hook: FrameHook | None = None) -> dict:
     stat = {}
     if not is_stream_url(source) and Path(source).is_file():
         info = Path(source).stat()
         stat = {"bytes": info.st_size, "mtime": int(info.st_mtime)}
-    keys = ("start", "end", "stride", "detect_every", "smooth", "chunk_frames", "keypoint_format", "overlay")
-    return {"source": source, **stat, "tasks": list(tasks), **{k: getattr(options, k) for k in keys}}
+    keys = ("start", "end", "stride", "detect_every", "smooth", "smooth_dense", "chunk_frames", "keypoint_format",
+            "overlay")  # fmt: skip
+    extra = {"hook": {"name": hook.name, **hook.signature}} if hook is not None else {}
+    if options.output_format != "default":  # only when set, so that earlier runs keep their signature
+        extra.update(output_format=options.output_format, normal_convention=options.normal_convention)
+    return {"source": source, **stat, "tasks": list(tasks), **{k: getattr(options, k) for k in keys}, **extra}
 
 
 def _prepare(stem: Path, signature: dict, tasks: Sequence[str]) -> list[dict]:
@@ -253,6 +286,7 @@ def _prepare(stem: Path, signature: dict, tasks: Sequence[str]) -> list[dict]:
     shutil.rmtree(parts, ignore_errors=True)
     for task in DENSE_MEMBERS:
         shutil.rmtree(stem.parent / f"{stem.name}_{task}", ignore_errors=True)
+    shutil.rmtree(ExrFrames.folder(stem), ignore_errors=True)
     atomic_write(run_file, json.dumps(signature).encode())
     return []
 
@@ -264,6 +298,7 @@ def predict_video(
     options: VideoOptions | None = None,
     *,
     progress: bool | None = None,
+    hook: FrameHook | None = None,
 ) -> VideoReport:
     """Run each task's ``Predictor`` over a video and write its outputs (see ``sapiens2.video.write``).
 
@@ -274,6 +309,8 @@ def predict_video(
         output: output folder; files are named after the source (``video_stem``).
         options: see ``VideoOptions``.
         progress: show a progress bar (default: on a terminal).
+        hook: per-frame work in the write thread whose fields join each frame's record and whose panel joins the
+            overlay (``FrameHook``; ``sapiens2.mocap`` uses it): no second decode or inference.
 
     Returns:
         A ``VideoReport``. A source that fails mid-way keeps its outputs up to the last good frame and reports the
@@ -296,7 +333,7 @@ def predict_video(
         report.skipped = True
         return report
     stem.parent.mkdir(parents=True, exist_ok=True)
-    markers = _prepare(stem, _signature(text, options, tasks), tasks)
+    markers = _prepare(stem, _signature(text, options, tasks, hook), tasks)
     start = options.start
     if markers:
         start = markers[-1]["last"] + options.stride
@@ -313,15 +350,22 @@ def predict_video(
     mode = options.smooth if options.smooth != "auto" else ("online" if live else "offline")
     fps = frames.fps if frames is not None else 30.0
     time_base = frames.time_base if frames is not None and frames.time_base else Fraction(1, 90000)
-    writer = ChunkWriter(stem, fps, time_base, tuple(t for t in tasks if t != "pose" and options.save_dense),
-                         options.overlay, overlay_codec() if options.overlay else None, chunk=len(markers))  # fmt: skip
+    exr = None
+    if options.output_format == "exr":
+        from ..predict.batch import model_descriptions
+
+        exr = ExrFrames(options.normal_convention, model_descriptions(predictors))
+    npz = options.save_dense and exr is None
+    writer = ChunkWriter(stem, fps, time_base, tuple(t for t in tasks if t != "pose" and npz),
+                         options.overlay, overlay_codec() if options.overlay else None, exr=exr,
+                         chunk=len(markers))  # fmt: skip
     timer = _Timer()
     wall = time.perf_counter()
     error: list[str] = []
     if frames is not None:
         _run_pipeline(predictors, frames, options, mode, writer, timer, markers, error, report,
                       tqdm(total=len(frame_indices(frames) or []) or None, unit="frame", desc=stem.name,
-                           disable=progress is False or None))  # fmt: skip
+                           disable=progress is False or None), hook)  # fmt: skip
     timer.seconds["total"] = time.perf_counter() - wall
     report.seconds = dict(timer.seconds)
     markers = read_markers(writer.parts)
@@ -357,12 +401,16 @@ def _summary(report: VideoReport, predictors: Mapping[str, Any], options: VideoO
     summary: dict[str, Any] = {
         "source": report.source, "tasks": list(predictors), "frames": report.frames, "fps": fps,
         "first_frame": markers[0]["first"] if markers else None, "last_frame": markers[-1]["last"] if markers else None,
-        "stride": options.stride, "smooth": mode, "detect_every": options.detect_every,
+        "stride": options.stride, "smooth": mode, "smooth_dense": options.smooth_dense and mode != "none",
+        "detect_every": options.detect_every,
         "overlay_codec": writer.codec, "error": report.error, "seconds": report.seconds,
         "frames_per_second": report.frames_per_second(),
         "dense": {t: [str(writer.dense_path(t, c).relative_to(writer.stem.parent)) for c in range(len(markers))]
                   for t in writer.dense_tasks},
     }  # fmt: skip
+    if writer.exr is not None:  # --format exr: the frames' files as a pattern (#### = source frame index)
+        folder = ExrFrames.folder(writer.stem).relative_to(writer.stem.parent)
+        summary["exr"] = str(folder / f"{writer.stem.name}.####.exr")
     if "pose" in predictors:
         summary["keypoint_format"] = options.keypoint_format
         summary["keypoint_names"] = list(format_keypoint_names(options.keypoint_format))
@@ -407,19 +455,27 @@ def _decode_thread(frames: FrameSource, out: queue.Queue, timer: _Timer, stop: t
 
 
 def _write_thread(inbox: queue.Queue, writer: ChunkWriter, options: VideoOptions, timer: _Timer, failed: list,
-                  bar: Any) -> None:  # fmt: skip
+                  bar: Any, hook: FrameHook | None = None) -> None:  # fmt: skip
     drawer = _Drawer(options.keypoint_format)
     last_state = None
     ended = False  # _END taken from the inbox: after a failure, drain until it comes, never past it
     try:
         while not (ended := (item := inbox.get()) is _END):
+            fields, panel = {}, None
+            if hook is not None:
+                start = time.perf_counter()
+                fields, panel = hook(item.frame, item.results, item.ids)
+                timer.add(hook.name, start)
             start = time.perf_counter()
             picture = drawer(item) if options.overlay else None
+            if picture is not None and panel is not None:
+                picture = np.concatenate([picture, panel], axis=1)
             timer.add("draw", start)
             start = time.perf_counter()
             dense = {t: dense_array(t, item.results[t]) for t in writer.dense_tasks}
             pts = item.frame.pts if item.frame.pts is not None else round(item.frame.time / writer.time_base)
-            writer.add(item.frame.index, pts, _record(item, options.keypoint_format), picture, dense)
+            writer.add_exr(item.frame.index, item.results, item.frame.image)  # --format exr only
+            writer.add(item.frame.index, pts, {**_record(item, options.keypoint_format), **fields}, picture, dense)
             if writer.frames_in_chunk >= options.chunk_frames:
                 writer.seal(item.state)
             last_state = item.state
@@ -439,7 +495,7 @@ def _write_thread(inbox: queue.Queue, writer: ChunkWriter, options: VideoOptions
 
 def _run_pipeline(predictors: Mapping[str, Any], frames: FrameSource, options: VideoOptions, mode: str,
                   writer: ChunkWriter, timer: _Timer, markers: list[dict], error: list[str], report: VideoReport,
-                  bar: Any) -> None:  # fmt: skip
+                  bar: Any, hook: FrameHook | None = None) -> None:  # fmt: skip
     """Decode, infer and write until the source ends or any stage fails; a failure anywhere becomes one line in
     ``error`` (naming the source), the threads always finish, and nothing waits on a thread that has stopped."""
     decoded: queue.Queue = queue.Queue(maxsize=options.queue_frames)
@@ -447,7 +503,8 @@ def _run_pipeline(predictors: Mapping[str, Any], frames: FrameSource, options: V
     stop = threading.Event()
     failed: list[BaseException] = []
     reader = threading.Thread(target=_decode_thread, args=(frames, decoded, timer, stop), daemon=True)
-    writing = threading.Thread(target=_write_thread, args=(finished, writer, options, timer, failed, bar), daemon=True)
+    writing = threading.Thread(target=_write_thread, args=(finished, writer, options, timer, failed, bar, hook),
+                               daemon=True)  # fmt: skip
     started = False
     try:
         state = markers[-1]["state"] if markers else None
@@ -457,6 +514,7 @@ def _run_pipeline(predictors: Mapping[str, Any], frames: FrameSource, options: V
         lagged = FixedLagSmoother(options.sigma) if mode == "offline" else None
         scale_online = ScaleStabilizer() if mode == "online" else None
         labels = LabelStabilizer() if options.stabilize_seg and mode != "none" else None
+        dense = _dense_filter(options, mode)
         reader.start()
         writing.start()
         started = True
@@ -476,13 +534,16 @@ def _run_pipeline(predictors: Mapping[str, Any], frames: FrameSource, options: V
                 break
             _infer(batch, predictors, pose, timer)
             start = time.perf_counter()
-            released = _smooth(batch, online, lagged, scale_online, labels)
+            released = _filter_dense(_smooth(batch, online, lagged, scale_online, labels), dense)
             timer.add("smooth", start)
             if not all(_put(finished, item, writing) for item in released):
                 break
             report.frames += len(batch)
         if lagged is not None and not failed:
-            for item in _release(lagged.flush()):
+            rest = _filter_dense(_release(lagged.flush()), dense)
+            if isinstance(dense, FixedLagTemporalFilter):
+                rest += [_with_results(item, results) for item, results in dense.flush()]
+            for item in rest:
                 if not _put(finished, item, writing):
                     break
     except Exception as problem:  # a model failure: keep what is written, report it, go on with the next video
@@ -561,6 +622,28 @@ def _smooth(batch: list[_Item], online: OnlineSmoother | None, lagged: FixedLagS
     return released
 
 
+def _dense_filter(options: VideoOptions, mode: str) -> TemporalFilter | FixedLagTemporalFilter | None:
+    if not options.smooth_dense or mode == "none":
+        return None
+    return TemporalFilter() if mode == "online" else FixedLagTemporalFilter()
+
+
+def _with_results(item: _Item, results: dict[str, Any]) -> _Item:
+    item.results = results
+    return item
+
+
+def _filter_dense(items: list[_Item], dense: TemporalFilter | FixedLagTemporalFilter | None) -> list[_Item]:
+    """The flow-guided dense filter over frames released in order (``temporal``); the offline one holds frames
+    back by its lag and releases them later."""
+    if isinstance(dense, TemporalFilter):
+        return [_with_results(item, dense(item.frame.image, item.results)) for item in items]
+    if isinstance(dense, FixedLagTemporalFilter):
+        return [_with_results(done, results) for item in items
+                for done, results in dense.push(item.frame.image, item.results, item)]  # fmt: skip
+    return items
+
+
 # ------------------------------------------------------------------------------------------------- the CLI's entry
 
 
@@ -569,20 +652,31 @@ def predict_videos(options: Any, video: VideoOptions, *, option: Any = None) -> 
     device, output ...), its ``inputs`` the videos; one error line per failed video, the others still run.
     Returns 0 when every video is complete, 1 otherwise."""
     from ..predict.batch import make_predictors
-    from ..predict.options import check_device, check_input_size, check_model_input_size, python_option, setup_status
+    from ..predict.options import (
+        check_device,
+        check_input_size,
+        check_model_input_size,
+        check_output_format,
+        python_option,
+        setup_status,
+    )
 
     option = option or python_option
     try:
         tasks = list(dict.fromkeys(options.tasks))
         check_device(options.device, option)
         check_input_size(options.input_size, option=option)
+        check_output_format(options, option)
+        if options.output_format not in ("default", "exr"):
+            raise ValueError(f"{option('output_format', options.output_format)}: videos take default or exr")
         predictors = make_predictors(options, tasks, option)
         for predictor in predictors.values():
             check_model_input_size(predictor.input_size, predictor.model, option)
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return setup_status(error)
-    video = dataclasses.replace(video, keypoint_format=options.keypoint_format, skip_existing=options.skip_existing)
+    video = dataclasses.replace(video, keypoint_format=options.keypoint_format, skip_existing=options.skip_existing,
+                                output_format=options.output_format, normal_convention=options.normal_convention)
     if getattr(options, "coco_results", None):  # a results array is per image; a video's people are per frame
         print(f"warning: {option('coco_results', options.coco_results)} holds images only; each video's people are "
               "in its _frames.jsonl (COCO keypoints per frame)", file=sys.stderr)  # fmt: skip

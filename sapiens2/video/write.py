@@ -13,15 +13,18 @@ For an input with output stem ``out/clip`` (files in brackets exist only for the
 (``clip_<task>/chunk_NNNNNN.npz``) dense arrays, one compressed NumPy archive per chunk, one member per frame
                                ``frame_<index>``: seg labels (H, W) uint8, normal (H, W, 3) float16, pointmap points
                                (H, W, 3) float16 metres, albedo (H, W, 3) uint8, matting alpha (H, W) uint8
+(``clip_exr/clip.####.exr``)   ``--format exr``: one multi-layer OpenEXR per frame (``sapiens2.predict.exr``: N, P, Z,
+                               albedo, A, the plate, the body-part Cryptomatte), numbered by source frame index, in
+                               place of the ``.npz`` archives
 ``clip_video.json``            the run's summary (source, fps, frames, keypoint names, codec, timings, error if any);
                                written last: when it exists the video is complete
 =============================  ========================================================================================
 
 While running, each chunk of frames goes to ``clip.parts/`` (an mp4 segment and a JSON Lines part) and is sealed by
-a marker file written last (atomically, as every file here); the dense archives of a chunk are moved into place
-before its marker. A resumed run keeps the sealed chunks and starts after the last one; at the end the segments
-are joined without re-encoding (no B-frames, so timestamps stay monotonic across segments) and ``clip.parts/`` is
-removed.
+a marker file written last (atomically, as every file here); the dense archives and EXR frames of a chunk are moved
+into place before its marker. A resumed run keeps the sealed chunks and starts after the last one; at the end the
+segments are joined without re-encoding (no B-frames, so timestamps stay monotonic across segments) and
+``clip.parts/`` is removed.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from .decode import require_av
 __all__ = [
     "ChunkWriter",
     "DenseArchive",
+    "ExrFrames",
     "VideoEncoder",
     "encoder_time_base",
     "join_outputs",
@@ -195,6 +199,27 @@ def dense_array(task: str, result: Any) -> np.ndarray:
     return np.asarray(value).astype(DENSE_MEMBERS[task], copy=False)
 
 
+@dataclass(frozen=True)
+class ExrFrames:
+    """``--format exr`` for a video: each frame's dense results as ``<stem>_exr/<stem>.####.exr``.
+
+    Attributes:
+        normal_convention: axes of N and P (``sapiens2.predict.exr.NORMAL_CONVENTIONS``).
+        models: task -> model description recorded in each header.
+    """
+
+    normal_convention: str = "opencv"
+    models: dict[str, str] | None = None
+
+    @staticmethod
+    def folder(stem: Path) -> Path:
+        return stem.parent / f"{stem.name}_exr"
+
+    @staticmethod
+    def name(stem: Path, index: int) -> str:
+        return f"{stem.name}.{index:04d}.exr"
+
+
 @dataclass
 class ChunkWriter:
     """Writes frames into the current chunk (mp4 segment, JSON Lines part, dense archives) and seals chunks."""
@@ -205,6 +230,7 @@ class ChunkWriter:
     dense_tasks: tuple[str, ...]
     overlay: bool = True
     codec: str | None = None
+    exr: ExrFrames | None = None
     chunk: int = 0  # index of the chunk being written
     frames_in_chunk: int = 0
     _encoder: VideoEncoder | None = None
@@ -213,10 +239,26 @@ class ChunkWriter:
     _first: int | None = None
     _last: int | None = None
     _times: tuple[float, float] | None = None
+    _exr_files: list[str] = field(default_factory=list)
 
     @property
     def parts(self) -> Path:
         return self.stem.parent / f"{self.stem.name}.parts"
+
+    def _exr_staging(self) -> Path:
+        return self.parts / f"exr_{self.chunk:06d}"
+
+    def add_exr(self, index: int, results: dict[str, Any], image: np.ndarray | None) -> None:
+        """Write frame ``index``'s EXR into the chunk's staging folder (moved into place when the chunk is sealed)."""
+        from ..predict.exr import EXR_TASKS, write_exr
+
+        results = {task: result for task, result in results.items() if task in EXR_TASKS}
+        if self.exr is None or not results:
+            return
+        name = ExrFrames.name(self.stem, index)
+        write_exr(self._exr_staging() / name, results, image, normal_convention=self.exr.normal_convention,
+                  models=self.exr.models)  # fmt: skip
+        self._exr_files.append(name)
 
     def dense_path(self, task: str, chunk: int) -> Path:
         return self.stem.parent / f"{self.stem.name}_{task}" / f"chunk_{chunk:06d}.npz"
@@ -244,12 +286,18 @@ class ChunkWriter:
             self._encoder.close()
         for archive in self._archives.values():
             archive.close()
+        if self._exr_files:
+            folder = ExrFrames.folder(self.stem)
+            folder.mkdir(parents=True, exist_ok=True)
+            for name in self._exr_files:
+                os.replace(self._exr_staging() / name, folder / name)
+            shutil.rmtree(self._exr_staging(), ignore_errors=True)
         atomic_write(self.parts / f"{self.chunk:06d}.jsonl", ("\n".join(self._lines) + "\n").encode())
         marker = {"chunk": self.chunk, "frames": self.frames_in_chunk, "first": self._first, "last": self._last,
                   "times": self._times, "state": state or {}}  # fmt: skip
         atomic_write(self.parts / f"{self.chunk:06d}.json", json.dumps(marker).encode())
         self.chunk += 1
-        self.frames_in_chunk, self._encoder, self._lines, self._archives = 0, None, [], {}
+        self.frames_in_chunk, self._encoder, self._lines, self._archives, self._exr_files = 0, None, [], {}, []
         self._first = self._last = self._times = None
 
     def abort(self) -> None:
@@ -258,7 +306,8 @@ class ChunkWriter:
             self._encoder.abort()
         for archive in self._archives.values():
             archive.abort()
-        self.frames_in_chunk, self._encoder, self._lines, self._archives = 0, None, [], {}
+        shutil.rmtree(self._exr_staging(), ignore_errors=True)
+        self.frames_in_chunk, self._encoder, self._lines, self._archives, self._exr_files = 0, None, [], {}, []
 
 
 def read_markers(parts: Path) -> list[dict]:

@@ -1,0 +1,96 @@
+"""``sapiens2 mocap``: the flags, parsed into ``PredictOptions`` + ``MocapOptions`` for
+``sapiens2.mocap.run.run_mocap_inputs``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .predict import add_model_flags, cli_option, model_options
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    from ..mocap.run import EXPORT_FORMATS
+
+    parser = commands.add_parser(
+        "mocap",
+        help="video of people -> metric 3D skeletons: BVH, glTF, C3D, CSV/Parquet, joint angles, a 3D overlay",
+        description="Motion capture: pose + pointmap (+ seg) through the video pipeline, lifted to metres, solved "
+        "on a skeleton per tracked person and exported (docs/mocap.md). Example: sapiens2 mocap clip.mp4 -o out/",
+    )
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="video files, images, folders of frames (one sequence each), cameras (/dev/video0, or 0) and stream "
+        "URLs (rtsp/http ...)",
+    )
+    parser.add_argument("-o", "--output", required=True, type=Path, help="output folder")
+    model = parser.add_argument_group("model (one per task: --model pose=SRC --model pointmap=SRC --model seg=SRC)")
+    add_model_flags(model, batch_help="images (pose: person crops) per forward pass")
+    pose = parser.add_argument_group("pose")
+    pose.add_argument(
+        "--detector",
+        default="rtmdet",
+        help="rtmdet (default: downloaded once), a local rtmdet_m.pth, or none (the whole image as one person)",
+    )
+    pose.add_argument("--no-flip-test", action="store_true", help="skip the flip test (faster, less accurate)")
+    video = parser.add_argument_group("video")
+    video.add_argument("--fps", type=_positive, default=None,
+                       help="the frame rate of a folder of frames (default 30)")  # fmt: skip
+    video.add_argument("--start", type=int, default=0, help="first source frame (index)")
+    video.add_argument("--end", type=int, default=None, help="stop before this source frame (index)")
+    video.add_argument("--stride", type=int, default=1, help="take every N-th frame")
+    video.add_argument("--detect-every", type=int, default=1, help="pose: run the detector every N frames, "
+                       "boxes from the previous frame's keypoints between")  # fmt: skip
+    video.add_argument("--smooth", default="auto", choices=("auto", "none", "online", "offline"),
+                       help="3D smoothing: auto is offline (zero lag, bones robust over the clip) for files and "
+                       "online (One-Euro in 3D, bones learned as it goes) for cameras and streams")  # fmt: skip
+    video.add_argument("--no-overlay", action="store_true", help="do not write the overlay video")
+    out = parser.add_argument_group("mocap")
+    out.add_argument("--formats", default=",".join(EXPORT_FORMATS),
+                     help=f"comma-separated exports per track (default all): {', '.join(EXPORT_FORMATS)}")
+    out.add_argument("--no-seg", action="store_true",
+                     help="run without the seg model (occlusion from depth jumps only; faster)")
+    out.add_argument("--no-view", action="store_true", help="no 3D view beside the frame in the overlay")
+    out.add_argument("--min-track-frames", type=int, default=5,
+                     help="leave out tracks seen on fewer frames (default 5)")  # fmt: skip
+    out.add_argument("--skip-existing", action="store_true", help="skip inputs whose mocap summary exists")
+    parser.set_defaults(func=run)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..mocap.run import MocapOptions, run_mocap_inputs
+    from ..predict.options import PredictOptions
+    from ..video.run import VideoOptions
+
+    inputs = [int(i) if i.isdigit() and not Path(i).exists() else i for i in args.inputs]  # 0: the first camera
+    options = PredictOptions(tasks=("pose", "pointmap"), output=args.output, inputs=inputs, **model_options(args),
+                             detector=args.detector, flip_test=not args.no_flip_test)  # fmt: skip
+    try:
+        video = VideoOptions(start=args.start, end=args.end, stride=args.stride, detect_every=args.detect_every,
+                             smooth="none", fps=args.fps, overlay=not args.no_overlay, save_dense=False)  # fmt: skip
+    except ValueError as error:
+        print(f"error: --{str(error).replace('_', '-')}", file=sys.stderr)
+        return 2
+    try:
+        mocap = MocapOptions(video=video, smooth=args.smooth, seg=not args.no_seg, view=not args.no_view,
+                             formats=[f.strip() for f in args.formats.split(",") if f.strip()],
+                             min_frames=args.min_track_frames, skip_existing=args.skip_existing)  # fmt: skip
+    except ValueError as error:
+        flag = {"formats": "--formats", "min_frames": "--min-track-frames"}
+        name = str(error).split()[0].rstrip(":")
+        print(f"error: {flag.get(name, '--' + name.replace('_', '-'))}{str(error)[len(name):]}", file=sys.stderr)
+        return 2
+    return run_mocap_inputs(options, mocap, option=cli_option)

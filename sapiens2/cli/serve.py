@@ -1,0 +1,143 @@
+"""``sapiens2 serve``: the flags, parsed into a ``ServeOptions`` for ``sapiens2.serve`` (an HTTP service on Ray
+Serve; ``docs/serving.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..serve.options import KEYPOINT_FORMATS, ServeOptions, config_file_text
+from ..tasks import TASKS
+from .predict import add_model_flags, add_threads_flag, cli_option, model_options
+
+_FLAGS = {
+    "tasks": "--task",
+    "models": "--model",
+    "allow_urls": "--allow-url",
+    "request_timeout_s": "--request-timeout",
+    "drain_s": "--drain",
+}
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "serve",
+        help="an HTTP inference service with dynamic batching on Ray Serve (needs the [serve] extra)",
+        description="Serve tasks over HTTP: POST an image to /v1/{task}. Example: sapiens2 serve --task pose,seg "
+        "--model 1b, then curl --data-binary @photo.jpg http://127.0.0.1:8000/v1/pose (docs/serving.md)",
+    )
+    parser.add_argument("--task", default="pose,seg", help=f"comma-separated tasks of {', '.join(TASKS)} "
+                        "(default pose,seg)")  # fmt: skip
+    model = parser.add_argument_group("model")
+    add_model_flags(model, batch_help="person crops per forward pass (pose; default 8)")
+    model.set_defaults(batch_size=8)
+    add_threads_flag(model)
+    model.add_argument("--detector", default="rtmdet", help="pose person detector: rtmdet (default: downloaded once), "
+                       "a local rtmdet_m.pth, or none (the whole image as one person)")  # fmt: skip
+    model.add_argument("--no-flip-test", action="store_true", help="skip the pose flip test (faster, less accurate)")
+    model.add_argument("--keypoint-format", default="sapiens308", choices=KEYPOINT_FORMATS,
+                       help="pose keypoint set when a request names none (?keypoint_format=)")  # fmt: skip
+    serving = parser.add_argument_group("serving")
+    serving.add_argument("--devices", default=None, help="one model replica per device: all (default: every GPU, "
+                         "else one CPU replica), a GPU count list (0,1), cuda, cpu or cpu:N")  # fmt: skip
+    serving.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this "
+                         "machine only; 0.0.0.0: the network)")  # fmt: skip
+    serving.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    serving.add_argument("--max-batch", type=int, default=8, help="images of one task per model batch, gathered "
+                         "from any requests (default 8)")  # fmt: skip
+    serving.add_argument("--max-wait-ms", type=float, default=10.0, help="how long a batch waits to fill (default 10)")
+    serving.add_argument("--max-queue", type=int, default=64, help="requests inside the service at once; more are "
+                         "answered 503 with Retry-After (default 64)")  # fmt: skip
+    serving.add_argument("--max-megapixels", type=float, default=40.0, help="refuse larger images, judged from the "
+                         "header before decoding (default 40)")  # fmt: skip
+    serving.add_argument("--max-upload-mb", type=float, default=50.0, help="refuse larger request bodies (default 50)")
+    serving.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' on /v1 and /metrics "
+                         "(default $SAPIENS2_SERVE_TOKEN; none: no authentication)")  # fmt: skip
+    serving.add_argument("--allow-url", action="append", default=[], metavar="PREFIX", help="let JSON requests name "
+                         "an image URL under this prefix (repeatable; default: no URL is ever fetched)")  # fmt: skip
+    serving.add_argument("--request-timeout", type=float, default=120.0, help="answer 504 after this many seconds")
+    serving.add_argument("--drain", type=float, default=30.0, help="on shutdown, seconds in-flight requests may take")
+    serving.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start a local one)")
+    serving.add_argument("--print-config", action="store_true", help="print the Ray Serve config file of these "
+                         "flags (for serve run / serve deploy) and exit")  # fmt: skip
+    parser.set_defaults(func=run)
+
+
+def options_from_args(args: argparse.Namespace) -> ServeOptions:
+    values = model_options(args)
+    device = values.pop("device")
+    return ServeOptions(
+        tasks=[t.strip() for t in args.task.split(",") if t.strip()],
+        **values,
+        devices=args.devices or device,  # --device cpu: one replica there
+        threads=args.threads,
+        detector=args.detector,
+        flip_test=not args.no_flip_test,
+        keypoint_format=args.keypoint_format,
+        host=args.host,
+        port=args.port,
+        max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        max_queue=args.max_queue,
+        max_megapixels=args.max_megapixels,
+        max_upload_mb=args.max_upload_mb,
+        token=args.token or os.environ.get("SAPIENS2_SERVE_TOKEN") or None,
+        allow_urls=args.allow_url,
+        request_timeout_s=args.request_timeout,
+        drain_s=args.drain,
+    )
+
+
+def serve_option(name: str, value=None) -> str:
+    """A ``ServeOptions`` field as messages name it on the command line."""
+    if name in _FLAGS:
+        flag = _FLAGS[name]
+        return flag if value is None else f"{flag} {value}"
+    return cli_option(name, value)
+
+
+def _wait_for_signal() -> None:
+    """Block until Ctrl+C or SIGTERM (``kill``, ``docker stop``, systemd)."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_from_args(args)
+    try:
+        options.check(serve_option)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(config_file_text(options), end="")
+        return 0
+    try:
+        from ..serve import require_serve
+
+        app = require_serve()
+    except ImportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        url = app.start(options, ray_address=args.ray_address)
+    except Exception as error:  # a model that does not load, a port that is taken ...
+        print(f"error: cannot start the service: {type(error).__name__}: {str(error).splitlines()[0]}",
+              file=sys.stderr)  # fmt: skip
+        app.stop()
+        return 1
+    auth = " (bearer token required)" if options.token else ""
+    print(f"serving {', '.join(options.tasks)} at {url}/v1/{{task}}{auth}; OpenAPI at {url}/docs; Ctrl+C stops")
+    try:
+        _wait_for_signal()
+    finally:
+        print(f"draining (up to {options.drain_s:g} s) and stopping", file=sys.stderr)
+        app.stop()
+    return 0

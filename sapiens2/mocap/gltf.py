@@ -1,0 +1,192 @@
+"""glTF 2.0 binary (``.glb``) for one track's ``Motion``, through pygltflib: the skeleton as a node hierarchy, its
+rotation + root translation animation, and a skinned mesh (a box around each bone) so any glTF viewer plays it.
+
+Axes are glTF's: Y up, right-handed, metres (camera (x, y, z) -> (x, -y, -z), ``rig.to_y_up``). Each joint is a
+node whose translation is its rest offset and whose rotation is animated; the root node's translation is animated
+too. The mesh node sits at the scene root (glTF wants skinned meshes untransformed); its boxes are bound in the rest
+pose, each weighted fully to the joint that moves its bone (the bone's parent end).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from sapiens2.data.io import atomic_write
+from sapiens2.mocap.rig import Motion, quat_to_y_up, to_y_up
+
+__all__ = ["bone_boxes", "write_glb"]
+
+_FLOAT, _UNSIGNED_BYTE, _UNSIGNED_SHORT, _UNSIGNED_INT = 5126, 5121, 5123, 5125
+_ARRAY_BUFFER, _ELEMENT_ARRAY_BUFFER = 34962, 34963
+
+
+def _import_pygltflib():
+    try:
+        import pygltflib
+    except ImportError:
+        raise ImportError("glTF export needs pygltflib: pip install sapiens2[mocap]") from None
+    return pygltflib
+
+
+def bone_boxes(rest: np.ndarray, parents: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A box around every bone (parent joint -> joint) of the rest pose, with flat normals.
+
+    Args:
+        rest: (J, 3) rest joint positions (any right-handed axes), metres.
+        parents: J parent indices (-1 for the root).
+
+    Returns:
+        positions (V, 3) float32, normals (V, 3) float32, triangles (F, 3) int (counter-clockwise seen from outside),
+        and (V,) int the joint each vertex is bound to (the bone's parent end). Bones shorter than 1 mm are skipped.
+    """
+    positions, normals, triangles, owners = [], [], [], []
+    for joint, parent in enumerate(parents):
+        if parent < 0:
+            continue
+        start, end = rest[parent], rest[joint]
+        axis = end - start
+        length = float(np.linalg.norm(axis))
+        if length < 1e-3:
+            continue
+        axis = axis / length
+        helper = np.array([1.0, 0.0, 0.0]) if abs(axis[0]) < 0.9 else np.array([0.0, 1.0, 0.0])
+        side = np.cross(axis, helper)
+        side /= np.linalg.norm(side)
+        other = np.cross(axis, side)
+        half = float(np.clip(0.12 * length, 0.01, 0.05))
+        # Corner (i, j, k) of the box: i along the bone, j along side, k along other.
+        corner = {
+            (i, j, k): start + axis * length * i + side * half * (2 * j - 1) + other * half * (2 * k - 1)
+            for i in (0, 1) for j in (0, 1) for k in (0, 1)
+        }  # fmt: skip
+        frame = (axis, side, other)
+        for dimension in range(3):
+            for level in (0, 1):
+                normal = frame[dimension] * (2 * level - 1)
+                # The face's four corners in order around it; flipped below when they wind the wrong way.
+                a, b = [d for d in range(3) if d != dimension]
+                face = []
+                for u, v in ((0, 0), (1, 0), (1, 1), (0, 1)):
+                    index = [0, 0, 0]
+                    index[dimension], index[a], index[b] = level, u, v
+                    face.append(corner[tuple(index)])
+                if np.dot(np.cross(face[1] - face[0], face[2] - face[0]), normal) < 0:
+                    face.reverse()
+                base = len(positions)
+                positions += face
+                normals += [normal] * 4
+                triangles += [(base, base + 1, base + 2), (base, base + 2, base + 3)]
+                owners += [parent] * 4
+    return (
+        np.array(positions, np.float32).reshape(-1, 3),
+        np.array(normals, np.float32).reshape(-1, 3),
+        np.array(triangles, np.int64).reshape(-1, 3),
+        np.array(owners, np.int64),
+    )
+
+
+def _continuous(quaternions: np.ndarray) -> np.ndarray:
+    """(T, ..., 4) with each quaternion's sign flipped to agree with the frame before (same rotations)."""
+    result = quaternions.copy()
+    for frame in range(1, len(result)):
+        flip = (result[frame] * result[frame - 1]).sum(-1, keepdims=True) < 0
+        result[frame] = np.where(flip, -result[frame], result[frame])
+    return result
+
+
+class _Blob:
+    """The one binary buffer: each added array gets a 4-byte-aligned buffer view and an accessor."""
+
+    def __init__(self, gltf) -> None:
+        self.gltf, self.data = gltf, bytearray()
+
+    def add(self, array: np.ndarray, kind: str, component: int, *, target: int | None = None, bounds: bool = False):
+        pygltflib = _import_pygltflib()
+        raw = np.ascontiguousarray(array).tobytes()
+        self.gltf.bufferViews.append(
+            pygltflib.BufferView(buffer=0, byteOffset=len(self.data), byteLength=len(raw), target=target)
+        )
+        self.data += raw + b"\0" * (-len(raw) % 4)
+        flat = array.reshape(len(array), -1)
+        accessor = pygltflib.Accessor(
+            bufferView=len(self.gltf.bufferViews) - 1, componentType=component, count=len(array), type=kind,
+            min=flat.min(0).tolist() if bounds else None, max=flat.max(0).tolist() if bounds else None,
+        )  # fmt: skip
+        self.gltf.accessors.append(accessor)
+        return len(self.gltf.accessors) - 1
+
+
+def write_glb(motion: Motion, path: str | os.PathLike, *, name: str = "track") -> Path:
+    """Write ``motion`` as a binary glTF 2.0 file (atomically): joints as nodes, an animation named ``name`` (a key
+    per frame, linear), and a skinned box mesh. Frames with ``valid`` False hold the filled motion.
+
+    Returns:
+        ``path`` as a ``Path``.
+    """
+    pygltflib = _import_pygltflib()
+    skeleton = motion.skeleton
+    joints = skeleton.num_joints
+    rest = to_y_up(skeleton.rest_positions())
+    offsets = to_y_up(skeleton.offsets)
+    children = [skeleton.children(j) for j in range(joints)]
+    gltf = pygltflib.GLTF2(
+        asset=pygltflib.Asset(version="2.0", generator="sapiens2 mocap"), scene=0, accessors=[], bufferViews=[]
+    )
+    blob = _Blob(gltf)
+    gltf.nodes = [
+        pygltflib.Node(name=skeleton.names[j], translation=offsets[j].tolist(), children=children[j] or None)
+        for j in range(joints)
+    ]
+    positions, normals, triangles, owners = bone_boxes(rest, skeleton.parents)
+    mesh_node = joints
+    gltf.nodes.append(pygltflib.Node(name=f"{name}_mesh", mesh=0, skin=0))
+    gltf.scenes = [pygltflib.Scene(name=name, nodes=[0, mesh_node])]
+    joint_type, joint_component = (np.uint8, _UNSIGNED_BYTE) if joints <= 256 else (np.uint16, _UNSIGNED_SHORT)
+    joint_ids = np.zeros((len(owners), 4), joint_type)
+    joint_ids[:, 0] = owners
+    weights = np.zeros((len(owners), 4), np.float32)
+    weights[:, 0] = 1.0
+    index_type, index_component = (np.uint16, _UNSIGNED_SHORT) if len(positions) < 65535 else (np.uint32, _UNSIGNED_INT)
+    attributes = pygltflib.Attributes(
+        POSITION=blob.add(positions, "VEC3", _FLOAT, target=_ARRAY_BUFFER, bounds=True),
+        NORMAL=blob.add(normals, "VEC3", _FLOAT, target=_ARRAY_BUFFER),
+        JOINTS_0=blob.add(joint_ids, "VEC4", joint_component, target=_ARRAY_BUFFER),
+        WEIGHTS_0=blob.add(weights, "VEC4", _FLOAT, target=_ARRAY_BUFFER),
+    )
+    indices = blob.add(triangles.reshape(-1).astype(index_type), "SCALAR", index_component,
+                       target=_ELEMENT_ARRAY_BUFFER)  # fmt: skip
+    gltf.materials = [
+        pygltflib.Material(
+            name="bone",
+            pbrMetallicRoughness=pygltflib.PbrMetallicRoughness(baseColorFactor=[0.26, 0.52, 0.96, 1.0],
+                                                               metallicFactor=0.0, roughnessFactor=0.8),
+        )
+    ]  # fmt: skip
+    gltf.meshes = [pygltflib.Mesh(name=f"{name}_bones", primitives=[
+        pygltflib.Primitive(attributes=attributes, indices=indices, material=0)])]  # fmt: skip
+    # Inverse bind matrices (column-major): the rest pose has no rotation, so each is a translation by -rest.
+    inverse_bind = np.tile(np.eye(4, dtype=np.float32), (joints, 1, 1))
+    inverse_bind[:, :3, 3] = -rest
+    inverse_bind = inverse_bind.transpose(0, 2, 1).reshape(joints, 16)
+    gltf.skins = [pygltflib.Skin(name=name, joints=list(range(joints)), skeleton=0,
+                                 inverseBindMatrices=blob.add(inverse_bind, "MAT4", _FLOAT))]  # fmt: skip
+    times = blob.add(motion.times.astype(np.float32), "SCALAR", _FLOAT, bounds=True)
+    rotations = _continuous(quat_to_y_up(motion.rotations)).astype(np.float32)  # (T, J, 4)
+    samplers, channels = [], []
+
+    def animate(node: int, target: str, values: np.ndarray) -> None:
+        output = blob.add(values, "VEC4" if values.shape[1] == 4 else "VEC3", _FLOAT)
+        samplers.append(pygltflib.AnimationSampler(input=times, output=output, interpolation="LINEAR"))
+        target = pygltflib.AnimationChannelTarget(node=node, path=target)
+        channels.append(pygltflib.AnimationChannel(sampler=len(samplers) - 1, target=target))
+
+    animate(0, "translation", to_y_up(motion.root_translation).astype(np.float32))
+    for joint in range(joints):
+        animate(joint, "rotation", np.ascontiguousarray(rotations[:, joint]))
+    gltf.animations = [pygltflib.Animation(name=name, samplers=samplers, channels=channels)]
+    gltf.buffers = [pygltflib.Buffer(byteLength=len(blob.data))]
+    gltf.set_binary_blob(bytes(blob.data))
+    return atomic_write(path, lambda temporary: gltf.save_binary(str(temporary)))

@@ -1,0 +1,291 @@
+"""The rig every exporter takes: a ``Skeleton`` (joint tree + rest offsets), a ``Motion`` (root translation + local
+joint rotations per frame, optional markers riding on joints) and forward kinematics; quaternion helpers.
+
+Conventions (``docs/mocap.md``): the camera frame, OpenCV axes (x right, y down, z forward), metres. Quaternions are
+(x, y, z, w), unit, active (they rotate vectors), and a joint's local rotation is relative to the rest pose, in which
+every rotation is the identity and the offsets are expressed in the parent's (= the camera's) axes. Exporters convert
+to their format's axes with ``CV_TO_Y_UP`` / ``to_y_up`` (a 180° turn about x: (x, y, z) -> (x, -y, -z)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "CV_TO_Y_UP",
+    "Markers",
+    "Motion",
+    "Skeleton",
+    "forward_kinematics",
+    "marker_positions",
+    "quat_from_axis_angle",
+    "quat_from_matrix",
+    "quat_multiply",
+    "quat_rotate",
+    "quat_to_matrix",
+    "to_y_up",
+    "quat_to_y_up",
+]
+
+# (x, y, z)_cv -> (x, -y, -z): Y up, Z toward the camera, right-handed; a proper rotation (180° about x).
+CV_TO_Y_UP = np.diag([1.0, -1.0, -1.0])
+
+
+@dataclass(frozen=True, eq=False)
+class Skeleton:
+    """A joint tree in its rest pose.
+
+    Attributes:
+        names: J unique joint names.
+        parents: J parent indices; the root (index 0, the only one) has -1, and every parent comes before its children.
+        offsets: (J, 3) float64 rest offsets from the parent joint, metres, camera axes; the root's is its rest
+            position (the bind pose of skinned exports).
+    """
+
+    names: tuple[str, ...]
+    parents: tuple[int, ...]
+    offsets: np.ndarray
+
+    def __post_init__(self) -> None:
+        names, parents = tuple(self.names), tuple(int(p) for p in self.parents)
+        offsets = np.array(self.offsets, dtype=np.float64)
+        if offsets.shape != (len(names), 3) or len(parents) != len(names) or not names:
+            raise ValueError(f"Skeleton needs J names, J parents and (J, 3) offsets; got {len(names)} names, "
+                             f"{len(parents)} parents, offsets {offsets.shape}")  # fmt: skip
+        if len(set(names)) != len(names):
+            raise ValueError(f"Skeleton joint names repeat: {sorted({n for n in names if names.count(n) > 1})}")
+        if parents[0] != -1 or any(not 0 <= p < j for j, p in enumerate(parents) if j):
+            raise ValueError("Skeleton parents must be -1 for joint 0 (the one root) and point to an earlier joint")
+        if not np.isfinite(offsets).all():
+            raise ValueError("Skeleton offsets must be finite")
+        offsets.flags.writeable = False
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "parents", parents)
+        object.__setattr__(self, "offsets", offsets)
+
+    @property
+    def num_joints(self) -> int:
+        return len(self.names)
+
+    def index(self, name: str) -> int:
+        """The index of joint ``name``; ``KeyError`` naming the joints there are."""
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise KeyError(f"no joint {name!r} in the skeleton (joints: {', '.join(self.names)})") from None
+
+    def children(self, joint: int) -> list[int]:
+        return [j for j, p in enumerate(self.parents) if p == joint]
+
+    def rest_positions(self) -> np.ndarray:
+        """(J, 3) joint positions of the rest pose (every rotation the identity), camera axes, metres."""
+        positions = np.zeros((self.num_joints, 3))
+        for j, p in enumerate(self.parents):
+            positions[j] = self.offsets[j] if p < 0 else positions[p] + self.offsets[j]
+        return positions
+
+
+@dataclass(frozen=True, eq=False)
+class Markers:
+    """Points riding on joints (e.g. the 308 keypoints): ``position = joint position + joint rotation @ offset``.
+
+    Attributes:
+        names: M unique marker names.
+        joints: (M,) int index of the joint each marker rides on.
+        offsets: (M, 3) float64 offsets in that joint's local frame (rest-pose camera axes), metres.
+    """
+
+    names: tuple[str, ...]
+    joints: np.ndarray
+    offsets: np.ndarray
+
+    def __post_init__(self) -> None:
+        names = tuple(self.names)
+        joints = np.array(self.joints, dtype=np.int64).reshape(-1)
+        offsets = np.array(self.offsets, dtype=np.float64)
+        if joints.shape != (len(names),) or offsets.shape != (len(names), 3):
+            raise ValueError(f"Markers need M names, (M,) joints and (M, 3) offsets; got {len(names)} names, "
+                             f"joints {joints.shape}, offsets {offsets.shape}")  # fmt: skip
+        if len(set(names)) != len(names):
+            raise ValueError("Markers names repeat")
+        for array in (joints, offsets):
+            array.flags.writeable = False
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "joints", joints)
+        object.__setattr__(self, "offsets", offsets)
+
+
+@dataclass(frozen=True, eq=False)
+class Motion:
+    """One track's animation on a ``Skeleton``.
+
+    Attributes:
+        skeleton: the joint tree.
+        fps: frames per second (> 0).
+        root_translation: (T, 3) the root joint's position per frame, metres, camera axes.
+        rotations: (T, J, 4) local unit quaternions (x, y, z, w) relative to the rest pose (normalised on creation).
+        markers: points riding on joints (the keypoints), or None.
+        valid: (T,) bool, False where the frame was not seen (the motion there is filled); all True if omitted.
+    """
+
+    skeleton: Skeleton
+    fps: float
+    root_translation: np.ndarray
+    rotations: np.ndarray
+    markers: Markers | None = None
+    valid: np.ndarray | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        joints = self.skeleton.num_joints
+        translation = np.array(self.root_translation, dtype=np.float64)
+        rotations = np.array(self.rotations, dtype=np.float64)
+        frames = len(translation)
+        if translation.shape != (frames, 3) or rotations.shape != (frames, joints, 4):
+            raise ValueError(f"Motion needs (T, 3) root_translation and (T, J={joints}, 4) rotations; got "
+                             f"{translation.shape} and {rotations.shape}")  # fmt: skip
+        if not (np.isfinite(self.fps) and self.fps > 0):
+            raise ValueError(f"Motion fps must be > 0, got {self.fps}")
+        norms = np.linalg.norm(rotations, axis=-1, keepdims=True)
+        if not (np.isfinite(translation).all() and np.isfinite(rotations).all()) or (norms < 1e-8).any():
+            raise ValueError("Motion root_translation and rotations must be finite, rotations non-zero quaternions")
+        rotations = rotations / norms
+        valid = np.ones(frames, bool) if self.valid is None else np.array(self.valid, dtype=bool).reshape(-1)
+        if valid.shape != (frames,):
+            raise ValueError(f"Motion valid must be (T={frames},), got {valid.shape}")
+        if self.markers is not None and len(self.markers.joints) and (
+            self.markers.joints.min() < 0 or self.markers.joints.max() >= joints
+        ):
+            raise ValueError(f"Motion markers ride on joints outside 0..{joints - 1}")
+        for array in (translation, rotations, valid):
+            array.flags.writeable = False
+        object.__setattr__(self, "fps", float(self.fps))
+        object.__setattr__(self, "root_translation", translation)
+        object.__setattr__(self, "rotations", rotations)
+        object.__setattr__(self, "valid", valid)
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.root_translation)
+
+    @property
+    def times(self) -> np.ndarray:
+        """(T,) seconds of each frame from the first."""
+        return np.arange(self.num_frames) / self.fps
+
+
+def quat_multiply(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Hamilton product ``a * b`` of (..., 4) (x, y, z, w) quaternions (rotate by ``b`` first, then ``a``)."""
+    ax, ay, az, aw = np.moveaxis(np.asarray(a, dtype=np.float64), -1, 0)
+    bx, by, bz, bw = np.moveaxis(np.asarray(b, dtype=np.float64), -1, 0)
+    return np.stack(
+        [
+            aw * bx + ax * bw + ay * bz - az * by,
+            aw * by - ax * bz + ay * bw + az * bx,
+            aw * bz + ax * by - ay * bx + az * bw,
+            aw * bw - ax * bx - ay * by - az * bz,
+        ],
+        axis=-1,
+    )
+
+
+def quat_rotate(q: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Rotate (..., 3) vectors by (..., 4) unit quaternions (broadcasting)."""
+    q = np.asarray(q, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    u, w = q[..., :3], q[..., 3:]
+    t = 2.0 * np.cross(u, v)
+    return v + w * t + np.cross(u, t)
+
+
+def quat_to_matrix(q: np.ndarray) -> np.ndarray:
+    """(..., 4) unit quaternions -> (..., 3, 3) rotation matrices."""
+    x, y, z, w = np.moveaxis(np.asarray(q, dtype=np.float64), -1, 0)
+    return np.stack(
+        [
+            np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),
+            np.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)], -1),
+            np.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)], -1),
+        ],
+        axis=-2,
+    )
+
+
+def quat_from_matrix(matrix: np.ndarray) -> np.ndarray:
+    """(..., 3, 3) rotation matrices -> (..., 4) unit quaternions with w >= 0 (Shepperd's method, stable for all)."""
+    m = np.asarray(matrix, dtype=np.float64)
+    trace = m[..., 0, 0] + m[..., 1, 1] + m[..., 2, 2]
+    # Four candidate formulas; each is well conditioned where its squared component is the largest.
+    candidates = np.stack(
+        [
+            np.stack([1 + 2 * m[..., 0, 0] - trace, m[..., 0, 1] + m[..., 1, 0], m[..., 0, 2] + m[..., 2, 0],
+                      m[..., 2, 1] - m[..., 1, 2]], -1),
+            np.stack([m[..., 0, 1] + m[..., 1, 0], 1 + 2 * m[..., 1, 1] - trace, m[..., 1, 2] + m[..., 2, 1],
+                      m[..., 0, 2] - m[..., 2, 0]], -1),
+            np.stack([m[..., 0, 2] + m[..., 2, 0], m[..., 1, 2] + m[..., 2, 1], 1 + 2 * m[..., 2, 2] - trace,
+                      m[..., 1, 0] - m[..., 0, 1]], -1),
+            np.stack([m[..., 2, 1] - m[..., 1, 2], m[..., 0, 2] - m[..., 2, 0], m[..., 1, 0] - m[..., 0, 1],
+                      1 + trace], -1),
+        ],
+        axis=-2,
+    )  # fmt: skip
+    diagonal = np.stack([m[..., 0, 0], m[..., 1, 1], m[..., 2, 2], trace], -1)
+    best = np.argmax(diagonal, axis=-1)
+    q = np.take_along_axis(candidates, best[..., None, None], axis=-2)[..., 0, :]
+    q = q / np.linalg.norm(q, axis=-1, keepdims=True)
+    return np.where(q[..., 3:] < 0, -q, q)
+
+
+def quat_from_axis_angle(axis: np.ndarray, angle: np.ndarray | float) -> np.ndarray:
+    """Rotation by ``angle`` radians about the (..., 3) ``axis`` (normalised here) -> (..., 4)."""
+    axis = np.asarray(axis, dtype=np.float64)
+    axis = axis / np.linalg.norm(axis, axis=-1, keepdims=True)
+    half = 0.5 * np.asarray(angle, dtype=np.float64)[..., None]
+    return np.concatenate([axis * np.sin(half), np.cos(half)], axis=-1)
+
+
+def to_y_up(points: np.ndarray) -> np.ndarray:
+    """(..., 3) camera-axes points -> Y-up right-handed axes (x, -y, -z) of BVH, glTF and the C3D written here."""
+    points = np.asarray(points, dtype=np.float64)
+    return points * np.array([1.0, -1.0, -1.0])
+
+
+def quat_to_y_up(q: np.ndarray) -> np.ndarray:
+    """(..., 4) rotations in camera axes -> the same rotations in Y-up axes: ``C q C^-1`` with C = 180° about x."""
+    return np.asarray(q, dtype=np.float64) * np.array([1.0, -1.0, -1.0, 1.0])
+
+
+def forward_kinematics(motion: Motion) -> tuple[np.ndarray, np.ndarray]:
+    """Joint positions and global rotations of every frame.
+
+    ``global[j] = global[parent] * local[j]``; ``position[j] = position[parent] + global[parent] @ offset[j]``; the
+    root's position is ``root_translation`` and its global rotation its local one.
+
+    Returns:
+        (T, J, 3) positions (metres, camera axes) and (T, J, 4) global unit quaternions (x, y, z, w).
+    """
+    skeleton = motion.skeleton
+    positions = np.zeros((motion.num_frames, skeleton.num_joints, 3))
+    rotations = np.zeros((motion.num_frames, skeleton.num_joints, 4))
+    for j, p in enumerate(skeleton.parents):
+        if p < 0:
+            positions[:, j] = motion.root_translation
+            rotations[:, j] = motion.rotations[:, j]
+        else:
+            positions[:, j] = positions[:, p] + quat_rotate(rotations[:, p], skeleton.offsets[j])
+            rotations[:, j] = quat_multiply(rotations[:, p], motion.rotations[:, j])
+    return positions, rotations
+
+
+def marker_positions(motion: Motion, fk: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """(T, M, 3) marker positions (metres, camera axes) from forward kinematics (``fk`` if already computed).
+
+    Raises:
+        ValueError: the motion has no markers.
+    """
+    if motion.markers is None:
+        raise ValueError("this motion has no markers")
+    positions, rotations = forward_kinematics(motion) if fk is None else fk
+    joints = motion.markers.joints
+    return positions[:, joints] + quat_rotate(rotations[:, joints], motion.markers.offsets)

@@ -1,0 +1,500 @@
+"""Motion capture from a video: ``run_mocap(predictors, "clip.mp4", "out/")``; ``run_mocap_inputs`` for the CLI.
+
+The video pipeline (``sapiens2.video.predict_video``) runs pose and pointmap (and seg, when given) with its
+decoding, tracking, ``detect_every``, chunked resume and overlay; this module adds one per-frame hook to it
+(``MocapHook``, a ``video.run.FrameHook``): each tracked person's 308 keypoints are lifted to metres in the camera
+frame (``mocap.lift.lift_frame``) and written into the frame's record in ``clip_frames.jsonl`` (so they are
+chunked, sealed and resumed with the frame), and a 3D view of the people (``mocap.view``) joins the overlay. When the
+video is complete, each track's lifted keypoints are read back from ``clip_frames.jsonl``, solved on the skeleton
+(``mocap.solve``: bone lengths, 3D smoothing, gap filling, rotations) and exported (BVH, glTF, C3D, CSV/Parquet,
+joint angles) from the solved ``rig.Motion`` alone. Exports are a function of the sealed records only, so a run
+killed with SIGKILL and resumed writes the same files, byte for byte, as one that was never stopped.
+
+Layout for ``out/clip`` (``docs/mocap.md``)::
+
+    clip_overlay.mp4, clip_frames.jsonl, clip_video.json       the video pipeline's outputs (records with "mocap")
+    clip_mocap/track_<id>.bvh .glb .c3d                         per track: animation and markers
+    clip_mocap/track_<id>_points.csv .parquet                   per track: the solved 308 keypoints per frame
+    clip_mocap/track_<id>_angles.csv .png                       per track: joint angles and their plot
+    clip_mocap.json                                             the summary, written last (the run is complete)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..data.io import atomic_write
+
+__all__ = [
+    "EXPORT_FORMATS",
+    "MocapHook",
+    "MocapOptions",
+    "MocapReport",
+    "RecordedTrack",
+    "read_tracks",
+    "record_lifted",
+    "run_mocap",
+    "run_mocap_inputs",
+    "solve_and_export",
+]
+
+EXPORT_FORMATS = ("bvh", "glb", "c3d", "csv", "parquet", "angles")
+"""What ``MocapOptions.formats`` may name: BVH, glTF binary, C3D markers, the solved keypoints as CSV and Parquet,
+and the joint angles (CSV and a plot)."""
+
+MOCAP_TASKS = ("pose", "pointmap")  # always; "seg" as well when it helps occlusion (MocapOptions.seg)
+DIGITS = 4  # metres in the records: 0.1 mm
+FLAGS = "-vof"  # the record letters of flag codes 0 (not seen), 1 visible, 2 occluded, 3 filled (low score, off)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MocapOptions:
+    """How ``run_mocap`` captures motion; the ``sapiens2 mocap`` flag is in brackets.
+
+    Args:
+        video: how the video is read, tracked and written (``VideoOptions``: ``--start``, ``--end``, ``--stride``,
+            ``--detect-every``, ``--fps``). Its 2D smoothing is off by default: the motion is smoothed in 3D.
+        smooth: 3D smoothing of each track: ``auto`` (offline for files and sequences, online for cameras and URLs),
+            ``none``, ``online`` (One-Euro in 3D, bone lengths learned as frames come: what live input shows) or
+            ``offline`` (zero-lag, bone lengths robust over the clip) [``--smooth``].
+        seg: use the seg task's body parts to detect occluded keypoints (needs a seg Predictor) [off: ``--no-seg``].
+        formats: the exports per track, from ``EXPORT_FORMATS`` [``--formats bvh,glb``].
+        view: draw the 3D view beside the frame in the overlay [off: ``--no-view``].
+        min_frames: tracks seen on fewer frames are left out of the exports (listed in the summary)
+            [``--min-track-frames``].
+        skip_existing: skip a source whose mocap summary exists [``--skip-existing``].
+    """
+
+    video: Any = None
+    smooth: str = "auto"
+    seg: bool = True
+    formats: Sequence[str] = EXPORT_FORMATS
+    view: bool = True
+    min_frames: int = 5
+    skip_existing: bool = False
+
+    def __post_init__(self) -> None:
+        from ..video.run import VideoOptions
+        from ..video.smooth import SMOOTH_MODES
+
+        video = self.video if self.video is not None else VideoOptions(smooth="none", save_dense=False)
+        object.__setattr__(self, "video", video)
+        formats = (self.formats,) if isinstance(self.formats, str) else tuple(self.formats)
+        object.__setattr__(self, "formats", formats)
+        unknown = [f for f in formats if f not in EXPORT_FORMATS]
+        if unknown:
+            raise ValueError(f"formats: unknown {', '.join(unknown)} (choose from {', '.join(EXPORT_FORMATS)})")
+        if self.smooth not in ("auto", *SMOOTH_MODES):
+            raise ValueError(f"smooth must be auto, none, online or offline, got {self.smooth!r}")
+        if self.min_frames < 1:
+            raise ValueError(f"min_frames must be >= 1, got {self.min_frames}")
+
+
+@dataclass
+class MocapReport:
+    """What one source's mocap run did: the video run, the exported tracks (id -> files), the tracks left out (id ->
+    why), the error (None when complete) and seconds per stage (the video's, plus ``solve`` and ``export``)."""
+
+    source: str
+    video: Any = None
+    tracks: dict[int, list[str]] = field(default_factory=dict)
+    left_out: dict[int, str] = field(default_factory=dict)
+    skipped: bool = False
+    error: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        frames = self.video.frames if self.video is not None else 0
+        return f"{self.source}: {frames} frames, {len(self.tracks)} tracks exported" + (
+            f" ({len(self.left_out)} left out)" if self.left_out else "")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------- per frame
+
+
+def _encode(values: np.ndarray, digits: int = DIGITS) -> list[float | None]:
+    flat = np.round(np.asarray(values, np.float64), digits).reshape(-1)
+    return [float(v) if np.isfinite(v) else None for v in flat]
+
+
+def _decode(values: list[float | None], width: int) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], np.float64).reshape(-1, width)
+
+
+class MocapHook:
+    """The per-frame work of a mocap run inside ``predict_video``: lift each tracked person, record, draw.
+
+    Its record field ``mocap`` is a list with one object per tracked person (``record_lifted``): ``track_id``,
+    ``points`` (308 x 3 skin points, metres, camera frame, flattened), ``joints`` (J x 3 joint centres of
+    ``skeleton.mocap_skeleton()``), ``flags`` (one letter per keypoint: ``v`` visible, ``o`` occluded, ``f`` filled,
+    ``-`` unknown), ``joint_flags`` (one letter per joint: ``v`` measured, ``f`` filled) and ``camera`` (fx, fy, cx,
+    cy of the pinhole read from the pointmap). With the person's 2D keypoints and scores in the same record, that
+    is the whole ``lift.Lifted3D`` (``read_tracks`` rebuilds it). The panel is ``SkeletonView``'s.
+
+    Args:
+        online: keep a per-track ``solve.OnlineSolver`` (One-Euro in 3D, bones learned as it goes) and draw its
+            skeleton; else draw the frame's lifted keypoints.
+        view: draw the 3D view.
+        use_seg: give the seg labels to the lifting (occlusion from body parts).
+        fps: the source's frame rate (for the online solve).
+    """
+
+    name = "mocap"
+
+    def __init__(self, *, online: bool = False, view: bool = True, use_seg: bool = True, fps: float = 30.0) -> None:
+        self.online, self.view, self.use_seg, self.fps = online, view, use_seg, fps
+        self.signature = {"version": 1, "use_seg": use_seg, "digits": DIGITS}
+        self._view: Any = None
+        self._solvers: dict[int, Any] = {}
+
+    def lift(self, results: Mapping[str, Any], ids: np.ndarray | None) -> list[tuple[int, Any]]:
+        """(track id, ``Lifted3D``) for every tracked person of one frame's results."""
+        from .lift import lift_frame
+
+        pose, pointmap = results.get("pose"), results.get("pointmap")
+        if pose is None or pointmap is None or ids is None or not len(pose.keypoints):
+            return []
+        seg = results.get("seg") if self.use_seg else None
+        labels = seg.labels if seg is not None else None
+        lifted = []
+        for n in range(len(pose.keypoints)):
+            if int(ids[n]) < 0:  # a detection too weak to start a track
+                continue
+            lifted.append((int(ids[n]), lift_frame(pose.keypoints[n], pose.scores[n], pointmap.points, labels)))
+        return lifted
+
+    def __call__(self, frame: Any, results: Mapping[str, Any], ids: np.ndarray | None
+                 ) -> tuple[dict, np.ndarray | None]:  # fmt: skip
+        people, shown = [], {}
+        for track, lifted in self.lift(results, ids):
+            people.append(record_lifted(track, lifted))
+            if self.online:
+                solver = self._solvers.get(track)
+                if solver is None:
+                    from .solve import OnlineSolver
+
+                    solver = self._solvers[track] = OnlineSolver(self.fps)
+                shown[track] = solver.step(lifted, frame.time)[0]
+            else:
+                shown[track] = np.asarray(lifted.keypoints, np.float64)
+        panel = None
+        if self.view:
+            if self._view is None:
+                from .skeleton import mocap_skeleton
+                from .view import SkeletonView
+
+                parents = mocap_skeleton().parents if self.online else None
+                self._view = SkeletonView(frame.image.shape[0], parents=parents)
+            panel = self._view(shown)
+        return {"mocap": people}, panel
+
+
+def record_lifted(track: int, lifted: Any) -> dict:
+    """A ``Lifted3D`` as the JSON object of a frame record's ``mocap`` list (see ``MocapHook``)."""
+    codes = np.where(lifted.visible, 1, np.where(lifted.occluded, 2, 3))
+    codes = np.where(np.isfinite(np.asarray(lifted.keypoints)).all(axis=1), codes, 0)
+    k = np.asarray(lifted.intrinsics, np.float64)
+    return {"track_id": track, "points": _encode(lifted.keypoints), "joints": _encode(lifted.joints),
+            "flags": "".join(FLAGS[c] for c in codes.tolist()),
+            "joint_flags": "".join("f" if f else "v" for f in np.asarray(lifted.joint_filled).tolist()),
+            "camera": _encode([k[0, 0], k[1, 1], k[0, 2], k[1, 2]], 3)}  # fmt: skip
+
+
+def flag_array(flags: str) -> np.ndarray:
+    """(K,) int8 codes of a flags string: 0 unknown, 1 visible, 2 occluded, 3 filled (``FLAGS``)."""
+    codes = np.zeros(256, np.int8)
+    for code, letter in enumerate(FLAGS):
+        codes[ord(letter)] = code
+    return codes[np.frombuffer(flags.encode("ascii"), np.uint8)]
+
+
+def _lifted_from_record(person: dict, pose: dict | None) -> Any:
+    from .lift import Lifted3D
+
+    codes = flag_array(person["flags"])
+    count = len(codes)
+    if pose is not None and len(pose["keypoints"]) == 3 * count:
+        flat = _decode(pose["keypoints"], 3)
+        pixels, scores = flat[:, :2], flat[:, 2]
+    else:  # written with another keypoint format: the 2D points are not the 308
+        pixels, scores = np.full((count, 2), np.nan), np.where(codes == 1, 1.0, 0.0)
+    fx, fy, cx, cy = person["camera"]
+    return Lifted3D(keypoints=_decode(person["points"], 3), joints=_decode(person["joints"], 3), scores=scores,
+                    pixels=pixels, visible=codes == 1, occluded=codes == 2, filled=codes >= 2,
+                    joint_filled=np.array([c == "f" for c in person["joint_flags"]]),
+                    intrinsics=np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]]))  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------- per track
+
+
+@dataclass
+class RecordedTrack:
+    """One track as recorded: ``frames`` (T,) source indices from its first to its last frame (every ``stride``-th
+    frame that was written), ``times`` (T,) seconds, ``lifted`` (T,) ``Lifted3D`` or None where the person was not
+    in the frame."""
+
+    track_id: int
+    frames: np.ndarray
+    times: np.ndarray
+    lifted: list[Any]
+
+    @property
+    def seen(self) -> np.ndarray:
+        """(T,) bool: the person was in the frame."""
+        return np.array([item is not None for item in self.lifted])
+
+    @property
+    def points(self) -> np.ndarray:
+        """(T, 308, 3) lifted keypoints, NaN where not seen."""
+        count = next(len(item.keypoints) for item in self.lifted if item is not None)
+        return np.stack([item.keypoints if item is not None else np.full((count, 3), np.nan) for item in self.lifted])
+
+    @property
+    def flags(self) -> np.ndarray:
+        """(T, 308) int8 codes: 0 not seen, 1 visible, 2 occluded, 3 filled."""
+        count = next(len(item.keypoints) for item in self.lifted if item is not None)
+        return np.stack([np.where(item.visible, 1, np.where(item.occluded, 2, 3)).astype(np.int8)
+                         if item is not None else np.zeros(count, np.int8) for item in self.lifted])  # fmt: skip
+
+
+def read_tracks(frames_jsonl: str | os.PathLike, stride: int = 1) -> dict[int, RecordedTrack]:
+    """Every track of a mocap run's ``clip_frames.jsonl``, rebuilt from the records' ``mocap`` field."""
+    per_track: dict[int, dict[int, Any]] = {}
+    times: dict[int, float] = {}
+    with open(frames_jsonl) as lines:
+        for line in lines:
+            record = json.loads(line)
+            times[record["frame"]] = record["time"]
+            poses = {p["track_id"]: p for p in record.get("people", ()) if p.get("track_id") is not None}
+            for person in record.get("mocap", ()):
+                track = person["track_id"]
+                per_track.setdefault(track, {})[record["frame"]] = _lifted_from_record(person, poses.get(track))
+    tracks = {}
+    for track, seen in sorted(per_track.items()):
+        first, last = min(seen), max(seen)
+        frames = np.array([f for f in range(first, last + 1, stride) if f in times], np.int64)
+        lifted = [seen.get(f) for f in frames.tolist()]
+        tracks[track] = RecordedTrack(track, frames, np.array([times[f] for f in frames.tolist()]), lifted)
+    return tracks
+
+
+def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: float, options: MocapOptions,
+                     mode: str) -> tuple[dict[int, list[str]], dict[int, str], dict[str, float]]:  # fmt: skip
+    """Solve every track seen on enough frames (``solve.solve_track``, 3D smoothing ``mode``) and write its exports
+    into ``folder``; returns (id -> files, id -> why left out, seconds of ``solve`` and ``export``)."""
+    from .solve import SolveOptions, solve_track
+
+    files: dict[int, list[str]] = {}
+    left_out: dict[int, str] = {}
+    seconds = {"solve": 0.0, "export": 0.0}
+    folder.mkdir(parents=True, exist_ok=True)
+    for track, data in tracks.items():
+        seen = int(data.seen.sum())
+        if seen < options.min_frames:
+            left_out[track] = f"seen on {seen} frames (fewer than {options.min_frames})"
+            continue
+        start = time.perf_counter()
+        try:
+            solved = solve_track(data.lifted, fps, SolveOptions(smooth=mode))
+        except ValueError as error:
+            left_out[track] = f"cannot solve: {error}"
+            continue
+        finally:
+            seconds["solve"] += time.perf_counter() - start
+        start = time.perf_counter()
+        files[track] = [str(p) for p in export_motion(solved.motion, folder / f"track_{track}", options.formats)]
+        seconds["export"] += time.perf_counter() - start
+    return files, left_out, seconds
+
+
+def export_motion(motion: Any, stem: Path, formats: Sequence[str]) -> list[Path]:
+    """Write ``motion`` in each of ``formats`` at ``stem`` + the format's suffix; returns the files written."""
+    written: list[Path] = []
+    if "bvh" in formats:
+        from .bvh import write_bvh
+
+        written.append(Path(write_bvh(motion, stem.with_name(stem.name + ".bvh"))))
+    if "glb" in formats:
+        from .gltf import write_glb
+
+        written.append(Path(write_glb(motion, stem.with_name(stem.name + ".glb"))))
+    if "c3d" in formats:
+        from .c3d import write_c3d
+
+        written.append(Path(write_c3d(motion, stem.with_name(stem.name + ".c3d"))))
+    if "csv" in formats or "parquet" in formats:
+        from .tables import write_trajectories
+
+        for suffix in ("csv", "parquet"):
+            if suffix in formats:
+                written.append(Path(write_trajectories(motion, stem.with_name(f"{stem.name}_points.{suffix}"))))
+    if "angles" in formats:
+        from .tables import write_joint_angles
+
+        written += [Path(p) for p in write_joint_angles(motion, stem.with_name(f"{stem.name}_angles.csv"))]
+    return written
+
+
+# ------------------------------------------------------------------------------------------------- a source
+
+
+def _source_signature(text: str, options: MocapOptions, hook: MocapHook) -> dict:
+    from ..video.decode import is_stream_url
+
+    stat = {}
+    if not is_stream_url(text) and Path(text).is_file():
+        info = Path(text).stat()
+        stat = {"bytes": info.st_size, "mtime": int(info.st_mtime)}
+    video = {k: getattr(options.video, k) for k in ("start", "end", "stride", "detect_every", "smooth", "fps",
+                                                    "keypoint_format")}  # fmt: skip
+    return {"source": text, **stat, "video": video, "hook": hook.signature}
+
+
+def run_mocap(
+    predictors: Mapping[str, Any],
+    source: str | os.PathLike | int,
+    output: str | os.PathLike,
+    options: MocapOptions | None = None,
+    *,
+    progress: bool | None = None,
+) -> MocapReport:
+    """Capture the motion of every tracked person in ``source`` and write the exports (see the module docstring).
+
+    Args:
+        predictors: task -> ``Predictor`` for ``pose`` (its detector, or None for the whole frame) and ``pointmap``,
+            and ``seg`` to detect occlusion from body parts.
+        source: a video file, an image or a folder of frames (a sequence), a camera index or a stream URL.
+        output: output folder; files are named after the source (``video.run.video_stem``).
+        options: see ``MocapOptions``.
+        progress: show a progress bar (default: on a terminal).
+
+    Returns:
+        A ``MocapReport``. A source that fails mid-way keeps its frames up to the last good one, exports the tracks
+        from them and reports the error; an unusable source raises ``VideoReadError``.
+
+    Example:
+        >>> predictors = {t: Predictor(t, model="1b") for t in ("pose", "pointmap", "seg")}
+        >>> report = run_mocap(predictors, "clip.mp4", "out/")
+    """
+    from ..video.decode import is_stream_url
+    from ..video.run import predict_video, video_stem
+
+    options = options or MocapOptions()
+    missing = [t for t in MOCAP_TASKS if t not in predictors]
+    if missing:
+        raise ValueError(f"mocap needs a Predictor for {' and '.join(missing)} (it has {', '.join(predictors)})")
+    tasks = {t: p for t, p in predictors.items() if t in MOCAP_TASKS or (t == "seg" and options.seg)}
+    text = str(source) if isinstance(source, int) else os.fspath(source)
+    stem = video_stem(source, Path(output))
+    report = MocapReport(text)
+    summary_path = stem.parent / f"{stem.name}_mocap.json"
+    if options.skip_existing and summary_path.is_file():
+        report.skipped = True
+        return report
+    live = isinstance(source, int) or is_stream_url(text) or text.startswith("/dev/")
+    mode = options.smooth if options.smooth != "auto" else ("online" if live else "offline")
+    hook = MocapHook(online=mode == "online", view=options.view and options.video.overlay, use_seg="seg" in tasks,
+                     fps=options.video.fps or 30.0)
+    folder = stem.parent / f"{stem.name}_mocap"
+    run_file = folder / "run.json"
+    signature = _source_signature(text, options, hook)
+    video_summary = stem.parent / f"{stem.name}_video.json"
+    done = _finished_video(video_summary, run_file, signature)
+    if done is None:
+        summary_path.unlink(missing_ok=True)
+        run_file.unlink(missing_ok=True)
+        video = dataclasses.replace(options.video, skip_existing=False)
+        report.video = predict_video(tasks, source, output, video, progress=progress, hook=hook)
+        fps = json.loads(video_summary.read_text())["fps"] if video_summary.is_file() else 30.0
+        report.seconds.update(report.video.seconds)
+        if report.video.error is None and video_summary.is_file():  # a rerun goes straight to the exports
+            atomic_write(run_file, json.dumps(signature).encode())
+    else:  # killed after the video was complete: the records are all there
+        from ..video.run import VideoReport
+
+        report.video = VideoReport(text, frames=done["frames"], resumed_frames=done["frames"],
+                                   outputs=[str(stem.parent / f"{stem.name}_frames.jsonl")])  # fmt: skip
+        report.video.error = done.get("error")
+        fps = done["fps"]
+    report.error = report.video.error
+    frames_jsonl = stem.parent / f"{stem.name}_frames.jsonl"
+    if not frames_jsonl.is_file():
+        return report
+    stride = options.video.stride
+    tracks = read_tracks(frames_jsonl, stride)
+    try:
+        report.tracks, report.left_out, seconds = solve_and_export(tracks, folder, fps / stride, options, mode)
+    except Exception as problem:  # e.g. the disk filled up: the records stay, a rerun exports again
+        report.error = report.error or f"{text}: cannot write exports ({type(problem).__name__}: {problem})"
+        return report
+    report.seconds.update(seconds)
+    summary = {
+        "source": text, "frames": report.video.frames, "fps": fps / stride, "smooth_3d": mode,
+        "seg": "seg" in tasks, "formats": list(options.formats), "error": report.error,
+        "tracks": {str(t): [str(Path(p).relative_to(stem.parent)) for p in paths] for t, paths in
+                   report.tracks.items()},
+        "left_out": {str(t): why for t, why in report.left_out.items()},
+        "video": str(video_summary.relative_to(stem.parent)),
+    }  # fmt: skip
+    atomic_write(summary_path, json.dumps(summary, indent=1).encode())
+    return report
+
+
+def _finished_video(video_summary: Path, run_file: Path, signature: dict) -> dict | None:
+    """The video summary of an earlier run with this signature that completed its video part; else None."""
+    try:
+        same = json.loads(run_file.read_text()) == json.loads(json.dumps(signature))
+        summary = json.loads(video_summary.read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if same and not summary.get("error") else None
+
+
+# ------------------------------------------------------------------------------------------------- the CLI's entry
+
+
+def run_mocap_inputs(options: Any, mocap: MocapOptions, *, option: Any = None, progress: bool | None = None) -> int:
+    """``sapiens2 mocap``: ``options`` is the ``PredictOptions`` of the run (models, device, output, inputs),
+    ``mocap`` the ``MocapOptions``; one error line per failed source, the others still run. Returns 0 when every
+    source is complete, 1 otherwise, 2 for a usage error (nothing run)."""
+    from ..predict.batch import make_predictors
+    from ..predict.options import check_device, check_input_size, check_model_input_size, python_option, setup_status
+    from ..video.decode import VideoReadError
+
+    option = option or python_option
+    tasks = [*MOCAP_TASKS, *(("seg",) if mocap.seg else ())]
+    try:
+        check_device(options.device, option)
+        check_input_size(options.input_size, option=option)
+        predictors = make_predictors(options, tasks, option)
+        for predictor in predictors.values():
+            check_model_input_size(predictor.input_size, predictor.model, option)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return setup_status(error)
+    status = 0
+    for source in options.inputs:
+        try:
+            report = run_mocap(predictors, source, options.output, mocap, progress=progress)
+        except Exception as error:  # one line naming the source, then the next one
+            message = str(error) if isinstance(error, (VideoReadError, ValueError, OSError)) else \
+                f"{type(error).__name__}: {error}"  # fmt: skip
+            print(f"error: {message if str(source) in message else f'{source}: {message}'}", file=sys.stderr)
+            status = 1
+            continue
+        if report.error:
+            print(f"error: {report.error}", file=sys.stderr)
+            status = 1
+        print("skipped (outputs exist): " + report.source if report.skipped else report.summary())
+    return status

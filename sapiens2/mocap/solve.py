@@ -1,0 +1,480 @@
+"""From lifted frames to a skeleton animation (``docs/mocap.md``, "The skeleton", "Lifting 2D keypoints to 3D").
+
+Per track, in order:
+
+1. **Bone lengths**, fixed per track: the median over the clip of each bone's measured length (both ends seen), or
+   online a running median over the last frames (live input: bones learned as it goes).
+2. **Depth jumps against the bones**: a joint whose measured point lies off the sphere of its bone around its
+   (trusted) parent by more than ``bone_tolerance`` is occluded after all (the pointmap saw something in front of
+   it) and is filled like the others.
+3. **Filling**: an occluded joint whose 2D keypoint is still confident is put where its camera ray meets the sphere of
+   its bone around the parent (of the two crossings, the one nearer where time predicts it); a low-score or missing
+   one takes the bone direction interpolated over time (offline) or held from the last frame (online), at the bone's
+   length. A hip hidden behind the other is found on its ray at the hip width from the visible one.
+4. **Smoothing in 3D**: offline, a centred Gaussian over time (measured frames weigh more than filled ones); online,
+   a One-Euro filter (``video.smooth.OneEuroFilter``) per joint.
+5. **Rotations**: each joint's global frame comes from its aim and twist vectors (``skeleton.JointSpec``), compared
+   with their rest directions; a joint without twist (or whose twist points are filled or collinear with the aim)
+   swings from its parent's frame. Local rotation = parent⁻¹ · global. The rest offsets are the bone lengths along the
+   median direction of each child in its parent's frame, so forward kinematics of the solved ``rig.Motion`` gives
+   the solved positions with every bone its fixed length.
+6. **Markers**: each keypoint's offset in its joint's frame is the median over the frames it was seen, so forward
+   kinematics of the motion also gives all 308 keypoints.
+
+Axes: the camera frame, OpenCV (x right, y down, z forward), metres.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
+from sapiens2.mocap import rig
+from sapiens2.mocap.lift import Lifted3D
+from sapiens2.mocap.skeleton import MocapSkeleton, mocap_skeleton
+from sapiens2.video.smooth import OneEuroFilter
+
+__all__ = ["OnlineSolver", "SolveOptions", "SolvedTrack", "bone_lengths", "solve_rotations", "solve_track"]
+
+SOLVE_SMOOTH_MODES = ("none", "online", "offline")
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """How a track is solved.
+
+    Attributes:
+        smooth: ``offline`` (centred Gaussian, whole clip), ``online`` (One-Euro, no delay) or ``none``.
+        sigma: offline Gaussian width in frames.
+        min_cutoff, beta: the online One-Euro filter's cut-off (Hz) when still and its speed coefficient (per m/s).
+        bone_tolerance: metres a measured joint may lie off its bone's sphere around its parent before it counts
+            as occluded.
+        window: frames of bone-length samples the online solver keeps.
+    """
+
+    smooth: str = "offline"
+    sigma: float = 1.0
+    min_cutoff: float = 1.5
+    beta: float = 0.3
+    bone_tolerance: float = 0.04
+    window: int = 300
+
+    def __post_init__(self) -> None:
+        if self.smooth not in SOLVE_SMOOTH_MODES:
+            raise ValueError(f"smooth must be one of {', '.join(SOLVE_SMOOTH_MODES)}, got {self.smooth!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class SolvedTrack:
+    """One track solved on the skeleton.
+
+    Attributes:
+        motion: the animation (``rig.Motion``) with the 308 keypoints as markers.
+        positions: (T, J, 3) joint positions by forward kinematics of ``motion`` (the solved positions).
+        keypoints: (T, 308, 3) marker positions by forward kinematics.
+        measured: (T, J, 3) joint positions after filling and smoothing, before the rig fit.
+        filled: (T, J) bool, the joint was not measured in that frame (occluded, low score, depth jump, unseen).
+        bone_lengths: (J,) metres from each joint's parent (0 for the root).
+    """
+
+    motion: rig.Motion
+    positions: np.ndarray
+    keypoints: np.ndarray
+    measured: np.ndarray
+    filled: np.ndarray
+    bone_lengths: np.ndarray
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    n = np.linalg.norm(v, axis=-1, keepdims=True)
+    return v / np.where(n > 1e-12, n, 1.0)
+
+
+def bone_lengths(joints: np.ndarray, filled: np.ndarray, skel: MocapSkeleton | None = None) -> np.ndarray:
+    """(J,) robust bone lengths: the median over frames where both ends were measured (else over all frames with
+    both finite, else the skeleton's prior); 0 for the root. ``joints`` (T, J, 3), ``filled`` (T, J) bool."""
+    skel = skel or mocap_skeleton()
+    out = np.zeros(skel.num_joints)
+    for j, p in enumerate(skel.parents):
+        if p < 0:
+            continue
+        d = np.linalg.norm(joints[:, j] - joints[:, p], axis=-1)
+        good = np.isfinite(d) & ~filled[:, j] & ~filled[:, p]
+        if not good.any():
+            good = np.isfinite(d)
+        out[j] = float(np.median(d[good])) if good.any() else skel.prior_lengths[j]
+    return out
+
+
+def _sphere_ray(parent: np.ndarray, ray: np.ndarray, length: np.ndarray, near: np.ndarray) -> np.ndarray:
+    """Points on unit rays (N, 3) at ``length`` from ``parent`` (N, 3); of two crossings the one nearer ``near``; a ray
+    that misses the sphere gives the sphere point nearest the ray."""
+    b = np.einsum("nc,nc->n", ray, parent)
+    disc = b * b - np.einsum("nc,nc->n", parent, parent) + length**2
+    root = np.sqrt(np.maximum(disc, 0.0))
+    p1, p2 = ray * (b - root)[:, None], ray * (b + root)[:, None]
+    pick = np.where((np.linalg.norm(p1 - near, axis=1) <= np.linalg.norm(p2 - near, axis=1))[:, None], p1, p2)
+    closest = ray * b[:, None]
+    miss = parent + _unit(closest - parent) * length[:, None]
+    return np.where((disc >= 0)[:, None], pick, miss)
+
+
+def _time_directions(directions: np.ndarray, good: np.ndarray, online: bool) -> np.ndarray:
+    """(T, 3) unit bone directions where ``good``; elsewhere interpolated between the nearest good frames (offline)
+    or held from the last good one (online); NaN where none exists."""
+    frames = len(directions)
+    out = np.full((frames, 3), np.nan)
+    idx = np.flatnonzero(good)
+    if not len(idx):
+        return out
+    t = np.arange(frames)
+    if online:
+        last = np.maximum.accumulate(np.where(good, t, -1))
+        ok = last >= 0
+        out[ok] = directions[last[ok]]
+        return out
+    for c in range(3):
+        out[:, c] = np.interp(t, idx, directions[idx, c])
+    return _unit(out)
+
+
+def _fill(skel: MocapSkeleton, joints: np.ndarray, rays: np.ndarray, filled: np.ndarray, confident: np.ndarray,
+          lengths: np.ndarray, online: bool) -> np.ndarray:  # fmt: skip
+    """Fill the ``filled`` joints top-down from bone lengths, their rays (when ``confident``) and time."""
+    out = joints.copy()
+    left, right = skel.index("l_thigh"), skel.index("r_thigh")
+    # a hip hidden behind the other: on its ray at the hip width from the seen one; the pelvis is their midpoint
+    width = lengths[left] + lengths[right]
+    fixed = np.zeros_like(filled)
+    for hidden, seen in ((left, right), (right, left)):
+        rows = filled[:, hidden] & ~filled[:, seen] & np.isfinite(rays[:, hidden]).all(1)
+        if rows.any():
+            near = out[rows, seen] + _unit(out[rows, hidden] - out[rows, seen]) * width
+            out[rows, hidden] = _sphere_ray(out[rows, seen], rays[rows, hidden], np.full(rows.sum(), width), near)
+            out[rows, 0] = 0.5 * (out[rows, left] + out[rows, right])
+            fixed[rows, hidden] = True
+    for j, p in enumerate(skel.parents):
+        if p < 0 or not skel.observed[j]:
+            continue
+        rows = filled[:, j] & ~fixed[:, j]
+        if not rows.any():
+            continue
+        good = ~filled[:, j] & ~filled[:, p]
+        direction_time = _time_directions(_unit(joints[:, j] - joints[:, p]), good, online)
+        current = _unit(out[:, j] - out[:, p])
+        direction = np.where(np.isfinite(direction_time), direction_time, current)
+        guess = out[:, p] + direction * lengths[j]
+        use_ray = rows & confident[:, j] & np.isfinite(rays[:, j]).all(1)
+        if use_ray.any():
+            out[use_ray, j] = _sphere_ray(out[use_ray, p], rays[use_ray, j], np.full(use_ray.sum(), lengths[j]),
+                                          guess[use_ray])  # fmt: skip
+        rest = rows & ~use_ray
+        out[rest, j] = guess[rest]
+    return skel.blend(out)
+
+
+def _depth_jumps(skel: MocapSkeleton, joints: np.ndarray, rays: np.ndarray, filled: np.ndarray, lengths: np.ndarray,
+                 tolerance: float) -> np.ndarray:  # fmt: skip
+    """(T, J) joints measured off their bone's sphere around a measured parent (top-down)."""
+    jumps = np.zeros_like(filled)
+    bad = filled.copy()
+    for j, p in enumerate(skel.parents):
+        if p < 0 or not skel.observed[j] or lengths[j] < 0.02:
+            continue
+        rows = ~bad[:, j] & ~bad[:, p] & np.isfinite(rays[:, j]).all(1)
+        if not rows.any():
+            continue
+        expected = _sphere_ray(joints[rows, p], rays[rows, j], np.full(rows.sum(), lengths[j]), joints[rows, j])
+        off = np.linalg.norm(expected - joints[rows, j], axis=1) > tolerance
+        hit = np.flatnonzero(rows)[off]
+        jumps[hit, j] = True
+        bad[hit, j] = True
+    return jumps
+
+
+RIGID_PAIRS = (("l_thigh", "r_thigh"), ("l_upperarm", "r_upperarm"), ("l_eye", "r_eye"))
+"""Joint pairs a rigid part holds at a fixed distance (the pelvis, the shoulder girdle, the eyes)."""
+
+
+def _pair_jumps(skel: MocapSkeleton, joints: np.ndarray, filled: np.ndarray, scores: np.ndarray,
+                tolerance: float) -> np.ndarray:  # fmt: skip
+    """(T, J) the lower-scored joint of a rigid pair whose distance is off the track's median by > tolerance."""
+    jumps = np.zeros_like(filled)
+    for a, b in RIGID_PAIRS:
+        ia, ib = skel.index(a), skel.index(b)
+        d = np.linalg.norm(joints[:, ia] - joints[:, ib], axis=-1)
+        both = ~filled[:, ia] & ~filled[:, ib] & np.isfinite(d)
+        if both.sum() < 3:
+            continue
+        off = both & (np.abs(d - np.median(d[both])) > tolerance)
+        lower_a = scores[:, ia] <= scores[:, ib]
+        jumps[off & lower_a, ia] = True
+        jumps[off & ~lower_a, ib] = True
+    return jumps
+
+
+def _smooth(joints: np.ndarray, weights: np.ndarray, fps: float, opts: SolveOptions) -> np.ndarray:
+    if opts.smooth == "none" or len(joints) < 2:
+        return joints
+    if opts.smooth == "online":
+        f = OneEuroFilter(opts.min_cutoff, opts.beta)
+        return np.stack([f(x, i / fps) for i, x in enumerate(joints)])
+    radius = max(1, int(round(3 * opts.sigma)))
+    kernel = np.exp(-0.5 * (np.arange(-radius, radius + 1) / opts.sigma) ** 2)
+    frames = len(joints)
+    num = np.zeros_like(joints)
+    den = np.zeros(weights.shape)
+    for shift, k in zip(range(-radius, radius + 1), kernel, strict=True):
+        lo, hi = max(0, -shift), min(frames, frames - shift)
+        w = weights[lo + shift : hi + shift] * k
+        num[lo:hi] += w[..., None] * joints[lo + shift : hi + shift]
+        den[lo:hi] += w
+    return np.where(den[..., None] > 0, num / np.maximum(den, 1e-12)[..., None], joints)
+
+
+def _frame(aim: np.ndarray, twist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(..., 3, 3) orthonormal frames (columns: aim, twist ⟂ aim, aim × twist) and (...,) whether twist was usable."""
+    e1 = _unit(aim)
+    t = twist - np.einsum("...c,...c->...", twist, e1)[..., None] * e1
+    norm = np.linalg.norm(t, axis=-1)
+    ok = norm > 0.2 * np.linalg.norm(twist, axis=-1)
+    e2 = _unit(t)
+    return np.stack([e1, e2, np.cross(e1, e2)], -1), ok
+
+
+def _swing(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(..., 3, 3) the shortest rotation taking unit vectors a to b (Rodrigues; opposite vectors turn about any
+    perpendicular)."""
+    v = np.cross(a, b)
+    c = np.einsum("...c,...c->...", a, b)
+    vx = np.zeros(v.shape + (3,))
+    vx[..., 0, 1], vx[..., 0, 2], vx[..., 1, 2] = -v[..., 2], v[..., 1], -v[..., 0]
+    vx[..., 1, 0], vx[..., 2, 0], vx[..., 2, 1] = v[..., 2], -v[..., 1], v[..., 0]
+    eye = np.broadcast_to(np.eye(3), vx.shape)
+    scale = np.where(c > -1 + 1e-9, 1.0 / (1.0 + np.maximum(c, -1 + 1e-9)), 0.0)[..., None, None]
+    out = eye + vx + vx @ vx * scale
+    opposite = c <= -1 + 1e-9
+    if opposite.any():
+        perp = _unit(np.cross(a[opposite], np.array([1.0, 0.0, 0.0])))
+        perp = np.where(np.linalg.norm(perp, axis=-1, keepdims=True) > 0.5, perp,
+                        _unit(np.cross(a[opposite], np.array([0.0, 1.0, 0.0]))))  # fmt: skip
+        out[opposite] = 2 * perp[..., :, None] * perp[..., None, :] - np.eye(3)
+    return out
+
+
+def solve_rotations(joints: np.ndarray, keypoints: np.ndarray, keypoint_filled: np.ndarray | None = None,
+                    skel: MocapSkeleton | None = None) -> np.ndarray:  # fmt: skip
+    """(T, J, 3, 3) global joint rotations (relative to the rest pose) from (T, J, 3) joints and (T, 308, 3)
+    keypoints (``keypoint_filled`` (T, 308): twist points not to trust)."""
+    skel = skel or mocap_skeleton()
+    frames, count = joints.shape[0], skel.num_joints
+    points = np.concatenate([joints, keypoints], axis=1)
+    unsure = np.zeros(points.shape[:2], bool)
+    if keypoint_filled is not None:
+        unsure[:, count:] = keypoint_filled
+    out = np.zeros((frames, count, 3, 3))
+    for j, spec in enumerate(skel.specs):
+        p = skel.parents[j]
+        parent = np.broadcast_to(np.eye(3), (frames, 3, 3)) if p < 0 else out[:, p]
+        if not spec.aim:
+            out[:, j] = parent
+            continue
+        aim = sum(points[:, skel.ref(b)] - points[:, skel.ref(a)] for a, b in spec.aim)
+        rest_aim = np.asarray(spec.rest_aim)
+        swing = _swing(parent @ rest_aim, _unit(aim)) @ parent
+        if not spec.twist:
+            out[:, j] = swing
+            continue
+        twist = sum(points[:, skel.ref(b)] - points[:, skel.ref(a)] for a, b in spec.twist)
+        trusted = ~np.any([unsure[:, skel.ref(r)] for pair in spec.twist for r in pair], axis=0)
+        current, ok = _frame(aim, twist)
+        rest, _ = _frame(rest_aim, np.asarray(spec.rest_twist))
+        framed = current @ rest.T
+        out[:, j] = np.where((ok & trusted)[:, None, None], framed, swing)
+    return out
+
+
+def _rest_offsets(skel: MocapSkeleton, joints: np.ndarray, rotations: np.ndarray, lengths: np.ndarray,
+                  good: np.ndarray) -> np.ndarray:  # fmt: skip
+    offsets = np.zeros((skel.num_joints, 3))
+    for j, p in enumerate(skel.parents):
+        if p < 0:
+            offsets[j] = np.median(joints[:, j], axis=0)
+            continue
+        local = np.einsum("tba,tb->ta", rotations[:, p], joints[:, j] - joints[:, p])
+        rows = good[:, j] & good[:, p]
+        direction = _unit(np.median(local[rows if rows.any() else slice(None)], axis=0))
+        offsets[j] = direction * lengths[j]
+    return offsets
+
+
+def _marker_offsets(skel: MocapSkeleton, keypoints: np.ndarray, seen: np.ndarray, positions: np.ndarray,
+                    rotations: np.ndarray) -> np.ndarray:  # fmt: skip
+    joint = skel.keypoint_joint
+    local = np.einsum("tkba,tkb->tka", rotations[:, joint], keypoints - positions[:, joint])
+    offsets = np.zeros((NUM_KEYPOINTS, 3))
+    for k in range(NUM_KEYPOINTS):
+        rows = seen[:, k] & np.isfinite(local[:, k]).all(1)
+        if not rows.any():
+            rows = np.isfinite(local[:, k]).all(1)
+        offsets[k] = np.median(local[rows, k], axis=0) if rows.any() else 0.0
+    return offsets
+
+
+def _stack(frames: Sequence[Lifted3D | None], skel: MocapSkeleton) -> dict[str, np.ndarray]:
+    count = len(frames)
+    out = {
+        "joints": np.full((count, skel.num_joints, 3), np.nan),
+        "keypoints": np.full((count, NUM_KEYPOINTS, 3), np.nan),
+        "filled": np.ones((count, skel.num_joints), bool),
+        "kp_filled": np.ones((count, NUM_KEYPOINTS), bool),
+        "confident": np.zeros((count, skel.num_joints), bool),
+        "seen": np.zeros(count, bool),
+        "scores": np.zeros((count, skel.num_joints)),
+    }
+    main = np.argmax(skel.source_weights, axis=1)
+    for t, lifted in enumerate(frames):
+        if lifted is None:
+            continue
+        out["joints"][t], out["keypoints"][t] = lifted.joints, lifted.keypoints
+        out["filled"][t], out["kp_filled"][t] = lifted.joint_filled, lifted.filled
+        # a filled joint whose 2D keypoint is still trusted (occluded, not low-scored): its ray is worth using
+        out["confident"][t] = lifted.occluded[main] & ~(lifted.scores[main] < 0.3) & skel.observed
+        out["seen"][t] = True
+        out["scores"][t] = lifted.scores[main]
+    return out
+
+
+def _interpolate_missing(values: np.ndarray, seen: np.ndarray, online: bool) -> np.ndarray:
+    """Fill frames never seen (all NaN) from the nearest seen ones: linear offline, held online."""
+    if seen.all() or not seen.any():
+        return values
+    out = values.copy()
+    idx = np.flatnonzero(seen)
+    t = np.arange(len(values))
+    if online:
+        last = np.maximum.accumulate(np.where(seen, t, -1))
+        first = idx[0]
+        src = np.where(last >= 0, last, first)
+        return values[src]
+    flat = values.reshape(len(values), -1)
+    filled = np.stack([np.interp(t, idx, flat[idx, c]) for c in range(flat.shape[1])], 1)
+    out = filled.reshape(values.shape)
+    return out
+
+
+def solve_track(frames: Sequence[Lifted3D | None], fps: float, options: SolveOptions | None = None) -> SolvedTrack:
+    """Solve one track's lifted frames (None where the person was not seen) into a ``rig.Motion``.
+
+    Raises:
+        ValueError: no frame has the person, or ``fps`` is not positive.
+    """
+    opts = options or SolveOptions()
+    skel = mocap_skeleton()
+    if not any(f is not None for f in frames):
+        raise ValueError("solve_track: the track has no lifted frame")
+    if not fps > 0:
+        raise ValueError(f"solve_track: fps must be > 0, got {fps}")
+    online = opts.smooth == "online"
+    data = _stack(frames, skel)
+    seen = data["seen"]
+    joints = _interpolate_missing(data["joints"], seen, online)
+    keypoints = _interpolate_missing(data["keypoints"], seen, online)
+    filled, kp_filled = data["filled"], data["kp_filled"]
+    rays = _unit(joints)
+    rays[~seen] = np.nan
+    lengths = bone_lengths(joints, filled, skel)
+    jumps = _pair_jumps(skel, joints, filled, data["scores"], opts.bone_tolerance)
+    jumps[:, 0] |= jumps[:, skel.index("l_thigh")] | jumps[:, skel.index("r_thigh")]
+    jumps |= _depth_jumps(skel, joints, rays, filled | jumps, lengths, opts.bone_tolerance)
+    filled = filled | jumps
+    confident = data["confident"] | jumps
+    lengths = bone_lengths(joints, filled, skel)
+    joints = _fill(skel, joints, rays, filled, confident, lengths, online)
+    weights = np.where(filled, 0.3, 1.0) * np.where(seen, 1.0, 0.05)[:, None]
+    joints = skel.blend(_smooth(joints, weights, fps, opts))
+    rotations = solve_rotations(joints, keypoints, kp_filled, skel)
+    offsets = _rest_offsets(skel, joints, rotations, lengths, ~filled)
+    parents = skel.parents
+    local = rotations.copy()
+    local[:, 1:] = np.einsum("tjba,tjbc->tjac", rotations[:, parents[1:]], rotations[:, 1:])
+    skeleton = rig.Skeleton(skel.names, tuple(int(p) for p in parents), offsets)
+    motion = rig.Motion(skeleton, fps, joints[:, 0], rig.quat_from_matrix(local), valid=seen)
+    positions, global_q = rig.forward_kinematics(motion)
+    global_m = rig.quat_to_matrix(global_q)
+    marker_offsets = _marker_offsets(skel, keypoints, ~kp_filled & seen[:, None], positions, global_m)
+    markers = rig.Markers(keypoint_metadata().names, skel.keypoint_joint, marker_offsets)
+    motion = rig.Motion(skeleton, fps, joints[:, 0], motion.rotations, markers, seen)
+    marker_xyz = rig.marker_positions(motion, (positions, global_q))
+    return SolvedTrack(motion, positions, marker_xyz, joints, filled | ~seen[:, None], lengths)
+
+
+@dataclass
+class OnlineSolver:
+    """Live input: one frame at a time, no delay, bones learned as it goes (a running median over ``window``
+    frames); ``motion()`` solves everything seen so far offline-free (the same online rules) for the exports.
+
+    ``step(lifted, time)`` returns the frame's (J, 3) joint positions by forward kinematics on the bones learned so
+    far, and its (J, 4) local rotations.
+    """
+
+    fps: float
+    options: SolveOptions = field(default_factory=lambda: SolveOptions(smooth="online"))
+    _frames: list[Lifted3D | None] = field(default_factory=list, repr=False)
+    _samples: deque = field(default_factory=deque, repr=False)
+    _filter: OneEuroFilter | None = field(default=None, repr=False)
+    _last: np.ndarray | None = field(default=None, repr=False)
+
+    def step(self, lifted: Lifted3D | None, time: float) -> tuple[np.ndarray, np.ndarray]:
+        skel = mocap_skeleton()
+        self._frames.append(lifted)
+        if self._filter is None:
+            self._filter = OneEuroFilter(self.options.min_cutoff, self.options.beta)
+        if lifted is None:
+            if self._last is None:
+                raise ValueError("OnlineSolver.step: no frame with the person yet")
+            joints = self._last
+            filled = np.ones(skel.num_joints, bool)
+        else:
+            joints, filled = lifted.joints, lifted.joint_filled
+            d = np.linalg.norm(joints[1:] - joints[skel.parents[1:]], axis=-1)
+            sample = np.where(filled[1:] | filled[skel.parents[1:]], np.nan, d)
+            self._samples.append(sample)
+            while len(self._samples) > self.options.window:
+                self._samples.popleft()
+        samples = np.array(self._samples)
+        lengths = np.zeros(skel.num_joints)
+        with np.errstate(all="ignore"):
+            med = np.nanmedian(samples, axis=0) if len(samples) else np.full(skel.num_joints - 1, np.nan)
+        lengths[1:] = np.where(np.isfinite(med), med, skel.prior_lengths[1:])
+        rays = _unit(joints)[None]
+        confident = (filled & skel.observed)[None]
+        if self._last is not None:
+            previous = self._last[None]
+            both = np.concatenate([previous, joints[None]])
+            fill = np.stack([np.zeros_like(filled), filled])
+            joints = _fill(skel, both, np.concatenate([rays, rays]), fill, np.concatenate([confident, confident]),
+                           lengths, True)[1]  # fmt: skip
+        else:
+            joints = _fill(skel, joints[None], rays, filled[None], confident, lengths, True)[0]
+        joints = skel.blend(self._filter(joints, time))
+        self._last = joints
+        rotations = solve_rotations(joints[None], (lifted.keypoints if lifted else np.zeros((NUM_KEYPOINTS, 3)))[None],
+                                    None if lifted else np.ones((1, NUM_KEYPOINTS), bool), skel)[0]  # fmt: skip
+        local = rotations.copy()
+        local[1:] = np.einsum("jba,jbc->jac", rotations[skel.parents[1:]], rotations[1:])
+        positions = np.zeros_like(joints)
+        positions[0] = joints[0]
+        for j, p in enumerate(skel.parents):
+            if p >= 0:
+                direction = _unit(rotations[p].T @ (joints[j] - joints[p]))
+                positions[j] = positions[p] + rotations[p] @ (direction * lengths[j])
+        return positions, rig.quat_from_matrix(local)
+
+    def motion(self) -> SolvedTrack:
+        """Everything seen so far, solved with the online rules (held fills, One-Euro smoothing)."""
+        return solve_track(self._frames, self.fps, self.options)

@@ -1,0 +1,391 @@
+"""A synthetic person walking for the mocap tests: known 3D truth, rendered like the networks' outputs.
+
+``walk_clip()`` builds a ground-truth ``rig.Motion`` on the mocap skeleton's tree (a walk cycle toward the camera
+with arm swing, elbow and finger flexion, trunk counter-rotation and a turn), with the 308 keypoints as markers
+riding on its joints. ``clip.frame(t)`` renders frame ``t`` through a pinhole camera (known intrinsics): a pointmap
+(H, W, 3) metres ray-cast against capsules around the bones (and a floor and a back wall), a seg map of the true
+body-part labels of ``sapiens2.metadata.seg_metadata()`` (the back of the head is Hair), a shaded RGB picture, the
+308 keypoints in pixels (projected, with 2D noise) and scores, and which keypoints are truly occluded (something
+lies in front of their surface at their pixel). Every capsule's radius is the skeleton's documented depth of the
+joints it touches, so joint centres sit exactly that far behind the skin the pointmap sees.
+
+Axes: camera frame, OpenCV (x right, y down, z forward), metres.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata, seg_metadata
+from sapiens2.mocap import rig
+from sapiens2.mocap.skeleton import FINGERS, mocap_skeleton
+
+WIDTH, HEIGHT, FOCAL = 640, 480, 560.0
+OCCLUSION_MARGIN = 0.03
+"""A keypoint is truly occluded when the surface seen at its pixel lies this far (m) in front of its own surface."""
+INTRINSICS = np.array([[FOCAL, 0.0, WIDTH / 2 - 0.5], [0.0, FOCAL, HEIGHT / 2 - 0.5], [0.0, 0.0, 1.0]])
+
+# capsule radii (m): shared with the skeleton's depths (a joint's depth is the largest radius touching it)
+_HIP, _THIGH, _SHIN, _FOOT, _TOE = 0.08, 0.055, 0.045, 0.028, 0.02
+_SHOULDER, _UPPER_ARM, _FOREARM, _PALM, _FINGER = 0.045, 0.04, 0.03, 0.012, 0.009
+_NECK, _TORSO, _HEAD, _EYE, _EAR = 0.05, 0.12, 0.08, 0.012, 0.015
+
+
+def _rot(axis: str, degrees: np.ndarray | float) -> np.ndarray:
+    """(..., 3, 3) rotation about a camera axis."""
+    a = np.radians(np.asarray(degrees, dtype=np.float64))
+    c, s, o, z = np.cos(a), np.sin(a), np.ones_like(a), np.zeros_like(a)
+    rows = {
+        "x": [[o, z, z], [z, c, -s], [z, s, c]],
+        "y": [[c, z, s], [z, o, z], [-s, z, c]],
+        "z": [[c, -s, z], [s, c, z], [z, z, o]],
+    }[axis]
+    return np.stack([np.stack(r, -1) for r in rows], -2)
+
+
+def _rest_offsets(names: tuple[str, ...], parents: np.ndarray) -> np.ndarray:
+    """A T-pose (facing the camera: up -y, the person's left +x, forward -z, palms down) of a 1.75 m adult."""
+    pos: dict[str, np.ndarray] = {"pelvis": np.zeros(3)}
+    up = np.array([0.0, -1.0, 0.0])
+    pos["spine"], pos["chest"], pos["neck"] = up * 0.17, up * 0.34, up * 0.51
+    pos["head"] = pos["neck"] + np.array([0.0, -0.15, -0.05])
+    pos["l_eye"], pos["r_eye"] = pos["head"] + [0.032, 0, 0], pos["head"] - [0.032, 0, 0]
+    centre = pos["head"] + np.array([0.0, 0.01, 0.078])  # the skull sphere, behind the eyes
+    pos["jaw"] = centre + [0.0, 0.02, 0.0]
+    pos["jaw_end"] = centre + _HEAD * np.array([0.0, 0.75, -0.66])
+    for side, out in (("l", 1.0), ("r", -1.0)):
+        x = np.array([out, 0.0, 0.0])
+        pos[f"{side}_clavicle"] = pos["neck"]
+        pos[f"{side}_upperarm"] = pos["neck"] + x * 0.17 + [0, 0.06, 0]
+        pos[f"{side}_forearm"] = pos[f"{side}_upperarm"] + x * 0.29
+        pos[f"{side}_hand"] = pos[f"{side}_forearm"] + x * 0.26
+        lengths = {"thumb": (0.045, 0.035, 0.03), "index": (0.045, 0.027, 0.022), "middle": (0.05, 0.03, 0.024),
+                   "ring": (0.047, 0.028, 0.022), "pinky": (0.037, 0.021, 0.019)}  # fmt: skip
+        across = {"thumb": -0.03, "index": -0.025, "middle": -0.008, "ring": 0.009, "pinky": 0.024}
+        for stem, _ in FINGERS:
+            if stem == "thumb":
+                base = pos[f"{side}_hand"] + x * 0.03 + [0, 0.01, -0.025]
+                direction = np.array([out, 0.0, -1.0]) / np.sqrt(2)
+            else:
+                base = pos[f"{side}_hand"] + x * (0.095 - abs(across[stem]) * 0.3) + [0, 0, across[stem]]
+                direction = x
+            pos[f"{side}_{stem}1"] = base
+            for i, name in enumerate((f"{side}_{stem}2", f"{side}_{stem}3", f"{side}_{stem}_end")):
+                prev = (f"{side}_{stem}1", f"{side}_{stem}2", f"{side}_{stem}3")[i]
+                pos[name] = pos[prev] + direction * lengths[stem][i]
+        pos[f"{side}_thigh"] = x * 0.09
+        pos[f"{side}_shin"] = pos[f"{side}_thigh"] + [0, 0.44, 0]
+        pos[f"{side}_foot"] = pos[f"{side}_shin"] + [0, 0.42, 0]
+        pos[f"{side}_toe"] = pos[f"{side}_foot"] + [0, 0.045, -0.15]
+    offsets = np.zeros((len(names), 3))
+    for j, name in enumerate(names):
+        offsets[j] = pos[name] - (pos[names[parents[j]]] if parents[j] >= 0 else 0)
+    return offsets
+
+
+def _marker_offsets(skel_names: tuple[str, ...], rest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(308,) joints and (308, 3) rest-pose offsets of the keypoints, placed on the capsule surfaces."""
+    meta, skel = keypoint_metadata(), mocap_skeleton()
+    index = {n: j for j, n in enumerate(skel_names)}
+    rng = np.random.default_rng(7)
+    joints = skel.keypoint_joint.copy()
+    offsets = np.zeros((NUM_KEYPOINTS, 3))
+    centre = rest[index["head"]] + np.array([0.0, 0.01, 0.078])
+    for k, name in enumerate(meta.names):
+        j = int(joints[k])
+        joint = skel_names[j]
+        side = 1.0 if name.startswith(("left", "l_")) else -1.0
+        spec_sources = [s[0] for s in skel.specs[j].sources]
+        if name in ("left_big_toe", "left_small_toe", "right_big_toe", "right_small_toe"):
+            medial = -side if "big" in name else side
+            offsets[k] = [medial * 0.03, 0.0, 0.0]
+        elif name in spec_sources and len(spec_sources) == 1:
+            offsets[k] = 0.0  # the keypoint marks the joint centre itself
+        elif "tragus" in name or name.endswith("_ear") or name[2:].startswith(("top_end", "start_of", "end_of_a",
+                                                                              "midpoint_1_of_a", "point_", "tip_of_ear",
+                                                                              "highest", "deepest", "bottom_conn",
+                                                                              "top_conn", "midpoint_2_of_a",
+                                                                              "midpoint_3_of_a", "midpoint_1_of_i",
+                                                                              "midpoint_between")):
+            ear = centre + [side * 0.085, 0.0, 0.0]
+            if "tragus" in name or name.endswith("_ear"):
+                offsets[k] = ear - rest[j]
+            else:  # on the outer, front face of the ear sphere
+                d = rng.normal(0, 0.4, 3) + [side, 0.0, -0.6]
+                offsets[k] = ear + _EAR * d / np.linalg.norm(d) - rest[j]
+        elif "iris" in name or "pupil" in name:
+            offsets[k] = [0.0, 0.0, -_EYE] + rng.normal(0, 0.002, 3) * [1, 1, 0]
+        elif name.endswith("olecranon"):
+            offsets[k] = [0.0, 0.0, _UPPER_ARM] + rest[index[joint.replace("upperarm", "forearm")]] - rest[j]
+        elif name.endswith("cubital_fossa"):
+            offsets[k] = [0.0, 0.0, -_UPPER_ARM] + rest[index[joint.replace("upperarm", "forearm")]] - rest[j]
+        elif name.endswith("acromion"):
+            offsets[k] = rest[index[f"{joint[0]}_upperarm"]] - rest[j] + [0.0, -_SHOULDER, 0.0]
+        elif name.endswith("heel"):
+            offsets[k] = [0.0, 0.04, 0.06]
+        else:  # face: a point on the front of the skull sphere (chin side for the jaw's)
+            lower = joint == "jaw"
+            while True:
+                d = rng.normal(size=3) * [0.5, 0.35, 0.2] + [0.0, 0.45 if lower else -0.1, -1.0]
+                d /= np.linalg.norm(d)
+                if d[2] < -0.55:
+                    break
+            offsets[k] = centre + _HEAD * d - rest[j]
+    return joints, offsets
+
+
+def _capsules(names: tuple[str, ...]) -> list[tuple[str, str, float, str]]:
+    """(joint a, joint b, radius, seg class) of every capsule (a == b: a sphere)."""
+    caps = [("l_thigh", "r_thigh", _HIP, "Torso"), ("spine", "chest", _TORSO, "Torso"),
+            ("l_upperarm", "r_upperarm", _SHOULDER, "Torso"), ("neck", "jaw", _NECK, "Face_Neck")]  # fmt: skip
+    for side, part in (("l", "Left"), ("r", "Right")):
+        caps += [
+            (f"{side}_upperarm", f"{side}_forearm", _UPPER_ARM, f"{part}_Upper_Arm"),
+            (f"{side}_forearm", f"{side}_hand", _FOREARM, f"{part}_Lower_Arm"),
+            (f"{side}_thigh", f"{side}_shin", _THIGH, f"{part}_Upper_Leg"),
+            (f"{side}_shin", f"{side}_foot", _SHIN, f"{part}_Lower_Leg"),
+            (f"{side}_foot", f"{side}_toe", _FOOT, f"{part}_Foot"),
+            (f"{side}_eye", f"{side}_eye", _EYE, "Face_Neck"),
+        ]
+        for stem, _ in FINGERS:
+            caps.append((f"{side}_hand", f"{side}_{stem}1", _PALM, f"{part}_Hand"))
+            chain = [f"{side}_{stem}{i}" for i in (1, 2, 3)] + [f"{side}_{stem}_end"]
+            caps += [(a, b, _FINGER, f"{part}_Hand") for a, b in zip(chain[:-1], chain[1:], strict=True)]
+    return caps
+
+
+@dataclass(frozen=True)
+class SynthFrame:
+    """One rendered frame (pointmap float32 (H, W, 3) m; seg uint8 (H, W); rgb uint8 (H, W, 3))."""
+
+    pointmap: np.ndarray
+    seg: np.ndarray
+    rgb: np.ndarray
+    keypoints: np.ndarray  # (308, 2) px, with 2D noise
+    scores: np.ndarray  # (308,)
+    occluded: np.ndarray  # (308,) bool: a surface lies OCCLUSION_MARGIN in front of the keypoint's own at its pixel
+    cover: np.ndarray  # (308,) metres by which the surface seen at the keypoint's pixel lies in front of its own
+    joints: np.ndarray  # (J, 3) true joint centres
+    markers: np.ndarray  # (308, 3) true keypoint positions (joint centres or surface points)
+
+
+@dataclass(frozen=True, eq=False)
+class SynthClip:
+    """The ground truth of a clip; ``frame(t)`` renders frame t (deterministic)."""
+
+    motion: rig.Motion
+    joints: np.ndarray  # (T, J, 3) true joint positions
+    markers: np.ndarray  # (T, 308, 3) true keypoint positions
+    intrinsics: np.ndarray
+    size: tuple[int, int]  # (H, W)
+    noise_px: float
+    seed: int
+    head_rotations: np.ndarray  # (T, 4) global rotation of the head joint
+
+    @property
+    def num_frames(self) -> int:
+        return self.motion.num_frames
+
+    def project(self, points: np.ndarray) -> np.ndarray:
+        """(..., 3) camera points -> (..., 2) pixels."""
+        k = self.intrinsics
+        return np.stack([k[0, 0] * points[..., 0] / points[..., 2] + k[0, 2],
+                         k[1, 1] * points[..., 1] / points[..., 2] + k[1, 2]], -1)  # fmt: skip
+
+    def frame(self, t: int, rgb: bool = True) -> SynthFrame:
+        """Render frame ``t`` (``rgb=False`` skips the picture, leaving a 1x1 placeholder)."""
+        return _render(self, t, rgb)
+
+
+def _gait(t: np.ndarray) -> dict[str, np.ndarray]:
+    """Local rotations (T, 3, 3) per joint name of a walk cycle (1.1 s stride) with a turn."""
+    phase = 2 * np.pi * t / 1.1
+    T = len(t)
+    rot: dict[str, np.ndarray] = {}
+    yaw = 35.0 - 105.0 * np.clip(t / t[-1], 0, 1) ** 1.5 if T > 1 else np.full(T, 35.0)
+    rot["pelvis"] = _rot("y", yaw) @ _rot("x", -6.0 + 0 * t) @ _rot("y", 6.0 * np.sin(phase))
+    rot["spine"] = _rot("y", -4.0 * np.sin(phase))
+    rot["chest"] = _rot("y", -7.0 * np.sin(phase))
+    rot["neck"] = _rot("x", 8.0 + 3.0 * np.sin(2 * phase))
+    rot["head"] = _rot("y", -0.3 * (yaw - 35.0) * 0.5) @ _rot("x", -4.0 + 0 * t)
+    for side, sign, shift in (("l", 1.0, 0.0), ("r", -1.0, np.pi)):
+        p = phase + shift
+        rot[f"{side}_thigh"] = _rot("x", -(8.0 + 24.0 * np.sin(p)))
+        rot[f"{side}_shin"] = _rot("x", 8.0 + 25.0 * (1 + np.sin(p - 1.3)))
+        rot[f"{side}_foot"] = _rot("x", 6.0 * np.sin(p + 0.5))
+        rot[f"{side}_upperarm"] = _rot("x", 18.0 * np.sin(p + np.pi)) @ _rot("z", sign * 78.0 + 0 * t) @ _rot(
+            "x", sign * 10.0 + 0 * t)
+        rot[f"{side}_forearm"] = _rot("y", sign * (28.0 + 12.0 * np.sin(p + np.pi))) @ _rot("x", sign * 8 * np.sin(p))
+        rot[f"{side}_hand"] = _rot("z", sign * (8.0 + 5.0 * np.sin(p)))
+        for stem, _ in FINGERS:
+            for i in (1, 2, 3):
+                curl = (10.0 + 8.0 * i) * (1 + 0.5 * np.sin(0.5 * phase + i)) * (0.4 if stem == "thumb" else 1.0)
+                axis = "y" if stem == "thumb" else "z"
+                rot[f"{side}_{stem}{i}"] = _rot(axis, sign * curl)
+    return rot
+
+
+@functools.cache
+def walk_clip(frames: int = 48, fps: float = 24.0, noise_px: float = 0.4, seed: int = 0) -> SynthClip:
+    """The synthetic walk (deterministic; cached per arguments)."""
+    skel = mocap_skeleton()
+    names, parents = skel.names, skel.parents
+    offsets = _rest_offsets(names, parents)
+    t = np.arange(frames) / fps
+    rot = _gait(t)
+    rotations = np.tile(np.eye(3), (frames, len(names), 1, 1))
+    for j, name in enumerate(names):
+        if name in rot:
+            rotations[:, j] = rot[name]
+    # the root walks along its heading: start far left, come toward the camera while turning
+    heading = rot["pelvis"] @ np.array([0.0, 0.0, -1.0])
+    heading[:, 1] = 0
+    speed = 0.8
+    path = np.cumsum(heading * speed / fps, axis=0) - heading[0] * speed / fps
+    bob = 0.02 * np.cos(2 * 2 * np.pi * t / 1.1)
+    root = np.array([0.55, -0.1, 4.3]) + path + np.stack([0 * t, bob, 0 * t], -1)
+    joints_k, marker_offsets = _marker_offsets(names, _rest_positions(offsets, parents))
+    skeleton = rig.Skeleton(names, tuple(int(p) for p in parents), offsets)
+    markers = rig.Markers(keypoint_metadata().names, joints_k, marker_offsets)
+    motion = rig.Motion(skeleton, fps, root, rig.quat_from_matrix(rotations), markers)
+    fk = rig.forward_kinematics(motion)
+    return SynthClip(motion, fk[0], rig.marker_positions(motion, fk), INTRINSICS.copy(), (HEIGHT, WIDTH), noise_px,
+                     seed, fk[1][:, names.index("head")])  # fmt: skip
+
+
+def _rest_positions(offsets: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    pos = np.zeros_like(offsets)
+    for j, p in enumerate(parents):
+        pos[j] = offsets[j] + (pos[p] if p >= 0 else 0)
+    return pos
+
+
+@functools.cache
+def _rays_cached(size: tuple[int, int], intrinsics: tuple[float, ...]) -> np.ndarray:
+    h, w = size
+    k = np.asarray(intrinsics).reshape(3, 3)
+    v, u = np.mgrid[0:h, 0:w].astype(np.float64)
+    return np.stack([(u - k[0, 2]) / k[0, 0], (v - k[1, 2]) / k[1, 1], np.ones_like(u)], -1)
+
+
+def _rays(clip: SynthClip) -> np.ndarray:
+    return _rays_cached(clip.size, tuple(clip.intrinsics.ravel().tolist()))
+
+
+def _hit_capsule(d: np.ndarray, a: np.ndarray, b: np.ndarray, r: float) -> np.ndarray:
+    """Depth parameter t (point = t * d, d with z = 1) of the first hit of rays d (N, 3) on a capsule; inf if none."""
+    t_best = np.full(len(d), np.inf)
+    dd = np.einsum("nc,nc->n", d, d)
+    for centre in (a, b):  # the two end spheres
+        bq = -np.einsum("nc,c->n", d, centre)
+        c = centre @ centre - r * r
+        h = bq * bq - dd * c
+        ok = h >= 0
+        t = (-bq - np.sqrt(np.where(ok, h, 0))) / dd
+        t_best = np.where(ok & (t > 0) & (t < t_best), t, t_best)
+    axis = b - a
+    length2 = axis @ axis
+    if length2 > 1e-12:  # the cylinder between them: |(t d - a) x axis|^2 = r^2 |axis|^2, 0 < (t d - a).axis < |axis|^2
+        da = np.einsum("nc,c->n", d, axis)
+        qa = -a
+        qaa = qa @ axis
+        aa = length2 * dd - da * da
+        bb = length2 * np.einsum("nc,c->n", d, qa) - qaa * da
+        cc = length2 * (qa @ qa) - qaa * qaa - r * r * length2
+        h = bb * bb - aa * cc
+        ok = (h >= 0) & (aa > 1e-12)
+        t = (-bb - np.sqrt(np.where(ok, h, 0))) / np.where(aa > 1e-12, aa, 1)
+        y = qaa + t * da
+        ok &= (y > 0) & (y < length2) & (t > 0)
+        t_best = np.where(ok & (t < t_best), t, t_best)
+    return t_best
+
+
+@functools.cache
+def _background(size: tuple[int, int], intrinsics: tuple[float, ...], floor_y: float) -> np.ndarray:
+    rays = _rays_cached(size, intrinsics)
+    t_floor = np.where(rays[..., 1] > 1e-6, floor_y / np.maximum(rays[..., 1], 1e-6), np.inf)
+    return np.minimum(t_floor, 9.0)
+
+
+@functools.cache
+def _class_ids() -> dict[str, int]:
+    return {name: i for i, name in enumerate(seg_metadata().class_names)}
+
+
+def _render(clip: SynthClip, t: int, want_rgb: bool = True) -> SynthFrame:
+    h, w = clip.size
+    rays = _rays(clip)
+    names = clip.motion.skeleton.names
+    index = {n: j for j, n in enumerate(names)}
+    joints = clip.joints[t]
+    markers = clip.markers[t]
+    head_rot = rig.quat_to_matrix(clip.head_rotations[t])
+    # background: a floor 0.95 m below the pelvis' rest height and a wall at 9 m
+    floor_y = float(clip.joints[:, index["l_toe"], 1].max() + _TOE + 0.005)
+    depth = _background(clip.size, tuple(clip.intrinsics.ravel().tolist()), floor_y).copy()
+    label = np.zeros((h, w), np.uint8)
+    part = np.full((h, w), -1, np.int64)
+    ids = _class_ids()
+    prims = [(index[a], index[b], r, ids[c]) for a, b, r, c in _capsules(names)]
+    skull = joints[index["head"]] + head_rot @ np.array([0.0, 0.01, 0.078])
+    prims.append((-1, -1, _HEAD, ids["Face_Neck"]))  # the skull sphere
+    for side in (1.0, -1.0):
+        prims.append((-2 if side > 0 else -3, 0, _EAR, ids["Face_Neck"]))
+    meta = keypoint_metadata()
+    for name, cls in (("left_big_toe", "Left_Foot"), ("left_small_toe", "Left_Foot"), ("right_big_toe", "Right_Foot"),
+                      ("right_small_toe", "Right_Foot")):  # fmt: skip
+        prims.append((-10 - meta.index(name), 0, _TOE, ids[cls]))
+    for n, (ja, jb, r, cls) in enumerate(prims):
+        if ja >= 0:
+            a, b = joints[ja], joints[jb]
+        elif ja == -1:
+            a = b = skull
+        elif ja <= -10:
+            a = b = markers[-10 - ja]
+        else:
+            a = b = skull + head_rot @ np.array([0.085 if ja == -2 else -0.085, 0.0, 0.0])
+        lo, hi = np.minimum(a, b) - r, np.maximum(a, b) + r
+        corners = np.array([[x, y, z] for x in (lo[0], hi[0]) for y in (lo[1], hi[1]) for z in (lo[2], hi[2])])
+        if (corners[:, 2] <= 0.05).any():
+            continue
+        uv = clip.project(corners)
+        u0, v0 = np.floor(uv.min(0)).astype(int) - 1
+        u1, v1 = np.ceil(uv.max(0)).astype(int) + 2
+        u0, v0, u1, v1 = max(u0, 0), max(v0, 0), min(u1, w), min(v1, h)
+        if u0 >= u1 or v0 >= v1:
+            continue
+        window = rays[v0:v1, u0:u1].reshape(-1, 3)
+        hit = _hit_capsule(window, a, b, r).reshape(v1 - v0, u1 - u0)
+        closer = hit < depth[v0:v1, u0:u1]
+        depth[v0:v1, u0:u1] = np.where(closer, hit, depth[v0:v1, u0:u1])
+        label_win = np.full(hit.shape, cls, np.uint8)
+        if ja == -1:  # the back half of the skull is hair
+            points = window.reshape(*hit.shape, 3) * np.where(np.isfinite(hit), hit, 0.0)[..., None]
+            front = (points - skull) @ (head_rot @ np.array([0.0, 0.0, -1.0]))
+            label_win = np.where(front > -0.02, cls, ids["Hair"]).astype(np.uint8)
+        label[v0:v1, u0:u1] = np.where(closer, label_win, label[v0:v1, u0:u1])
+        part[v0:v1, u0:u1] = np.where(closer, n, part[v0:v1, u0:u1])
+    pointmap = (rays * depth[..., None]).astype(np.float32)
+    # keypoints: projections of the true points, 2D noise; truly occluded where something is in front of the surface
+    rng = np.random.default_rng((clip.seed, t))
+    uv = clip.project(markers)
+    skel = mocap_skeleton()
+    own_depth = skel.source_depths[skel.keypoint_joint, np.arange(NUM_KEYPOINTS)]
+    ray_len = np.linalg.norm(markers / markers[:, 2:3], axis=-1)
+    surface_z = markers[:, 2] - own_depth / ray_len
+    ui = np.clip(np.round(uv[:, 0]).astype(int), 0, w - 1)
+    vi = np.clip(np.round(uv[:, 1]).astype(int), 0, h - 1)
+    cover = np.maximum(surface_z - depth[vi, ui], 0.0)
+    occluded = cover > OCCLUSION_MARGIN
+    keypoints = uv + rng.normal(0.0, clip.noise_px, uv.shape)
+    scores = np.where(occluded, rng.uniform(0.35, 0.65, NUM_KEYPOINTS), rng.uniform(0.75, 0.97, NUM_KEYPOINTS))
+    rgb = np.zeros((1, 1, 3), np.uint8)
+    if want_rgb:
+        palette = seg_metadata().palette.astype(np.float64)
+        shade = np.clip(1.3 - depth / 9.0, 0.3, 1.0)[..., None]
+        rgb = np.clip(palette[label] * shade + 40 * (label[..., None] == 0), 0, 255).astype(np.uint8)
+    return SynthFrame(pointmap, label, rgb, keypoints, scores, occluded, cover, joints.copy(), markers.copy())

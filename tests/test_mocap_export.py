@@ -1,0 +1,547 @@
+"""Mocap exports (sapiens2.mocap.rig/bvh/gltf/c3d/tables): every format read back by its real client, positions equal
+to our forward kinematics; joint angles against hand-built poses. Blender and the Khronos validator tests are slow."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+
+import numpy as np
+import pytest
+from conftest import blender_python, gltf_validator, require_module
+
+from sapiens2.mocap.bvh import euler_zxy_from_matrix, matrix_from_euler_zxy, read_bvh, write_bvh
+from sapiens2.mocap.rig import (
+    Markers,
+    Motion,
+    Skeleton,
+    forward_kinematics,
+    marker_positions,
+    quat_from_axis_angle,
+    quat_from_matrix,
+    quat_multiply,
+    quat_rotate,
+    quat_to_matrix,
+)
+from sapiens2.mocap.tables import ANGLE_NAMES, joint_angles, write_joint_angles, write_trajectories
+
+# A standing person facing the camera (camera axes: x right, y down, z forward, metres): the person's left is +x,
+# forward -z; arms hang with palms forward. Shanks, thighs, arms and trunk are exactly vertical, feet horizontal.
+JOINTS = (
+    ("pelvis", None, (0.0, 0.0, 3.0)),
+    ("spine", "pelvis", (0.0, -0.12, 0.0)),
+    ("chest", "spine", (0.0, -0.15, 0.0)),
+    ("neck", "chest", (0.0, -0.2, 0.0)),
+    ("head", "neck", (0.0, -0.12, -0.02)),
+    ("left_hip", "pelvis", (0.09, 0.05, 0.0)),
+    ("left_knee", "left_hip", (0.0, 0.42, 0.0)),
+    ("left_ankle", "left_knee", (0.0, 0.4, 0.0)),
+    ("left_toe", "left_ankle", (0.0, 0.06, -0.14)),
+    ("right_hip", "pelvis", (-0.09, 0.05, 0.0)),
+    ("right_knee", "right_hip", (0.0, 0.42, 0.0)),
+    ("right_ankle", "right_knee", (0.0, 0.4, 0.0)),
+    ("right_toe", "right_ankle", (0.0, 0.06, -0.14)),
+    ("left_shoulder", "chest", (0.17, -0.2, 0.0)),
+    ("left_elbow", "left_shoulder", (0.0, 0.28, 0.0)),
+    ("left_wrist", "left_elbow", (0.0, 0.25, 0.0)),
+    ("left_hand", "left_wrist", (0.0, 0.08, 0.0)),
+    ("right_shoulder", "chest", (-0.17, -0.2, 0.0)),
+    ("right_elbow", "right_shoulder", (0.0, 0.28, 0.0)),
+    ("right_wrist", "right_elbow", (0.0, 0.25, 0.0)),
+    ("right_hand", "right_wrist", (0.0, 0.08, 0.0)),
+)
+# Keypoint-like markers (name, joint, offset in the joint's rest frame): heels level with the toes, knuckles (thumb
+# side lateral), and a few skin points.
+MARKERS = (
+    ("left_heel", "left_ankle", (0.0, 0.06, 0.05)),
+    ("right_heel", "right_ankle", (0.0, 0.06, 0.05)),
+    ("left_forefinger_third_joint", "left_wrist", (0.03, 0.08, 0.0)),
+    ("left_pinky_finger_third_joint", "left_wrist", (-0.03, 0.08, 0.0)),
+    ("right_forefinger_third_joint", "right_wrist", (-0.03, 0.08, 0.0)),
+    ("right_pinky_finger_third_joint", "right_wrist", (0.03, 0.08, 0.0)),
+    ("nose", "head", (0.0, 0.02, -0.1)),
+    ("left_knee_skin", "left_knee", (0.0, 0.0, -0.05)),
+    ("right_knee_skin", "right_knee", (0.0, 0.0, -0.05)),
+)
+X_AXIS, Y_AXIS, Z_AXIS = np.eye(3)
+
+
+def human_skeleton() -> Skeleton:
+    names = tuple(name for name, _, _ in JOINTS)
+    parents = tuple(-1 if parent is None else names.index(parent) for _, parent, _ in JOINTS)
+    return Skeleton(names, parents, np.array([offset for _, _, offset in JOINTS]))
+
+
+def human_markers(skeleton: Skeleton) -> Markers:
+    return Markers(tuple(m[0] for m in MARKERS), [skeleton.index(m[1]) for m in MARKERS], [m[2] for m in MARKERS])
+
+
+def random_motion(frames: int = 8, seed: int = 0, fps: float = 30.0, spread: float = 1.2) -> Motion:
+    """Random but valid rotations (any axis, up to ``spread`` rad per joint), a wandering root, markers."""
+    rng = np.random.default_rng(seed)
+    skeleton = human_skeleton()
+    axes = rng.normal(size=(frames, skeleton.num_joints, 3))
+    rotations = quat_from_axis_angle(axes, rng.uniform(-spread, spread, size=(frames, skeleton.num_joints)))
+    root = np.array([0.1, -0.2, 3.0]) + np.cumsum(rng.normal(scale=0.03, size=(frames, 3)), axis=0)
+    valid = np.ones(frames, bool)
+    valid[frames // 2] = False
+    return Motion(skeleton, fps, root, rotations, human_markers(skeleton), valid)
+
+
+# ----------------------------------------------------------------------------------------------------- the rig
+
+
+def test_quaternion_helpers_match_matrices():
+    rng = np.random.default_rng(1)
+    q = rng.normal(size=(500, 4))
+    q /= np.linalg.norm(q, axis=-1, keepdims=True)
+    p = rng.normal(size=(500, 4))
+    p /= np.linalg.norm(p, axis=-1, keepdims=True)
+    matrices = quat_to_matrix(q)
+    np.testing.assert_allclose(np.linalg.det(matrices), 1.0, atol=1e-12)
+    np.testing.assert_allclose(matrices @ matrices.transpose(0, 2, 1), np.broadcast_to(np.eye(3), (500, 3, 3)),
+                               atol=1e-12)  # fmt: skip
+    back = quat_from_matrix(matrices)
+    np.testing.assert_allclose(np.abs((back * q).sum(-1)), 1.0, atol=1e-12)  # same rotation, up to sign
+    np.testing.assert_allclose(quat_to_matrix(quat_multiply(q, p)), matrices @ quat_to_matrix(p), atol=1e-12)
+    v = rng.normal(size=(500, 3))
+    np.testing.assert_allclose(quat_rotate(q, v), np.einsum("nij,nj->ni", matrices, v), atol=1e-12)
+    # 90° about z takes x to y (active, right-handed).
+    np.testing.assert_allclose(quat_rotate(quat_from_axis_angle(Z_AXIS, math.pi / 2), X_AXIS), Y_AXIS, atol=1e-15)
+
+
+def test_forward_kinematics_by_hand():
+    skeleton = human_skeleton()
+    frames = 2
+    rotations = np.tile([0.0, 0.0, 0.0, 1.0], (frames, skeleton.num_joints, 1))
+    root = np.array([[0.0, 0.0, 3.0], [0.5, 0.0, 2.0]])
+    # Frame 1: the left shoulder turns 90° about z, so the arm (pointing down, +y) points to -x.
+    rotations[1, skeleton.index("left_shoulder")] = quat_from_axis_angle(Z_AXIS, math.pi / 2)
+    motion = Motion(skeleton, 25.0, root, rotations, human_markers(skeleton))
+    positions, global_rotations = forward_kinematics(motion)
+    np.testing.assert_allclose(positions[0], skeleton.rest_positions() - skeleton.offsets[0] + root[0], atol=1e-12)
+    shoulder = positions[1, skeleton.index("left_shoulder")]
+    np.testing.assert_allclose(positions[1, skeleton.index("left_elbow")], shoulder + [-0.28, 0.0, 0.0], atol=1e-12)
+    np.testing.assert_allclose(positions[1, skeleton.index("left_hand")], shoulder + [-0.61, 0.0, 0.0], atol=1e-12)
+    np.testing.assert_allclose(global_rotations[1, skeleton.index("left_hand")], rotations[1, 13], atol=1e-12)
+    markers = marker_positions(motion)
+    knuckle = motion.markers.names.index("left_forefinger_third_joint")
+    np.testing.assert_allclose(markers[1, knuckle], positions[1, skeleton.index("left_wrist")] + [-0.08, 0.03, 0.0],
+                               atol=1e-12)  # fmt: skip
+
+
+def test_rig_refuses_bad_input():
+    skeleton = human_skeleton()
+    with pytest.raises(ValueError, match="parents"):
+        Skeleton(("a", "b"), (-1, 1), np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="repeat"):
+        Skeleton(("a", "a"), (-1, 0), np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="rotations"):
+        Motion(skeleton, 30.0, np.zeros((4, 3)), np.zeros((4, 3, 4)))
+    with pytest.raises(ValueError, match="fps"):
+        Motion(skeleton, 0.0, np.zeros((1, 3)), np.tile([0.0, 0, 0, 1], (1, skeleton.num_joints, 1)))
+    with pytest.raises(KeyError, match="no joint 'tail'"):
+        skeleton.index("tail")
+
+
+# ---------------------------------------------------------------------------------------------------------- BVH
+
+
+def test_euler_zxy_round_trip_and_continuity():
+    rng = np.random.default_rng(2)
+    q = rng.normal(size=(300, 4))
+    matrices = quat_to_matrix(q / np.linalg.norm(q, axis=-1, keepdims=True))
+    np.testing.assert_allclose(matrix_from_euler_zxy(euler_zxy_from_matrix(matrices)), matrices, atol=1e-9)
+    # A joint spinning about y through several turns: the angles follow it without ±180° jumps.
+    turn = np.linspace(0.0, 6 * math.pi, 200)
+    spinning = quat_to_matrix(quat_multiply(quat_from_axis_angle(Y_AXIS, turn), quat_from_axis_angle(X_AXIS, 0.3)))
+    previous, angles = None, []
+    for matrix in spinning:
+        previous = euler_zxy_from_matrix(matrix, previous)
+        angles.append(previous)
+    angles = np.array(angles)
+    np.testing.assert_allclose(matrix_from_euler_zxy(angles), spinning, atol=1e-9)
+    assert np.abs(np.diff(angles, axis=0)).max() < 0.2
+
+
+def test_bvh_round_trip(tmp_path):
+    motion = random_motion(frames=12)
+    path = write_bvh(motion, tmp_path / "track_1.bvh")
+    text = path.read_text()
+    assert text.startswith("HIERARCHY\nROOT pelvis\n")
+    assert "Frames: 12\nFrame Time: 0.0333333333333\n" in text
+    assert text.count("End Site") == 5  # head, toes, hands
+    back = read_bvh(path)
+    assert set(back.skeleton.names) == set(motion.skeleton.names)
+    order = [back.skeleton.index(name) for name in motion.skeleton.names]
+    ours, _ = forward_kinematics(motion)
+    theirs, _ = forward_kinematics(back)
+    np.testing.assert_allclose(theirs[:, order], ours, atol=1e-6)  # micrometres: 6 decimals of cm and degrees
+    assert back.fps == pytest.approx(30.0, rel=1e-8)
+    metres = read_bvh(write_bvh(motion, tmp_path / "metres.bvh", units="m"), units="m")
+    np.testing.assert_allclose(forward_kinematics(metres)[0][:, order], ours, atol=1e-5)
+
+
+def test_bvh_reader_names_the_problem(tmp_path):
+    broken = tmp_path / "broken.bvh"
+    broken.write_text("HIERARCHY\nROOT hips\n{\nOFFSET 0 0 0\nCHANNELS 6 Xposition Yposition Zposition Zrotation "
+                      "Xrotation Yrotation\n}\nMOTION\nFrames: 2\nFrame Time: 0.04\n1 2 3 4 5 6\n")  # fmt: skip
+    with pytest.raises(ValueError, match="broken.bvh.*2 frames of 6 values"):
+        read_bvh(broken)
+
+
+# --------------------------------------------------------------------------------------------------------- glTF
+
+
+def _gltf_fk(path) -> tuple[list[str], np.ndarray]:
+    """Joint world positions per key from the .glb alone (pygltflib + numpy): node TRS and the animation keys."""
+    pygltflib = require_module("pygltflib")
+    gltf = pygltflib.GLTF2().load(str(path))
+    blob = gltf.binary_blob()
+
+    def read(accessor_index: int) -> np.ndarray:
+        accessor = gltf.accessors[accessor_index]
+        view = gltf.bufferViews[accessor.bufferView]
+        width = {"SCALAR": 1, "VEC3": 3, "VEC4": 4, "MAT4": 16}[accessor.type]
+        dtype = {5126: np.float32, 5121: np.uint8, 5123: np.uint16, 5125: np.uint32}[accessor.componentType]
+        data = np.frombuffer(blob, dtype, accessor.count * width, view.byteOffset + (accessor.byteOffset or 0))
+        return data.reshape(accessor.count, width)
+
+    skin = gltf.skins[0]
+    joints = skin.joints
+    names = [gltf.nodes[j].name for j in joints]
+    animation = gltf.animations[0]
+    frames = len(read(animation.samplers[0].input))
+    translation = np.array([gltf.nodes[j].translation for j in joints], np.float64)[None].repeat(frames, 0)
+    rotation = np.tile([0.0, 0.0, 0.0, 1.0], (frames, len(joints), 1))
+    for channel in animation.channels:
+        values = read(animation.samplers[channel.sampler].output)
+        slot = joints.index(channel.target.node)
+        (translation if channel.target.path == "translation" else rotation)[:, slot] = values
+    parent = {child: node for node, n in enumerate(gltf.nodes) for child in (n.children or [])}
+    positions = np.zeros((frames, len(joints), 3))
+    global_rotation = np.zeros((frames, len(joints), 4))
+    for slot, node in enumerate(joints):  # parents come first
+        if node in parent:
+            up = joints.index(parent[node])
+            positions[:, slot] = positions[:, up] + quat_rotate(global_rotation[:, up], translation[:, slot])
+            global_rotation[:, slot] = quat_multiply(global_rotation[:, up], rotation[:, slot])
+        else:
+            positions[:, slot], global_rotation[:, slot] = translation[:, slot], rotation[:, slot]
+    # The skin: every vertex fully bound to one joint, the inverse bind matrices undo the rest positions.
+    primitive = gltf.meshes[0].primitives[0]
+    weights = read(primitive.attributes.WEIGHTS_0)
+    np.testing.assert_allclose(weights.sum(1), 1.0, atol=1e-6)
+    assert read(primitive.attributes.JOINTS_0).max() < len(joints)
+    inverse_bind = read(skin.inverseBindMatrices).reshape(-1, 4, 4).transpose(0, 2, 1)
+    rest = np.array([gltf.nodes[j].translation for j in joints])
+    for slot, node in enumerate(joints):
+        if node in parent:
+            rest[slot] += rest[joints.index(parent[node])]
+    np.testing.assert_allclose(inverse_bind[:, :3, 3], -rest, atol=1e-6)
+    return names, positions
+
+
+def test_glb_nodes_and_animation_equal_our_fk(tmp_path):
+    motion = random_motion(frames=10, seed=3)
+    from sapiens2.mocap.gltf import write_glb
+
+    path = write_glb(motion, tmp_path / "track_1.glb")
+    assert path.read_bytes()[:4] == b"glTF"
+    names, positions = _gltf_fk(path)
+    assert names == list(motion.skeleton.names)
+    ours, _ = forward_kinematics(motion)
+    np.testing.assert_allclose(positions, ours * [1, -1, -1], atol=2e-6)  # glTF is Y up: (x, -y, -z), float32
+
+
+# ----------------------------------------------------------------------------------------------------- C3D, tables
+
+
+def test_c3d_read_back_by_ezc3d(tmp_path):
+    ezc3d = require_module("ezc3d")
+    from sapiens2.mocap.c3d import write_c3d
+
+    motion = random_motion(frames=9, seed=4)
+    path = write_c3d(motion, tmp_path / "track_1.c3d")
+    c3d = ezc3d.c3d(str(path))
+    labels = c3d["parameters"]["POINT"]["LABELS"]["value"]
+    assert labels == list(motion.markers.names) + [f"{name}_JC" for name in motion.skeleton.names]
+    assert c3d["parameters"]["POINT"]["UNITS"]["value"] == ["mm"]
+    assert c3d["parameters"]["POINT"]["RATE"]["value"][0] == pytest.approx(30.0)
+    points = c3d["data"]["points"][:3].transpose(2, 1, 0) / 1000.0 * [1, -1, -1]  # (T, P, 3) metres, camera axes
+    positions, _ = forward_kinematics(motion)
+    expected = np.concatenate([marker_positions(motion), positions], axis=1)
+    seen = motion.valid
+    np.testing.assert_allclose(points[seen], expected[seen], atol=1e-6)  # float32 millimetres
+    assert np.isnan(points[~seen]).all()
+    assert (c3d["data"]["meta_points"]["residuals"][0][:, ~seen] < 0).all()
+    filled = ezc3d.c3d(str(write_c3d(motion, tmp_path / "filled.c3d", fill_gaps=True, include_joints=False)))
+    np.testing.assert_allclose(filled["data"]["points"][:3].transpose(2, 1, 0) / 1000.0 * [1, -1, -1],
+                               marker_positions(motion), atol=1e-6)  # fmt: skip
+
+
+def test_trajectories_csv_and_parquet_read_back(tmp_path):
+    pq = require_module("pyarrow.parquet")
+    motion = random_motion(frames=7, seed=5)
+    positions, _ = forward_kinematics(motion)
+    markers = marker_positions(motion)
+    with open(write_trajectories(motion, tmp_path / "track_1_points.csv"), newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    table = pq.read_table(write_trajectories(motion, tmp_path / "track_1_points.parquet")).to_pydict()
+    assert len(rows) == 7 and list(rows[0])[:3] == ["frame", "time", "valid"] == list(table)[:3]
+    assert list(rows[0]) == list(table)
+    for name, track in [*zip(motion.markers.names, markers.transpose(1, 0, 2), strict=True),
+                        *((f"{n}_JC", positions[:, j]) for j, n in enumerate(motion.skeleton.names))]:  # fmt: skip
+        from_csv = np.array([[float(row[f"{name}_{axis}"]) for axis in "xyz"] for row in rows])
+        np.testing.assert_allclose(from_csv, track, atol=5e-7)
+        np.testing.assert_array_equal(np.stack([table[f"{name}_{axis}"] for axis in "xyz"], -1), track)
+    assert [int(row["valid"]) for row in rows] == motion.valid.astype(int).tolist() == list(map(int, table["valid"]))
+    with pytest.raises(ValueError, match="points.txt.*.csv or .parquet"):
+        write_trajectories(motion, tmp_path / "points.txt")
+
+
+
+def test_every_format_is_byte_identical_when_written_again(tmp_path):
+    """A resumed mocap run rewrites the exports from the same motion: the files must not change."""
+    require_module("ezc3d")
+    require_module("pygltflib")
+    require_module("pyarrow")
+    from sapiens2.mocap.c3d import write_c3d
+    from sapiens2.mocap.gltf import write_glb
+
+    motion = random_motion(frames=6, seed=10)
+    writers = {
+        "t.bvh": write_bvh, "t.glb": write_glb, "t.c3d": write_c3d, "t.csv": write_trajectories,
+        "t.parquet": write_trajectories, "angles.csv": write_joint_angles,
+    }  # fmt: skip
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder in (first, second):
+        for name, write in writers.items():
+            write(motion, folder / name)
+    names = sorted(p.name for p in first.iterdir())
+    assert names == sorted(p.name for p in second.iterdir()) and "angles.png" in names
+    for name in names:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+# ------------------------------------------------------------------------------------------------- joint angles
+
+
+def _turn(axis: np.ndarray, degrees: float) -> np.ndarray:
+    return quat_from_axis_angle(axis, math.radians(degrees))
+
+
+def posed_motion(poses: list[dict[str, float]]) -> Motion:
+    """One frame per dict of known angles (degrees): flexions per side, ``lean`` forward / ``side_lean`` to the
+    right (the whole body tips at the pelvis) and ``turn`` (about the vertical)."""
+    skeleton = human_skeleton()
+    rotations = np.tile([0.0, 0.0, 0.0, 1.0], (len(poses), skeleton.num_joints, 1))
+    for frame, pose in enumerate(poses):
+        root = quat_multiply(_turn(Y_AXIS, pose.get("turn", 0.0)), _turn(X_AXIS, pose.get("lean", 0.0)))
+        rotations[frame, 0] = quat_multiply(root, _turn(Z_AXIS, -pose.get("side_lean", 0.0)))
+        for side in ("left", "right"):
+            # +x rotations swing a hanging segment backwards (+z); the person faces -z.
+            rotations[frame, skeleton.index(f"{side}_hip")] = _turn(X_AXIS, -pose.get(f"{side}_hip", 0.0))
+            rotations[frame, skeleton.index(f"{side}_knee")] = _turn(X_AXIS, pose.get(f"{side}_knee", 0.0))
+            rotations[frame, skeleton.index(f"{side}_ankle")] = _turn(X_AXIS, -pose.get(f"{side}_ankle", 0.0))
+            rotations[frame, skeleton.index(f"{side}_shoulder")] = _turn(X_AXIS, -pose.get(f"{side}_shoulder", 0.0))
+            rotations[frame, skeleton.index(f"{side}_elbow")] = _turn(X_AXIS, -pose.get(f"{side}_elbow", 0.0))
+            rotations[frame, skeleton.index(f"{side}_wrist")] = _turn(X_AXIS, -pose.get(f"{side}_wrist", 0.0))
+    root = np.tile([0.0, 0.0, 3.0], (len(poses), 1))
+    return Motion(skeleton, 30.0, root, rotations, human_markers(skeleton))
+
+
+def test_joint_angles_of_hand_built_poses(tmp_path):
+    rng = np.random.default_rng(6)
+    poses = [{}]
+    for _ in range(6):
+        pose = {f"{side}_{joint}": float(rng.uniform(low, high)) for side in ("left", "right")
+                for joint, low, high in (("hip", -20, 100), ("knee", 0, 130), ("ankle", -40, 25),
+                                         ("shoulder", -40, 170), ("elbow", 0, 140), ("wrist", -60, 70))}  # fmt: skip
+        pose["turn"] = float(rng.uniform(-180, 180))
+        poses.append(pose)
+    poses.append({"lean": 25.0, "turn": 40.0, "left_knee": 10.0})
+    poses.append({"side_lean": 15.0, "right_hip": 30.0})
+    poses.append({"lean": -10.0, "left_shoulder": 180.0, "right_elbow": 90.0})
+    motion = posed_motion(poses)
+    angles = joint_angles(motion)
+    assert tuple(angles) == ANGLE_NAMES
+    for frame, pose in enumerate(poses):
+        for side in ("left", "right"):
+            for joint in ("hip", "knee", "ankle", "shoulder", "elbow", "wrist"):
+                assert angles[f"{side}_{joint}_flexion"][frame] == pytest.approx(pose.get(f"{side}_{joint}", 0.0),
+                                                                                 abs=1e-6), (frame, side, joint)
+        lean, side_lean = pose.get("lean", 0.0), pose.get("side_lean", 0.0)
+        assert angles["trunk_lean_forward"][frame] == pytest.approx(lean, abs=1e-6)
+        assert angles["trunk_lean_side"][frame] == pytest.approx(side_lean, abs=1e-6)
+        assert angles["trunk_lean"][frame] == pytest.approx(abs(lean) + abs(side_lean), abs=1e-6)  # one at a time
+    csv_path, chart = write_joint_angles(motion, tmp_path / "track_1_angles.csv")
+    with open(csv_path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == len(poses) and float(rows[-1]["left_shoulder_flexion"]) == pytest.approx(180.0, abs=1e-3)
+    cv2 = require_module("cv2")
+    picture = cv2.imread(str(chart))
+    assert chart.suffix == ".png" and picture.shape[1] == 900 and (picture < 200).any()
+
+
+def test_joint_angles_missing_points_are_nan():
+    skeleton = Skeleton(("pelvis", "left_hip", "left_knee"), (-1, 0, 1), [[0, 0, 3.0], [0.1, 0.05, 0], [0, 0.4, 0]])
+    motion = Motion(skeleton, 30.0, [[0, 0, 3.0]], np.tile([0.0, 0, 0, 1], (1, 3, 1)))
+    angles = joint_angles(motion)
+    assert np.isnan(angles["left_knee_flexion"]).all() and np.isnan(angles["right_elbow_flexion"]).all()
+
+
+# ---------------------------------------------------------------------- the real clients: Blender, the validator
+
+BLENDER_SCRIPT = """
+import json, sys
+import bpy
+path, kind, fps, frames, output = sys.argv[-5:]
+fps = float(fps)
+bpy.ops.wm.read_factory_settings(use_empty=True)
+scene = bpy.context.scene
+scene.render.fps, scene.render.fps_base = round(fps), round(fps) / fps
+if kind == "bvh":
+    bpy.ops.import_anim.bvh(filepath=path, global_scale=0.01, frame_start=1, use_fps_scale=False,
+                            update_scene_fps=False, update_scene_duration=True, rotate_mode="NATIVE")
+else:
+    bpy.ops.import_scene.gltf(filepath=path)
+armature = next(o for o in scene.objects if o.type == "ARMATURE")
+meshes = [o.name for o in scene.objects if o.type == "MESH"]
+result = {"meshes": meshes, "frames": {}}
+for frame in map(int, frames.split(",")):
+    scene.frame_set(frame)
+    result["frames"][frame] = {b.name: list(armature.matrix_world @ b.head) for b in armature.pose.bones}
+with open(output, "w") as handle:
+    json.dump(result, handle)
+"""
+
+
+def blender_joint_positions(path, kind: str, fps: float, frames: list[int], names, tmp_path) -> tuple[np.ndarray, dict]:
+    """Pose-bone heads in world space after Blender imports ``path``, at our frame indices, in camera axes (m).
+
+    Blender's importers turn Y-up files into its Z-up world: (x, y, z)_y_up -> (x, -z, y), so (x, y, z)_camera ->
+    (x, z, -y). Its BVH import starts at frame 1 (``frame_start``); glTF keys sit at time * fps, from frame 0.
+    """
+    script = tmp_path / "blender_fk.py"
+    script.write_text(BLENDER_SCRIPT)
+    output = tmp_path / f"{kind}_fk.json"
+    first = 1 if kind == "bvh" else 0
+    command = [blender_python(), str(script), str(path), kind, str(fps), ",".join(str(f + first) for f in frames),
+               str(output)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(output.read_text())
+    world = np.array([[result["frames"][str(f + first)][name] for name in names] for f in frames])
+    return np.stack([world[..., 0], -world[..., 2], world[..., 1]], -1), result
+
+
+@pytest.mark.slow
+def test_blender_imports_bvh_and_glb_with_our_fk(tmp_path):
+    from sapiens2.mocap.c3d import write_c3d
+    from sapiens2.mocap.gltf import write_glb
+
+    ezc3d = require_module("ezc3d")
+    motion = random_motion(frames=40, seed=7, fps=24.0)
+    ours, _ = forward_kinematics(motion)
+    frames = [0, 1, 13, 20, 39]
+    names = motion.skeleton.names
+    from_bvh, _ = blender_joint_positions(write_bvh(motion, tmp_path / "t.bvh"), "bvh", motion.fps, frames, names,
+                                          tmp_path)  # fmt: skip
+    from_glb, glb = blender_joint_positions(write_glb(motion, tmp_path / "t.glb"), "glb", motion.fps, frames, names,
+                                            tmp_path)  # fmt: skip
+    assert glb["meshes"], "the skinned mesh did not import"
+    np.testing.assert_allclose(from_bvh, ours[frames], atol=1e-3)  # the issue's bar: 1 mm
+    np.testing.assert_allclose(from_glb, ours[frames], atol=1e-3)
+    assert np.abs(from_bvh - ours[frames]).max() < 1e-5 and np.abs(from_glb - ours[frames]).max() < 1e-5
+    # Every format holds the same positions: C3D joint centres and the CSV's agree with what Blender shows.
+    c3d = ezc3d.c3d(str(write_c3d(motion, tmp_path / "t.c3d", fill_gaps=True)))
+    labels = c3d["parameters"]["POINT"]["LABELS"]["value"]
+    points = c3d["data"]["points"][:3].transpose(2, 1, 0) / 1000.0 * [1, -1, -1]
+    from_c3d = points[frames][:, [labels.index(f"{name}_JC") for name in names]]
+    with open(write_trajectories(motion, tmp_path / "t.csv"), newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    from_csv = np.array([[[float(rows[f][f"{n}_JC_{a}"]) for a in "xyz"] for n in names] for f in frames])
+    for other in (from_c3d, from_csv, from_glb):
+        np.testing.assert_allclose(other, from_bvh, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_khronos_validator_finds_no_errors(tmp_path):
+    from sapiens2.mocap.gltf import write_glb
+
+    validator = gltf_validator()
+    script = tmp_path / "validate.js"
+    script.write_text(
+        "const fs = require('fs'); const validator = require(process.argv[2]);\n"
+        "validator.validateBytes(new Uint8Array(fs.readFileSync(process.argv[3])), {maxIssues: 1000})\n"
+        "  .then((report) => console.log(JSON.stringify(report)))\n"
+        "  .catch((error) => { console.error(error); process.exit(2); });\n"
+    )
+    for name, motion in (("walk", random_motion(frames=30, seed=8)), ("still", random_motion(frames=1, seed=9))):
+        path = write_glb(motion, tmp_path / f"{name}.glb")
+        done = subprocess.run(["node", str(script), str(validator), str(path)], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        issues = json.loads(done.stdout)["issues"]
+        warnings = [m for m in issues["messages"] if m["severity"] == 1]
+        print(f"{name}.glb: {issues['numErrors']} errors, {issues['numWarnings']} warnings {warnings}")
+        assert issues["numErrors"] == 0, issues["messages"]
+
+
+# ------------------------------------------------------------------------- the synthetic walk (tests/mocap_synth.py)
+
+
+def test_joint_angles_equal_the_walk_generators():
+    """The walk's joints turn by known angles (mocap_synth._gait); our definitions read them back."""
+    from mocap_synth import walk_clip
+
+    motion = walk_clip().motion
+    angles = joint_angles(motion)
+    phase = 2 * np.pi * motion.times / 1.1
+    identity = np.tile([0.0, 0, 0, 1], (1, motion.skeleton.num_joints, 1))
+    rest = joint_angles(Motion(motion.skeleton, motion.fps, motion.root_translation[:1], identity, motion.markers))
+    for side, shift in (("left", 0.0), ("right", np.pi)):
+        p = phase + shift
+        expected = {
+            "knee": 8.0 + 25.0 * (1 + np.sin(p - 1.3)),
+            "hip": 8.0 + 24.0 * np.sin(p),
+            "elbow": 28.0 + 12.0 * np.sin(p + np.pi),
+            "shoulder": -18.0 * np.sin(p + np.pi),
+            "wrist": 8.0 + 5.0 * np.sin(p),
+            # the foot turns 6 sin(p + 0.5) towards the sole from its rest angle
+            "ankle": rest[f"{side}_ankle_flexion"][0] - 6.0 * np.sin(p + 0.5),
+        }
+        for joint, values in expected.items():
+            np.testing.assert_allclose(angles[f"{side}_{joint}_flexion"], values, atol=1e-3, err_msg=f"{side} {joint}")
+    np.testing.assert_allclose(angles["trunk_lean"], 6.0, atol=1e-9)  # the pelvis tips 6° back
+    np.testing.assert_allclose(angles["trunk_lean_forward"], -6.0, atol=0.05)
+    assert np.abs(angles["trunk_lean_side"]).max() < 0.7  # the pelvis's own sway turns its forward a little
+
+
+@pytest.mark.slow
+def test_walk_exports_in_blender_and_the_validator(tmp_path):
+    """The walk on the full mocap skeleton (65 joints, fingers, 308 keypoint markers) through the real clients."""
+    from mocap_synth import walk_clip
+
+    from sapiens2.mocap.gltf import write_glb
+
+    motion = walk_clip().motion
+    ours, _ = forward_kinematics(motion)
+    frames = [0, 11, 30, motion.num_frames - 1]
+    names = motion.skeleton.names
+    from_bvh, _ = blender_joint_positions(write_bvh(motion, tmp_path / "walk.bvh"), "bvh", motion.fps, frames, names,
+                                          tmp_path)  # fmt: skip
+    glb = write_glb(motion, tmp_path / "walk.glb")
+    from_glb, _ = blender_joint_positions(glb, "glb", motion.fps, frames, names, tmp_path)
+    np.testing.assert_allclose(from_bvh, ours[frames], atol=1e-3)
+    np.testing.assert_allclose(from_glb, ours[frames], atol=1e-3)
+    script = tmp_path / "validate.js"
+    script.write_text(
+        "require(process.argv[2]).validateBytes(new Uint8Array(require('fs').readFileSync(process.argv[3])))\n"
+        "  .then((report) => console.log(JSON.stringify(report.issues)));\n"
+    )
+    done = subprocess.run(["node", str(script), str(gltf_validator()), str(glb)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0 and json.loads(done.stdout)["numErrors"] == 0, done.stdout + done.stderr
