@@ -545,3 +545,41 @@ def test_walk_exports_in_blender_and_the_validator(tmp_path):
     done = subprocess.run(["node", str(script), str(gltf_validator()), str(glb)], capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert done.returncode == 0 and json.loads(done.stdout)["numErrors"] == 0, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_solved_walk_exports_agree(tmp_path):
+    """The synthetic walk rendered, lifted and solved (sapiens2.mocap.lift/solve), then exported: Blender's BVH and
+    GLB joints, the C3D keypoints and joint centres and the CSV all give the solved positions."""
+    from mocap_synth import walk_clip
+
+    from sapiens2.mocap.c3d import write_c3d
+    from sapiens2.mocap.gltf import write_glb
+    from sapiens2.mocap.lift import lift_frame
+    from sapiens2.mocap.solve import solve_track
+
+    ezc3d = require_module("ezc3d")
+    clip = walk_clip(frames=16)
+    lifted = []
+    for t in range(clip.num_frames):
+        frame = clip.frame(t, rgb=False)
+        lifted.append(lift_frame(frame.keypoints, frame.scores, frame.pointmap, frame.seg))
+    solved = solve_track(lifted, clip.motion.fps)
+    motion = solved.motion
+    names = motion.skeleton.names
+    frames = [0, 7, 15]
+    from_bvh, _ = blender_joint_positions(write_bvh(motion, tmp_path / "walk.bvh"), "bvh", motion.fps, frames, names,
+                                          tmp_path)  # fmt: skip
+    from_glb, _ = blender_joint_positions(write_glb(motion, tmp_path / "walk.glb"), "glb", motion.fps, frames, names,
+                                          tmp_path)  # fmt: skip
+    np.testing.assert_allclose(from_bvh, solved.positions[frames], atol=1e-3)
+    np.testing.assert_allclose(from_glb, solved.positions[frames], atol=1e-3)
+    c3d = ezc3d.c3d(str(write_c3d(motion, tmp_path / "walk.c3d", fill_gaps=True)))
+    points = c3d["data"]["points"][:3].transpose(2, 1, 0) / 1000.0 * [1, -1, -1]
+    assert c3d["parameters"]["POINT"]["LABELS"]["value"][:308] == list(motion.markers.names)
+    np.testing.assert_allclose(points[:, :308], solved.keypoints, atol=1e-5)
+    np.testing.assert_allclose(points[:, 308:], solved.positions, atol=1e-5)
+    with open(write_trajectories(motion, tmp_path / "walk.csv"), newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    from_csv = np.array([[[float(row[f"{n}_JC_{a}"]) for a in "xyz"] for n in names] for row in rows])
+    np.testing.assert_allclose(from_csv, solved.positions, atol=1e-5)

@@ -119,6 +119,17 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config_file_text(options), end="")
         return 0
+    if args.ray_address is None:  # every model file found (or downloaded) here first: a missing one fails at once
+        from ..predict.batch import resolve_sources
+        from ..predict.options import PredictOptions
+
+        files = PredictOptions(tasks=options.tasks, output=".", model=options.model, models=options.models,
+                               detector=options.detector)  # fmt: skip
+        try:
+            resolve_sources(files, list(options.tasks), serve_option)
+        except (ValueError, FileNotFoundError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     try:
         from ..serve import require_serve
 

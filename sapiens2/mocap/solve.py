@@ -58,9 +58,9 @@ class SolveOptions:
 
     smooth: str = "offline"
     sigma: float = 1.0
-    min_cutoff: float = 1.5
-    beta: float = 0.3
-    bone_tolerance: float = 0.04
+    min_cutoff: float = 1.0
+    beta: float = 10.0
+    bone_tolerance: float = 0.03
     window: int = 300
 
     def __post_init__(self) -> None:
@@ -395,7 +395,7 @@ def solve_track(frames: Sequence[Lifted3D | None], fps: float, options: SolveOpt
     confident = data["confident"] | jumps
     lengths = bone_lengths(joints, filled, skel)
     joints = _fill(skel, joints, rays, filled, confident, lengths, online)
-    weights = np.where(filled, 0.3, 1.0) * np.where(seen, 1.0, 0.05)[:, None]
+    weights = np.where(filled, 0.1, 1.0) * np.where(seen, 1.0, 0.05)[:, None]
     joints = skel.blend(_smooth(joints, weights, fps, opts))
     rotations = solve_rotations(joints, keypoints, kp_filled, skel)
     offsets = _rest_offsets(skel, joints, rotations, lengths, ~filled)

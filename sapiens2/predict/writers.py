@@ -85,6 +85,7 @@ __all__ = [
     "instance_score",
     "primary_suffix",
     "read_pose_json",
+    "save_tiff",
     "write_albedo",
     "write_exr_result",
     "write_matting",

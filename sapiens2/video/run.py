@@ -351,7 +351,7 @@ def predict_video(
     fps = frames.fps if frames is not None else 30.0
     time_base = frames.time_base if frames is not None and frames.time_base else Fraction(1, 90000)
     exr = None
-    if options.output_format == "exr":
+    if options.output_format == "exr" and any(task != "pose" for task in tasks):  # pose stays in the JSON Lines
         from ..predict.batch import model_descriptions
 
         exr = ExrFrames(options.normal_convention, model_descriptions(predictors))
