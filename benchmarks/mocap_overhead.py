@@ -5,8 +5,9 @@ Baseline = ``predict_video({"pose", "pointmap"}, clip)`` with the options mocap 
 arrays, the overlay on). Ours = ``run_mocap`` on the same Predictors: the same pipeline plus the per-frame hook
 (lifting every tracked person, the 3D view in the overlay), then per track the solve and every export (BVH, GLB,
 C3D, CSV, Parquet, joint angles + plot). Random weights (speed does not depend on them), except that the pose
-Predictor's keypoints are replaced by a synthetic person's (so every frame lifts and solves a full skeleton, as it
-would with real weights); the person box is fixed (no detector timed). Repeats alternate; medians are reported.
+and pointmap Predictors' outputs are replaced by those of the synthetic walk of the tests (``tests/mocap_synth.py``:
+the networks still run and are timed, but every frame lifts and solves a whole person, as with real weights); the
+person box is fixed (no detector timed); no seg. Repeats alternate; medians are reported.
 
     python benchmarks/mocap_overhead.py --frames 48 --threads 2
     python benchmarks/mocap_overhead.py --arch sapiens2_0.1b --input-size 256 192 --frames 24 --repeats 2
@@ -22,12 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
 
 from sapiens2 import Predictor, build_model
-from sapiens2.metadata import SAMPLE_IMAGE
 from sapiens2.mocap.run import MocapOptions, run_mocap
 from sapiens2.video import VideoOptions, predict_video
 
@@ -40,46 +39,47 @@ HEADS = {
 }  # fmt: skip
 
 
-def make_clip(path: Path, frames: int, size: tuple[int, int]) -> Path:
-    """The sample photo panning, encoded with libx264."""
+def make_clip(path: Path, frames: int) -> tuple[Path, object]:
+    """The synthetic walk of the mocap tests (``tests/mocap_synth.py``, 640x480), encoded with libx264."""
     import av
 
-    photo = cv2.cvtColor(cv2.imread(str(SAMPLE_IMAGE)), cv2.COLOR_BGR2RGB)
-    height, width = size
-    photo = cv2.resize(photo, (width + frames * 2, height + frames))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from mocap_synth import walk_clip
+
+    truth = walk_clip(frames, 24.0)
     with av.open(str(path), "w") as out:
-        stream = out.add_stream("libx264", rate=30, options={"bf": "0"})
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for i in range(frames):
-            crop = np.ascontiguousarray(photo[i : i + height, 2 * i : 2 * i + width])
-            for packet in stream.encode(av.VideoFrame.from_ndarray(crop, format="rgb24")):
+        stream = out.add_stream("libx264", rate=24, options={"bf": "0"})
+        stream.height, stream.width = truth.size
+        stream.pix_fmt = "yuv420p"
+        for t in range(frames):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(truth.frame(t).rgb, format="rgb24")):
                 out.mux(packet)
         for packet in stream.encode(None):
             out.mux(packet)
-    return path
+    return path, truth
 
 
-class SyntheticPose:
-    """The pose Predictor, its keypoints replaced by a standing person's (from the lift tests' generator), so the
-    lifting and the solve see a whole skeleton every frame. The network still runs (it is what is being timed)."""
+class WithTruth:
+    """A Predictor whose network runs as usual (it is what is timed) but whose keypoints or points are replaced by
+    the synthetic walk's, frame after frame (calls come in frame order), so lifting and solving see a person."""
 
-    def __init__(self, predictor: Predictor, size: tuple[int, int]) -> None:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from mocap_synth import synthetic_keypoints_for_frame  # the LIFT tests' generator
-
-        self.predictor, self.task, self.batch_size = predictor, "pose", predictor.batch_size
-        self.detector, self.size, self.count = predictor.detector, size, 0
-        self.keypoints = synthetic_keypoints_for_frame
+    def __init__(self, predictor: Predictor, truth) -> None:
+        self.predictor, self.truth, self.task = predictor, truth, predictor.task
+        self.batch_size, self.detector, self.count = predictor.batch_size, getattr(predictor, "detector", None), 0
+        self.frames = [truth.frame(t) for t in range(truth.num_frames)]  # rendered once, outside the timing
 
     def predict_batch(self, images, boxes=None):
-        results = self.predictor.predict_batch(images, boxes)
+        results = self.predictor.predict_batch(images, boxes) if self.task == "pose" else \
+            self.predictor.predict_batch(images)  # fmt: skip
         out = []
         for result in results:
-            points, scores = self.keypoints(self.count, self.size)
+            frame = self.frames[self.count % len(self.frames)]
             self.count += 1
-            n = len(result.keypoints)
-            out.append(dataclasses.replace(result, keypoints=np.repeat(points[None], n, 0),
-                                           scores=np.repeat(scores[None], n, 0)))  # fmt: skip
+            if self.task == "pose":
+                out.append(dataclasses.replace(result, keypoints=frame.keypoints[None].astype(np.float64),
+                                               scores=frame.scores[None].astype(np.float64)))  # fmt: skip
+            else:
+                out.append(dataclasses.replace(result, points=frame.pointmap, depth=frame.pointmap[..., 2].copy()))
         return out
 
 
@@ -87,7 +87,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="tiny", help="tiny or a zoo name")
     parser.add_argument("--frames", type=int, default=48)
-    parser.add_argument("--size", type=int, nargs=2, default=(360, 640), metavar=("H", "W"))
     parser.add_argument("--input-size", type=int, nargs=2, default=(256, 192), metavar=("H", "W"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
@@ -96,30 +95,32 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = Path(tempfile.mkdtemp(prefix="bench_mocap_"))
-    size = tuple(args.size)
-    clip = make_clip(folder / "clip.mp4", args.frames, size)
-    height, width = size
-    box = np.array([[0.3 * width, 0.05 * height, 0.7 * width, 0.98 * height, 0.9]], np.float32)
-    predictors = {}
+    clip, truth = make_clip(folder / "clip.mp4", args.frames)
+    height, width = truth.size
+    box = np.array([[0.0, 0.0, width - 1.0, height - 1.0, 0.9]], np.float32)  # one person, fixed (no detector)
+    raw = {}
     for task in ("pose", "pointmap"):
         torch.manual_seed(0)
         spec = TINY_ARCH if args.arch == "tiny" else args.arch
         model = build_model(task, spec, input_size=tuple(args.input_size), **HEADS[task]).eval()
         extra = {"detector": lambda images: [box] * len(images), "flip_test": False} if task == "pose" else {}
-        predictors[task] = Predictor(task, model=model, device=args.device, input_size=tuple(args.input_size),
-                                     batch_size=4, **extra)  # fmt: skip
-    predictors["pose"] = SyntheticPose(predictors["pose"], size)
+        raw[task] = Predictor(task, model=model, device=args.device, input_size=tuple(args.input_size),
+                              batch_size=4, **extra)  # fmt: skip
+
+    def predictors() -> dict:
+        return {task: WithTruth(p, truth) for task, p in raw.items()}
+
     video = VideoOptions(smooth="none", save_dense=False)
     mocap = MocapOptions(video=video, seg=False)
 
     def baseline(out: Path) -> float:
         start = time.perf_counter()
-        predict_video(predictors, clip, out, video, progress=False)
+        predict_video(predictors(), clip, out, video, progress=False)
         return time.perf_counter() - start
 
     def ours(out: Path) -> tuple[float, dict[str, float]]:
         start = time.perf_counter()
-        report = run_mocap(predictors, clip, out, mocap, progress=False)
+        report = run_mocap(predictors(), clip, out, mocap, progress=False)
         assert report.tracks, report
         return time.perf_counter() - start, report.seconds
 

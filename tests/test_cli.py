@@ -63,6 +63,7 @@ MISSPELT = {
     "demo": (["--prot", "8000"], "--port"),
     "pretrain": (["cfg.yaml", "--overide", "x=1"], None),
     "curate": (["cfg.yaml", "--stirct"], "--strict"),
+    "relight": (["x.jpg", "-o", "out", "--env", "neon", "--keep-shadnig"], "--keep-shading"),
 }
 
 

@@ -125,7 +125,8 @@ def test_forward_kinematics_by_hand():
     shoulder = positions[1, skeleton.index("left_shoulder")]
     np.testing.assert_allclose(positions[1, skeleton.index("left_elbow")], shoulder + [-0.28, 0.0, 0.0], atol=1e-12)
     np.testing.assert_allclose(positions[1, skeleton.index("left_hand")], shoulder + [-0.61, 0.0, 0.0], atol=1e-12)
-    np.testing.assert_allclose(global_rotations[1, skeleton.index("left_hand")], rotations[1, 13], atol=1e-12)
+    turned = rotations[1, skeleton.index("left_shoulder")]
+    np.testing.assert_allclose(global_rotations[1, skeleton.index("left_hand")], turned, atol=1e-12)
     markers = marker_positions(motion)
     knuckle = motion.markers.names.index("left_forefinger_third_joint")
     np.testing.assert_allclose(markers[1, knuckle], positions[1, skeleton.index("left_wrist")] + [-0.08, 0.03, 0.0],
@@ -235,6 +236,11 @@ def _gltf_fk(path) -> tuple[list[str], np.ndarray]:
     weights = read(primitive.attributes.WEIGHTS_0)
     np.testing.assert_allclose(weights.sum(1), 1.0, atol=1e-6)
     assert read(primitive.attributes.JOINTS_0).max() < len(joints)
+    # Triangles wind counter-clockwise seen from outside: their normals agree with the stored ones.
+    vertices, normals = read(primitive.attributes.POSITION), read(primitive.attributes.NORMAL)
+    triangles = read(primitive.indices).reshape(-1, 3)
+    a, b, c = (vertices[triangles[:, i]].astype(np.float64) for i in range(3))
+    assert len(triangles) and ((np.cross(b - a, c - a) * normals[triangles[:, 0]]).sum(-1) > 0).all()
     inverse_bind = read(skin.inverseBindMatrices).reshape(-1, 4, 4).transpose(0, 2, 1)
     rest = np.array([gltf.nodes[j].translation for j in joints])
     for slot, node in enumerate(joints):
@@ -259,6 +265,16 @@ def test_glb_nodes_and_animation_equal_our_fk(tmp_path):
 # ----------------------------------------------------------------------------------------------------- C3D, tables
 
 
+def c3d_labels(c3d) -> list[str]:
+    """All point labels: C3D keeps 255 per parameter, the rest in LABELS2, LABELS3, ... (ezc3d writes them so)."""
+    point = c3d["parameters"]["POINT"]
+    labels, number = list(point["LABELS"]["value"]), 2
+    while f"LABELS{number}" in point:
+        labels += point[f"LABELS{number}"]["value"]
+        number += 1
+    return labels
+
+
 def test_c3d_read_back_by_ezc3d(tmp_path):
     ezc3d = require_module("ezc3d")
     from sapiens2.mocap.c3d import write_c3d
@@ -266,7 +282,7 @@ def test_c3d_read_back_by_ezc3d(tmp_path):
     motion = random_motion(frames=9, seed=4)
     path = write_c3d(motion, tmp_path / "track_1.c3d")
     c3d = ezc3d.c3d(str(path))
-    labels = c3d["parameters"]["POINT"]["LABELS"]["value"]
+    labels = c3d_labels(c3d)
     assert labels == list(motion.markers.names) + [f"{name}_JC" for name in motion.skeleton.names]
     assert c3d["parameters"]["POINT"]["UNITS"]["value"] == ["mm"]
     assert c3d["parameters"]["POINT"]["RATE"]["value"][0] == pytest.approx(30.0)
@@ -457,7 +473,7 @@ def test_blender_imports_bvh_and_glb_with_our_fk(tmp_path):
     assert np.abs(from_bvh - ours[frames]).max() < 1e-5 and np.abs(from_glb - ours[frames]).max() < 1e-5
     # Every format holds the same positions: C3D joint centres and the CSV's agree with what Blender shows.
     c3d = ezc3d.c3d(str(write_c3d(motion, tmp_path / "t.c3d", fill_gaps=True)))
-    labels = c3d["parameters"]["POINT"]["LABELS"]["value"]
+    labels = c3d_labels(c3d)
     points = c3d["data"]["points"][:3].transpose(2, 1, 0) / 1000.0 * [1, -1, -1]
     from_c3d = points[frames][:, [labels.index(f"{name}_JC") for name in names]]
     with open(write_trajectories(motion, tmp_path / "t.csv"), newline="") as handle:
@@ -576,7 +592,7 @@ def test_solved_walk_exports_agree(tmp_path):
     np.testing.assert_allclose(from_glb, solved.positions[frames], atol=1e-3)
     c3d = ezc3d.c3d(str(write_c3d(motion, tmp_path / "walk.c3d", fill_gaps=True)))
     points = c3d["data"]["points"][:3].transpose(2, 1, 0) / 1000.0 * [1, -1, -1]
-    assert c3d["parameters"]["POINT"]["LABELS"]["value"][:308] == list(motion.markers.names)
+    assert c3d_labels(c3d) == list(motion.markers.names) + [f"{name}_JC" for name in names]
     np.testing.assert_allclose(points[:, :308], solved.keypoints, atol=1e-5)
     np.testing.assert_allclose(points[:, 308:], solved.positions, atol=1e-5)
     with open(write_trajectories(motion, tmp_path / "walk.csv"), newline="") as handle:

@@ -27,6 +27,7 @@ from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata, seg_metadata
 from sapiens2.mocap.run import MocapOptions, read_tracks, run_mocap
 from sapiens2.mocap.view import SkeletonView
 from sapiens2.pose.topdown import PoseResult
+from sapiens2.predict.visualize import id_color
 from sapiens2.video import VideoOptions, predict_video
 
 av = require_module("av")
@@ -171,7 +172,7 @@ def test_cli_with_real_models_bad_inputs_cost_one_line_each(tiny_checkpoints, tm
     out = tmp_path / "out"
     argv = ["mocap", str(corrupt), str(tmp_path / "missing.mp4"), str(clip), str(still), "-o", str(out),
             "--device", "cpu", "--input-size", "256", "192", "--detector", "none", "--no-flip-test",
-            "--min-track-frames", "1", *[f"--model={t}={tiny_checkpoints[t]}" for t in ("pose", "pointmap", "seg")]]
+            *[f"--model={t}={tiny_checkpoints[t]}" for t in ("pose", "pointmap", "seg")]]  # fmt: skip
     assert main(argv) == 1
     printed = capsys.readouterr()
     errors = [line for line in printed.err.splitlines() if line.startswith("error:")]
@@ -182,8 +183,10 @@ def test_cli_with_real_models_bad_inputs_cost_one_line_each(tiny_checkpoints, tm
         summary = json.loads((out / f"{name}_mocap.json").read_text())
         assert summary["frames"] == frames and summary["seg"] is True
         assert all(len(r["mocap"]) == 1 for r in records(out, name))  # the whole frame as one tracked person
+        assert summary["tracks"] or summary["left_out"]  # random weights: a track may be unsolvable, and says why
         for files in summary["tracks"].values():
-            assert all((out / f).is_file() for f in files)
+            assert len(files) == 7 and all((out / f).is_file() for f in files)
+    assert list(json.loads((out / "still_mocap.json").read_text())["tracks"]) == ["1"]  # a photo: one-frame motion
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(("pan", "still"))) == []
 
 
@@ -210,8 +213,6 @@ def test_a_missing_model_file_fails_before_anything_runs(tmp_path, capsys):
 def test_the_view_draws_people_upright_where_they_stand():
     """An upright person at x = -1 m and one at +1 m: heads above feet, left person on the left (seen from the
     camera's side), each in its track colour."""
-    from sapiens2.predict.visualize import id_color
-
     names = keypoint_metadata().names
     person = np.full((NUM_KEYPOINTS, 3), np.nan)
     person[names.index("nose")] = [0.0, -1.6, 4.0]
@@ -234,17 +235,30 @@ def test_the_view_draws_people_upright_where_they_stand():
         people[2][[names.index("nose")]])[0, 0]) < 5  # seen from the side the two stand one behind the other
 
 
-def test_live_mode_solves_online_and_shows_it(tmp_path):
-    """smooth="online" (what cameras and streams get): the view shows the online solve, the summary says so."""
+def test_a_stream_runs_live_solving_online_and_showing_it(tmp_path):
+    """An http stream (what cameras get too): online 3D solve by default, its skeleton in the overlay's 3D view."""
+    import http.server
+    import threading
+    from functools import partial
+
     clip, truth = synth_clip(tmp_path / "walk.mp4", 6)
-    options = MocapOptions(smooth="online", formats=("bvh",), min_frames=2)
-    report = run_mocap(oracles(truth, seg=False), clip, tmp_path / "out", options, progress=False)
-    assert report.error is None and len(report.tracks) == 1
-    assert json.loads((tmp_path / "out" / "walk_mocap.json").read_text())["smooth_3d"] == "online"
-    with av.open(str(tmp_path / "out" / "walk_overlay.mp4")) as container:
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/walk.mp4"
+        options = MocapOptions(formats=("bvh",), min_frames=2)
+        report = run_mocap(oracles(truth, seg=False), url, tmp_path / "out", options, progress=False)
+    finally:
+        server.shutdown()
+    assert report.error is None and len(report.tracks) == 1 and report.video.frames == 6
+    stem = Path(report.video.outputs[0]).name.removesuffix("_frames.jsonl")
+    assert json.loads((tmp_path / "out" / f"{stem}_mocap.json").read_text())["smooth_3d"] == "online"
+    with av.open(str(tmp_path / "out" / f"{stem}_overlay.mp4")) as container:
         last = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)][-1]
-    view = last[:, truth.size[1]:]
-    assert (np.abs(view.astype(int) - 24).sum(axis=2) > 60).mean() > 0.002  # a skeleton drawn, not an empty panel
+    view = last[:, -truth.size[0]:]  # the square 3D view at the right
+    colour = np.array(id_color(next(iter(report.tracks))))
+    assert (np.abs(view.astype(int) - colour).sum(axis=2) < 60).sum() > 50  # the solved skeleton, in the track colour
 
 
 # ------------------------------------------------------------------------------------------------ resume

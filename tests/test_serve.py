@@ -1,5 +1,5 @@
 """``sapiens2 serve`` over real HTTP on loopback, against one real local Ray Serve instance (tiny random models),
-started from the Ray Serve config file that ``sapiens2 serve --print-config`` writes."""
+started from the Ray Serve config file that ``sapiens2 serve --write-config`` writes."""
 
 from __future__ import annotations
 
@@ -53,18 +53,12 @@ def start_service(tiny_checkpoints, tmp_path_factory, **changes):
 
     port = free_port()
     flags = ["serve", "--task", ",".join(TASKS), "--detector", "none", "--port", str(port), "--devices", "cpu",
-             "--threads", "1", "--max-batch", "4", "--max-wait-ms", "50", "--print-config"]  # fmt: skip
+             "--threads", "1", "--max-batch", "4", "--max-wait-ms", "50"]  # fmt: skip
     flags += [f"--model={task}={tiny_checkpoints[task]}" for task in TASKS]
     for flag, value in changes.items():
         flags += [flag, str(value)]
     config_path = tmp_path_factory.mktemp("serve") / "serve.yaml"
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(flags) == 0
-    config_path.write_text(out.getvalue())
+    assert main([*flags, "--write-config", str(config_path)]) == 0
     config = yaml.safe_load(config_path.read_text())
     assert config["http_options"] == {"host": "127.0.0.1", "port": port}
     application = config["applications"][0]
@@ -313,3 +307,44 @@ def test_urls_are_fetched_only_under_allowed_prefixes(service, image_site):
         assert status == 403 and "not under an allowed prefix" in answer["error"], address
     status, _, answer = fetch(f"{site}/ok/redirect")  # the redirect leads out of /ok/: not followed
     assert status == 400 and "302" in answer["error"]
+
+
+def test_cli_refuses_bad_flags_with_one_line_and_status_2(tiny_checkpoints, tmp_path, capsys):
+    from sapiens2.cli import main
+
+    model = f"--model=seg={tiny_checkpoints['seg']}"
+    cases = [
+        (["--task", "sag"], "--task sag: unknown task 'sag'"),
+        (["--task", "seg", "--model", "matte=x.safetensors"], "--model matte=x.safetensors: unknown task"),
+        (["--task", "seg", model, "--allow-url", "ftp://example.com/x"], "--allow-url ftp://example.com/x"),
+        (["--task", "seg", model, "--max-batch", "0"], "--max-batch 0: must be >= 1"),
+        (["--task", "seg", model, "--port", "70000"], "--port 70000"),
+        (["--task", "seg", model, "--devices", "cuda:7"], "--devices cuda:7"),
+        (["--task", "seg", "--model", f"seg={tmp_path / 'missing.safetensors'}"], "missing.safetensors"),
+    ]
+    for flags, words in cases:
+        assert main(["serve", *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and words in err and err.count("\n") == 1, (flags, err)
+
+
+def test_the_config_file_round_trips_the_options(tiny_checkpoints, tmp_path, capsys):
+    yaml = require_module("yaml")
+    from sapiens2.cli import main
+    from sapiens2.serve import ServeOptions
+
+    path = tmp_path / "serve.yaml"
+    flags = ["serve", "--task", "pose,seg", f"--model=seg={tiny_checkpoints['seg']}", "--detector", "none",
+             "--max-batch", "16", "--max-wait-ms", "5", "--token", "hidden", "--host", "0.0.0.0", "--port", "9000",
+             "--allow-url", "https://images.example.com/public/", "--write-config", str(path)]  # fmt: skip
+    assert main(flags) == 0 and "wrote" in capsys.readouterr().out
+    config = yaml.safe_load(path.read_text())
+    assert config["http_options"] == {"host": "0.0.0.0", "port": 9000} and "hidden" not in path.read_text()
+    application = config["applications"][0]
+    assert application["import_path"] == "sapiens2.serve.app:build"
+    options = ServeOptions.from_dict(application["args"])
+    assert options.tasks == ("pose", "seg") and options.max_batch == 16 and options.max_wait_ms == 5.0
+    assert options.models == {"seg": str(tiny_checkpoints["seg"])} and options.token is None
+    assert options.allow_urls == ("https://images.example.com/public/",)
+    with pytest.raises(ValueError, match="unknown option.*max_batchsize"):
+        ServeOptions.from_dict({"max_batchsize": 4})

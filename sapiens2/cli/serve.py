@@ -59,8 +59,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serving.add_argument("--request-timeout", type=float, default=120.0, help="answer 504 after this many seconds")
     serving.add_argument("--drain", type=float, default=30.0, help="on shutdown, seconds in-flight requests may take")
     serving.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start a local one)")
-    serving.add_argument("--print-config", action="store_true", help="print the Ray Serve config file of these "
-                         "flags (for serve run / serve deploy) and exit")  # fmt: skip
+    serving.add_argument("--write-config", default=None, metavar="FILE.yaml", help="write the Ray Serve config "
+                         "file of these flags (for serve run / serve deploy; - for stdout) and exit")  # fmt: skip
     parser.set_defaults(func=run)
 
 
@@ -91,10 +91,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
 
 def serve_option(name: str, value=None) -> str:
     """A ``ServeOptions`` field as messages name it on the command line."""
-    if name in _FLAGS:
-        flag = _FLAGS[name]
-        return flag if value is None else f"{flag} {value}"
-    return cli_option(name, value)
+    text, flag = cli_option(name, value), cli_option(name)  # the value as predict's messages write it
+    return _FLAGS.get(name, flag) + text[len(flag) :]
 
 
 def _wait_for_signal() -> None:
@@ -116,8 +114,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.print_config:
-        print(config_file_text(options), end="")
+    if args.write_config:
+        if args.write_config == "-":
+            print(config_file_text(options), end="")
+        else:
+            from ..data.io import atomic_write
+
+            atomic_write(args.write_config, config_file_text(options).encode())
+            print(f"wrote {args.write_config}: serve run {args.write_config} (here) or serve deploy (a cluster)")
         return 0
     if args.ray_address is None:  # every model file found (or downloaded) here first: a missing one fails at once
         from ..predict.batch import resolve_sources

@@ -70,8 +70,8 @@ class MocapOptions:
         seg: use the seg task's body parts to detect occluded keypoints (needs a seg Predictor) [off: ``--no-seg``].
         formats: the exports per track, from ``EXPORT_FORMATS`` [``--formats bvh,glb``].
         view: draw the 3D view beside the frame in the overlay [off: ``--no-view``].
-        min_frames: tracks seen on fewer frames are left out of the exports (listed in the summary)
-            [``--min-track-frames``].
+        min_frames: tracks seen on fewer frames are left out of the exports (listed in the summary); a source with
+            fewer frames (a photo) exports every track [``--min-track-frames``].
         skip_existing: skip a source whose mocap summary exists [``--skip-existing``].
     """
 
@@ -290,19 +290,24 @@ def read_tracks(frames_jsonl: str | os.PathLike, stride: int = 1) -> dict[int, R
 
 
 def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: float, options: MocapOptions,
-                     mode: str) -> tuple[dict[int, list[str]], dict[int, str], dict[str, float]]:  # fmt: skip
-    """Solve every track seen on enough frames (``solve.solve_track``, 3D smoothing ``mode``) and write its exports
-    into ``folder``; returns (id -> files, id -> why left out, seconds of ``solve`` and ``export``)."""
+                     mode: str, min_frames: int | None = None) -> tuple[dict[int, list[str]], dict[int, str],
+                                                                      dict[str, float]]:  # fmt: skip
+    """Solve every track seen on at least ``min_frames`` frames (default ``options.min_frames``) with
+    ``solve.solve_track`` (3D smoothing ``mode``) and write its exports into ``folder``; returns (id -> files, id ->
+    why left out, seconds of ``solve`` and ``export``)."""
+    min_frames = options.min_frames if min_frames is None else min_frames
     from .solve import SolveOptions, solve_track
 
     files: dict[int, list[str]] = {}
     left_out: dict[int, str] = {}
     seconds = {"solve": 0.0, "export": 0.0}
     folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("track_*"):  # an earlier run's exports (other tracks, other formats)
+        old.unlink()
     for track, data in tracks.items():
         seen = int(data.seen.sum())
-        if seen < options.min_frames:
-            left_out[track] = f"seen on {seen} frames (fewer than {options.min_frames})"
+        if seen < min_frames:
+            left_out[track] = f"seen on {seen} frames (fewer than {min_frames})"
             continue
         start = time.perf_counter()
         try:
@@ -434,7 +439,8 @@ def run_mocap(
     stride = options.video.stride
     tracks = read_tracks(frames_jsonl, stride)
     try:
-        report.tracks, report.left_out, seconds = solve_and_export(tracks, folder, fps / stride, options, mode)
+        needed = min(options.min_frames, max(report.video.frames, 1))  # a photo or a short clip: every track
+        report.tracks, report.left_out, seconds = solve_and_export(tracks, folder, fps / stride, options, mode, needed)
     except Exception as problem:  # e.g. the disk filled up: the records stay, a rerun exports again
         report.error = report.error or f"{text}: cannot write exports ({type(problem).__name__}: {problem})"
         return report

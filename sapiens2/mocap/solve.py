@@ -26,6 +26,7 @@ Axes: the camera frame, OpenCV (x right, y down, z forward), metres.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,7 +50,8 @@ class SolveOptions:
 
     Attributes:
         smooth: ``offline`` (centred Gaussian, whole clip), ``online`` (One-Euro, no delay) or ``none``.
-        sigma: offline Gaussian width in frames.
+        sigma: offline Gaussian width in frames (light: the 2D keypoints were already smoothed by the video
+            pipeline; a wider one rounds off fast flexions).
         min_cutoff, beta: the online One-Euro filter's cut-off (Hz) when still and its speed coefficient (per m/s).
         bone_tolerance: metres a measured joint may lie off its bone's sphere around its parent before it counts
             as occluded.
@@ -57,7 +59,7 @@ class SolveOptions:
     """
 
     smooth: str = "offline"
-    sigma: float = 1.0
+    sigma: float = 0.6
     min_cutoff: float = 1.0
     beta: float = 10.0
     bone_tolerance: float = 0.03
@@ -266,10 +268,72 @@ def _swing(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class _Level:
+    """The joints at one depth of the tree, solved together: (n,) joints and parents, (n, 2) aim and twist ref
+    pairs with weights (a missing pair weighs 0), rest directions and frames."""
+
+    joints: np.ndarray
+    parents: np.ndarray
+    aim: np.ndarray  # (n, 2, 2) ref indices (from, to)
+    aim_w: np.ndarray  # (n, 2)
+    twist: np.ndarray
+    twist_w: np.ndarray
+    rest_aim: np.ndarray  # (n, 3)
+    rest_frame: np.ndarray  # (n, 3, 3)
+    has_aim: np.ndarray
+    has_twist: np.ndarray
+
+
+def _pairs_array(skel: MocapSkeleton, pairs: tuple[tuple[str, str], ...]) -> tuple[list[list[int]], list[float]]:
+    refs = [[skel.ref(a), skel.ref(b)] for a, b in pairs][:2]
+    weights = [1.0] * len(refs)
+    while len(refs) < 2:
+        refs.append([0, 0])
+        weights.append(0.0)
+    return refs, weights
+
+
+_LEVELS: list[_Level] = []
+
+
+def _levels(skel: MocapSkeleton) -> list[_Level]:
+    if _LEVELS:
+        return _LEVELS
+    depth = np.zeros(skel.num_joints, np.int64)
+    for j, p in enumerate(skel.parents):
+        depth[j] = 0 if p < 0 else depth[p] + 1
+    for level in range(depth.max() + 1):
+        js = np.flatnonzero(depth == level)
+        aim, aim_w, twist, twist_w, rest_aim, rest_frame = [], [], [], [], [], []
+        for j in js:
+            spec = skel.specs[j]
+            refs, w = _pairs_array(skel, spec.aim)
+            aim.append(refs), aim_w.append(w)
+            refs, w = _pairs_array(skel, spec.twist)
+            twist.append(refs), twist_w.append(w)
+            rest_aim.append(spec.rest_aim)
+            frame, _ = _frame(np.asarray(spec.rest_aim, dtype=np.float64), np.asarray(spec.rest_twist, dtype=np.float64))
+            rest_frame.append(frame)
+        _LEVELS.append(
+            _Level(js, skel.parents[js], np.array(aim), np.array(aim_w), np.array(twist), np.array(twist_w),
+                   np.array(rest_aim, dtype=np.float64), np.array(rest_frame),
+                   np.array([bool(skel.specs[j].aim) for j in js]), np.array([bool(skel.specs[j].twist) for j in js]))
+        )  # fmt: skip
+    return _LEVELS
+
+
+def _sum_pairs(points: np.ndarray, refs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """(T, n, 3) sum over the pairs of weight * (points[to] - points[from])."""
+    diff = points[:, refs[..., 1]] - points[:, refs[..., 0]]  # (T, n, 2, 3)
+    return np.einsum("tnpc,np->tnc", diff, weights)
+
+
 def solve_rotations(joints: np.ndarray, keypoints: np.ndarray, keypoint_filled: np.ndarray | None = None,
                     skel: MocapSkeleton | None = None) -> np.ndarray:  # fmt: skip
     """(T, J, 3, 3) global joint rotations (relative to the rest pose) from (T, J, 3) joints and (T, 308, 3)
-    keypoints (``keypoint_filled`` (T, 308): twist points not to trust)."""
+    keypoints (``keypoint_filled`` (T, 308): twist points not to trust). Joints of one tree depth are solved together.
+    """
     skel = skel or mocap_skeleton()
     frames, count = joints.shape[0], skel.num_joints
     points = np.concatenate([joints, keypoints], axis=1)
@@ -277,24 +341,22 @@ def solve_rotations(joints: np.ndarray, keypoints: np.ndarray, keypoint_filled: 
     if keypoint_filled is not None:
         unsure[:, count:] = keypoint_filled
     out = np.zeros((frames, count, 3, 3))
-    for j, spec in enumerate(skel.specs):
-        p = skel.parents[j]
-        parent = np.broadcast_to(np.eye(3), (frames, 3, 3)) if p < 0 else out[:, p]
-        if not spec.aim:
-            out[:, j] = parent
-            continue
-        aim = sum(points[:, skel.ref(b)] - points[:, skel.ref(a)] for a, b in spec.aim)
-        rest_aim = np.asarray(spec.rest_aim)
-        swing = _swing(parent @ rest_aim, _unit(aim)) @ parent
-        if not spec.twist:
-            out[:, j] = swing
-            continue
-        twist = sum(points[:, skel.ref(b)] - points[:, skel.ref(a)] for a, b in spec.twist)
-        trusted = ~np.any([unsure[:, skel.ref(r)] for pair in spec.twist for r in pair], axis=0)
+    for level in _levels(skel):
+        n = len(level.joints)
+        if level.parents[0] < 0:
+            parent = np.broadcast_to(np.eye(3), (frames, n, 3, 3))
+        else:
+            parent = out[:, level.parents]
+        aim = _sum_pairs(points, level.aim, level.aim_w)
+        swing = _swing(np.einsum("tnab,nb->tna", parent, level.rest_aim), _unit(aim)) @ parent
+        twist = _sum_pairs(points, level.twist, level.twist_w)
         current, ok = _frame(aim, twist)
-        rest, _ = _frame(rest_aim, np.asarray(spec.rest_twist))
-        framed = current @ rest.T
-        out[:, j] = np.where((ok & trusted)[:, None, None], framed, swing)
+        framed = current @ np.swapaxes(level.rest_frame, -1, -2)
+        used = unsure[:, level.twist.reshape(n, -1)] & np.repeat(level.twist_w > 0, 2, axis=1)[None]
+        trusted = ~used.any(-1)
+        take_frame = (level.has_twist[None] & ok & trusted)[..., None, None]
+        solved = np.where(take_frame, framed, swing)
+        out[:, level.joints] = np.where(level.has_aim[None, :, None, None], solved, parent)
     return out
 
 
@@ -448,7 +510,8 @@ class OnlineSolver:
                 self._samples.popleft()
         samples = np.array(self._samples)
         lengths = np.zeros(skel.num_joints)
-        with np.errstate(all="ignore"):
+        with warnings.catch_warnings():  # a bone never seen yet has an all-NaN column: it takes the prior
+            warnings.simplefilter("ignore", RuntimeWarning)
             med = np.nanmedian(samples, axis=0) if len(samples) else np.full(skel.num_joints - 1, np.nan)
         lengths[1:] = np.where(np.isfinite(med), med, skel.prior_lengths[1:])
         rays = _unit(joints)[None]

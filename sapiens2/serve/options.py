@@ -118,14 +118,16 @@ class ServeOptions:
         """
         if not self.tasks:
             raise ValueError(f"{option('tasks', '')}: name at least one task of {', '.join(TASKS)}")
-        for name, values in (("models", self.models), ("tasks", self.tasks)):
-            for task in values:
-                try:
-                    check_task(task)
-                except ValueError as error:
-                    raise ValueError(
-                        f"{option(name, values if name == 'models' else ','.join(values))}: {error}"
-                    ) from None
+        for task in self.models:
+            try:
+                check_task(task)
+            except ValueError as error:
+                raise ValueError(f"{option('models', {task: self.models[task]})}: {error}") from None
+        for task in self.tasks:
+            try:
+                check_task(task)
+            except ValueError as error:
+                raise ValueError(f"{option('tasks', ','.join(self.tasks))}: {error}") from None
         if self.dtype not in _DTYPES:
             raise ValueError(f"{option('dtype', self.dtype)}: choose one of {', '.join(_DTYPES)}")
         try:

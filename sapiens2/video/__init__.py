@@ -5,17 +5,20 @@ people (``predict_video(predictor, "clip.mp4", "out/")``; ``sapiens2 predict cli
 from .decode import VIDEO_EXTENSIONS, Frame, FrameSource, VideoReadError, is_video_input, open_frames
 from .run import FrameHook, VideoOptions, VideoReport, predict_video, predict_videos
 from .smooth import FixedLagSmoother, OneEuroFilter, OnlineSmoother, jitter
+from .temporal import FixedLagTemporalFilter, TemporalFilter
 from .track import ByteTracker, TrackerOptions
 
 __all__ = [
     "VIDEO_EXTENSIONS",
     "ByteTracker",
     "FixedLagSmoother",
+    "FixedLagTemporalFilter",
     "Frame",
     "FrameHook",
     "FrameSource",
     "OneEuroFilter",
     "OnlineSmoother",
+    "TemporalFilter",
     "TrackerOptions",
     "VideoOptions",
     "VideoReadError",

@@ -546,6 +546,9 @@ def _run_pipeline(predictors: Mapping[str, Any], frames: FrameSource, options: V
             for item in rest:
                 if not _put(finished, item, writing):
                     break
+    except KeyboardInterrupt:  # Ctrl-C ends a camera or stream: the frames read so far are written and joined
+        if frames.kind != "live":
+            raise
     except Exception as problem:  # a model failure: keep what is written, report it, go on with the next video
         error.append(f"{frames.name}: {type(problem).__name__}: {problem}")
     finally:

@@ -328,7 +328,7 @@ class _Entry:
     fields: dict[str, np.ndarray]
     forward: dict[str, np.ndarray]  # the causal pass's output
     grey: _Grey
-    from_previous: FlowWarp | None = None  # the previous frame warped into this one
+    from_previous: np.ndarray | None = None  # confidence of the previous frame warped into this one
     from_next: FlowWarp | None = None  # the next frame warped into this one
 
 
@@ -373,12 +373,12 @@ class FixedLagTemporalFilter:
         from_previous = None
         if last is not None and last.grey.size == grey.size:
             into_current, into_last = _pair(self._flow, last.grey, grey, self.photo_sigma)
-            last.from_next, from_previous = into_last, into_current
+            last.from_next, from_previous = into_last, into_current.confidence
             for task, values in fields.items():
                 past = last.forward.get(task)
                 if past is not None and past.shape == values.shape:
                     forward[task] = _blend(task, values, past, into_current, self.strength)
-        self._window.append(_Entry(payload, results, fields, forward, grey, from_previous if last else None))
+        self._window.append(_Entry(payload, results, fields, forward, grey, from_previous))
         done = []
         while len(self._window) > self.lag:
             done.append(self._release())
@@ -419,9 +419,10 @@ class FixedLagTemporalFilter:
         assert entry.from_next is not None
         current = entry.fields[task]
         weights = []
-        for warp in (entry.from_previous, entry.from_next):
-            weight = np.zeros(current.shape[:2], np.float32) if warp is None else self.strength * warp.confidence
-            weights.append((1 / (1 - weight))[..., None])
+        for confidence in (entry.from_previous, entry.from_next.confidence):  # no previous frame: wf = 0
+            weights.append(np.float32(1) if confidence is None else (1 / (1 - self.strength * confidence))[..., None])
         total = weights[0] * forward + weights[1] * backward - current
         mixed = total / (weights[0] + weights[1] - 1)
-        return _normalize(task, np.where(np.isfinite(mixed), mixed, forward).astype(np.float32))
+        if task == "pointmap" and not np.isfinite(mixed).all():
+            mixed = np.where(np.isfinite(mixed), mixed, forward)
+        return _normalize(task, mixed.astype(np.float32, copy=False))
