@@ -169,7 +169,7 @@ def test_pointmaps_are_filtered_in_canonical_space_under_the_stabilised_scale():
 
 
 def test_mattes_albedo_and_seg_probabilities_stay_in_their_domains_with_less_flicker():
-    frames, *_ = moving_square(count=10, speed=1.0)
+    frames, *_ = moving_square(count=8, speed=1.0)
     rng = np.random.default_rng(3)
     size = (HEIGHT, WIDTH)
     results = []
