@@ -95,7 +95,7 @@ def main() -> None:
     for (busy, policy, threads), rates in sorted(results.items()):
         base = statistics.median(results[(busy, policy, min(args.threads))])
         rate = statistics.median(rates)
-        print(f"{'1 core busy' if busy else 'none':<14}{policy:<17}{threads:>8}{rate:>12.1f}{rate / base:>12.2f}x")
+        print(f"{'1 core busy' if busy else 'none':<14}{policy:<17}{threads:>8}{rate:>12.3g}{rate / base:>12.2f}x")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ A seg model (random weights, official layout, saved once) is served on one repli
 back for ``--seconds`` at every concurrency C. Offline, one ``Predictor`` with the same model and threads runs the
 same files in batches of ``--max-batch`` (reading and decoding included, as the service decodes every upload).
 Prints a Markdown table: concurrency, requests/s, p50 and p99 latency, the mean model batch, and requests/s as a
-fraction of offline images/s. Clients run in this process and share the machine with the service.
+fraction of offline images/s (measured before and after the service: the mean of both). Clients run in this process and share the machine with the service.
 
-    python benchmarks/serve_throughput.py --arch sapiens2_0.1b --input-size 256 192 --seconds 10
+    python benchmarks/serve_throughput.py --input-size 256 192 --seconds 10          # a small stand-in model
     python benchmarks/serve_throughput.py --devices all --concurrency 1 8 32 64 --max-batch 16   # a GPU host
 """
 
@@ -33,6 +33,8 @@ from sapiens2 import Predictor, build_model
 from sapiens2.metadata import SAMPLE_IMAGE
 from sapiens2.serve import ServeOptions
 from sapiens2.serve.app import start, stop
+
+SMALL = {"embed_dims": 128, "num_layers": 4, "num_heads": 4, "feedforward_channels": 512, "num_tokenizer_layers": 0}
 
 
 def free_port() -> int:
@@ -63,8 +65,9 @@ def offline(predictor: Predictor, paths: list[Path], batch: int, seconds: float)
     return done / (time.perf_counter() - start)
 
 
-def load(url: str, bodies: list[bytes], clients: int, seconds: float) -> tuple[list[float], int]:
-    """(latencies of the successful requests, errors) of ``clients`` threads sending back to back."""
+def load(url: str, bodies: list[bytes], clients: int, seconds: float) -> tuple[list[float], int, float]:
+    """(latencies of the successful requests, errors, wall seconds until the last answer) of ``clients`` threads
+    sending back to back for ``seconds``."""
     latencies: list[float] = []
     errors = [0]
     lock = threading.Lock()
@@ -86,12 +89,13 @@ def load(url: str, bodies: list[bytes], clients: int, seconds: float) -> tuple[l
                     errors[0] += 1
             i += 1
 
+    begin = time.perf_counter()
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return latencies, errors[0]
+    return latencies, errors[0], time.perf_counter() - begin
 
 
 def batch_mean(url: str) -> tuple[float, float]:
@@ -105,7 +109,8 @@ def batch_mean(url: str) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", default="sapiens2_0.1b")
+    parser.add_argument("--arch", default="small", help="a zoo name (sapiens2_0.1b ...) or small: 4 layers, width "
+                        "128, a CPU-sized stand-in")  # fmt: skip
     parser.add_argument("--input-size", type=int, nargs=2, default=(256, 192), metavar=("H", "W"))
     parser.add_argument("--image-scale", type=float, default=0.75, help="the sample photo's scale (512 px at 1)")
     parser.add_argument("--devices", default="cpu")
@@ -119,7 +124,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="sapiens2-serve-bench-") as tmp:
         tmp = Path(tmp)
         torch.manual_seed(0)
-        model = build_model("seg", args.arch, input_size=tuple(args.input_size))
+        arch = SMALL if args.arch == "small" else args.arch
+        model = build_model("seg", arch, input_size=tuple(args.input_size))
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "seg.safetensors"))
         del model
         paths = make_images(tmp / "images", 16, args.image_scale)
@@ -127,8 +133,7 @@ def main() -> None:
         device = "cuda" if args.devices != "cpu" and not args.devices.startswith("cpu") else "cpu"
         predictor = Predictor("seg", model=tmp / "seg.safetensors", device=device, input_size=tuple(args.input_size),
                               batch_size=args.max_batch, threads=args.threads)  # fmt: skip
-        offline_rate = offline(predictor, paths, args.max_batch, args.seconds)
-        del predictor
+        offline_before = offline(predictor, paths, args.max_batch, args.seconds)
 
         options = ServeOptions(tasks=("seg",), model=str(tmp / "seg.safetensors"), input_size=tuple(args.input_size),
                                devices=args.devices, threads=args.threads, port=free_port(), max_batch=args.max_batch,
@@ -139,16 +144,21 @@ def main() -> None:
             rows = []
             for clients in args.concurrency:
                 before = batch_mean(url)
-                latencies, errors = load(url, bodies, clients, args.seconds)
+                latencies, errors, wall = load(url, bodies, clients, args.seconds)
                 after = batch_mean(url)
-                rate = len(latencies) / args.seconds
+                rate = len(latencies) / wall
                 cuts = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
                 mean_batch = (after[0] - before[0]) / max(after[1] - before[1], 1)
-                rows.append((clients, rate, 1000 * cuts[49], 1000 * cuts[98], mean_batch, rate / offline_rate, errors))
+                rows.append([clients, rate, 1000 * cuts[49], 1000 * cuts[98], mean_batch, 0.0, errors])
         finally:
             stop()
+        offline_after = offline(predictor, paths, args.max_batch, args.seconds)  # the machine's load drifts: both ends
+    offline_rate = (offline_before + offline_after) / 2
+    for row in rows:
+        row[5] = row[1] / offline_rate
     print(
-        f"offline Predictor, batches of {args.max_batch}: {offline_rate:.2f} images/s ({args.arch}, "
+        f"offline Predictor, batches of {args.max_batch}: {offline_before:.2f} images/s before the service, "
+        f"{offline_after:.2f} after, mean {offline_rate:.2f} ({args.arch}, "
         f"{args.input_size[0]}x{args.input_size[1]}, {device}, threads {args.threads or torch.get_num_threads()})"
     )
     print("| clients | requests/s | p50 ms | p99 ms | p99/p50 | mean batch | x offline | errors |")

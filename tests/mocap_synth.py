@@ -104,12 +104,28 @@ def _marker_offsets(skel_names: tuple[str, ...], rest: np.ndarray) -> tuple[np.n
             offsets[k] = [medial * 0.03, 0.0, 0.0]
         elif name in spec_sources and len(spec_sources) == 1:
             offsets[k] = 0.0  # the keypoint marks the joint centre itself
-        elif "tragus" in name or name.endswith("_ear") or name[2:].startswith(("top_end", "start_of", "end_of_a",
-                                                                              "midpoint_1_of_a", "point_", "tip_of_ear",
-                                                                              "highest", "deepest", "bottom_conn",
-                                                                              "top_conn", "midpoint_2_of_a",
-                                                                              "midpoint_3_of_a", "midpoint_1_of_i",
-                                                                              "midpoint_between")):
+        elif (
+            "tragus" in name
+            or name.endswith("_ear")
+            or name[2:].startswith(
+                (
+                    "top_end",
+                    "start_of",
+                    "end_of_a",
+                    "midpoint_1_of_a",
+                    "point_",
+                    "tip_of_ear",
+                    "highest",
+                    "deepest",
+                    "bottom_conn",
+                    "top_conn",
+                    "midpoint_2_of_a",
+                    "midpoint_3_of_a",
+                    "midpoint_1_of_i",
+                    "midpoint_between",
+                )
+            )
+        ):
             ear = centre + [side * 0.085, 0.0, 0.0]
             if "tragus" in name or name.endswith("_ear"):
                 offsets[k] = ear - rest[j]
@@ -216,8 +232,9 @@ def _gait(t: np.ndarray) -> dict[str, np.ndarray]:
         rot[f"{side}_thigh"] = _rot("x", -(8.0 + 24.0 * np.sin(p)))
         rot[f"{side}_shin"] = _rot("x", 8.0 + 25.0 * (1 + np.sin(p - 1.3)))
         rot[f"{side}_foot"] = _rot("x", 6.0 * np.sin(p + 0.5))
-        rot[f"{side}_upperarm"] = _rot("x", 18.0 * np.sin(p + np.pi)) @ _rot("z", sign * 78.0 + 0 * t) @ _rot(
-            "x", sign * 10.0 + 0 * t)
+        rot[f"{side}_upperarm"] = (
+            _rot("x", 18.0 * np.sin(p + np.pi)) @ _rot("z", sign * 78.0 + 0 * t) @ _rot("x", sign * 10.0 + 0 * t)
+        )
         rot[f"{side}_forearm"] = _rot("y", sign * (28.0 + 12.0 * np.sin(p + np.pi))) @ _rot("x", sign * 8 * np.sin(p))
         rot[f"{side}_hand"] = _rot("z", sign * (8.0 + 5.0 * np.sin(p)))
         for stem, _ in FINGERS:

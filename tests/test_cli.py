@@ -64,6 +64,7 @@ MISSPELT = {
     "pretrain": (["cfg.yaml", "--overide", "x=1"], None),
     "curate": (["cfg.yaml", "--stirct"], "--strict"),
     "relight": (["x.jpg", "-o", "out", "--env", "neon", "--keep-shadnig"], "--keep-shading"),
+    "mocap": (["clip.mp4", "-o", "out", "--detect-evry", "5"], "--detect-every"),
 }
 
 

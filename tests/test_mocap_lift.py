@@ -177,6 +177,9 @@ def test_solved_motion_bones_angles_and_fk(clip, rendered, solved):
     # the solved positions follow the truth
     error = np.linalg.norm(solved.positions - clip.joints, axis=-1)
     assert np.median(error[:, BODY]) < 0.015
+    # the twist is solved: knuckles, toes and eyes ride on the rotations of the hand, foot and head
+    for name in ("l_index1", "l_pinky1", "r_index1", "r_pinky1", "l_toe", "r_toe", "l_eye", "r_eye"):
+        assert np.median(error[:, SKEL.index(name)]) < 0.02, name
 
 
 def test_solve_fills_unseen_frames_and_joints(clip, lifted):

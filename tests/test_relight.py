@@ -151,6 +151,10 @@ def test_environment_read_from_hdr_and_exr_files(tmp_path):
     expected = srgb_decode(albedo) * sky_shading(normals)
     # Radiance RGBE keeps an 8-bit mantissa: the file's light is within ~0.5 % of the panorama's.
     assert np.abs(from_hdr.image.astype(int) - expected_u8(expected).astype(int)).max() <= 2
+    png = tmp_path / "sky.png"  # an 8-bit sRGB panorama (no light above white: the sky at half strength)
+    assert cv2.imwrite(str(png), np.round(srgb_encode(panorama[..., ::-1] / 2) * 255).astype(np.uint8))
+    from_png = relight(np.zeros((H, W, 3), np.uint8), normals, albedo, load_environment(png))
+    np.testing.assert_allclose(from_png.shading, sky_shading(normals) / 2, atol=0.01)
     openexr = pytest.importorskip("OpenEXR")
     exr = tmp_path / "sky.exr"
     header = {"compression": openexr.ZIP_COMPRESSION, "type": openexr.scanlineimage}
@@ -225,7 +229,19 @@ def test_keep_shading_carries_the_original_shadows_into_the_new_light():
     np.testing.assert_allclose(kept.residual[hit][..., 0], shadow[hit][..., 0], atol=0.01)
     plain = relight(plate, normals, albedo, new, matte=hit)
     assert plain.image[48, 56].sum() > kept.image[48, 56].sum() + 30  # without it the shadow is gone
-    assert original.environment is not None
+    # The estimate is the original sky's harmonics; given (or passed through a function, as a video smooths it
+    # over frames), the same coefficients give the same picture.
+    np.testing.assert_allclose(kept.original, original.environment.coefficients, atol=0.01)
+    seen = []
+    through = relight(plate, normals, albedo, new, matte=hit, keep_shading=lambda e: seen.append(e) or e)
+    given = relight(plate, normals, albedo, new, matte=hit, keep_shading=kept.original)
+    assert len(seen) == 1
+    np.testing.assert_array_equal(through.image, kept.image)
+    np.testing.assert_array_equal(given.image, kept.image)
+    empty = relight(plate, normals, albedo, new, matte=np.zeros((H, W)), keep_shading=True)  # nobody: the plate
+    np.testing.assert_array_equal(empty.image, np.round(plate * 255).astype(np.uint8))
+    doubled = relight(plate, normals, albedo, new, matte=hit, keep_shading=2 * kept.original)
+    np.testing.assert_allclose(doubled.residual[hit], kept.residual[hit] / 2, rtol=1e-4)
 
 
 # ------------------------------------------------------------------------------------------------ light syntax
@@ -285,7 +301,7 @@ def test_cli_relights_a_real_encoded_video_and_a_frame_folder(tiny_checkpoints, 
     crops = list(moving_crops(6, (64, 80)))
     clip = write_clip(tmp_path / "clip.mp4", crops, fps=12)
     out = tmp_path / "out"
-    code = relight_cli(tiny_checkpoints, [clip], out, "--env", "studio", "--stride", "2")
+    code = relight_cli(tiny_checkpoints, [clip], out, "--env", "studio", "--stride", "2", "--keep-shading")
     assert code == 0, capsys.readouterr().err
     with av.open(str(out / "clip_relit.mp4")) as container:
         frames = [(f.to_ndarray(format="rgb24"), float(f.time)) for f in container.decode(video=0)]

@@ -156,7 +156,7 @@ def assert_same(task: str, served, expected) -> None:
 def test_served_results_equal_predictor_bit_for_bit(service, tiny_checkpoints, tmp_path):
     from sapiens2.serve import Client
 
-    paths = photos(tmp_path)
+    paths = photos(tmp_path, 4)
     local = predictors(tiny_checkpoints)
     client = Client(service, token=TOKEN, timeout=60)
     # one request at a time (batches of one), then all at once from several clients (batches of several requests)

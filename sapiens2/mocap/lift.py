@@ -187,12 +187,13 @@ def lift_frame(
     if seg is not None:
         labels = np.asarray(seg)[vc, uc].astype(np.int64)
         allowed = skel.keypoint_labels
-        labels = np.clip(labels, 0, allowed.shape[1] - 1)
-        own = np.take_along_axis(allowed, labels, 1)
+        known = (labels >= 0) & (labels < allowed.shape[1])  # e.g. 255 (ignore): neither own nor another part
+        own = np.take_along_axis(allowed, np.where(known, labels, 0), 1) & known
         own_weight = weight * own
         fraction = own_weight.sum(1) / np.maximum(weight.sum(1), 1e-12)
-        centre_own = own[:, (2 * r + 1) ** 2 // 2]
-        occluded = on_image & ((~centre_own) | (fraction < opts.min_own_fraction))
+        middle = (2 * r + 1) ** 2 // 2
+        centre_other = known[:, middle] & ~own[:, middle]
+        occluded = on_image & (centre_other | (fraction < opts.min_own_fraction))
         weight = np.where(occluded[:, None], weight, own_weight)
     depth = _weighted_median(np.where(weight > 0, z, np.inf), weight)
     sampled = on_image & np.isfinite(depth)
@@ -249,13 +250,18 @@ def _fill(skel: MocapSkeleton, surface: np.ndarray, rays: np.ndarray, filled: np
     if not filled.any():
         return surface
     out = surface.copy()
-    joint_depth = np.full(skel.num_joints, np.nan)
-    for j in np.unique(skel.keypoint_joint[visible]):
-        joint_depth[j] = np.median(surface[visible & (skel.keypoint_joint == j), 2])
+    depth_of: dict[int, float] = {}
+
+    def joint_depth(j: int) -> float:  # median depth of the joint's visible keypoints (NaN: none), computed once
+        if j not in depth_of:
+            mine = visible & (skel.keypoint_joint == j)
+            depth_of[j] = float(np.median(surface[mine, 2])) if mine.any() else float("nan")
+        return depth_of[j]
+
     overall = float(np.median(surface[visible, 2])) if visible.any() else 3.0
     for kp in np.flatnonzero(filled):
-        j = skel.keypoint_joint[kp]
-        while j >= 0 and not np.isfinite(joint_depth[j]):
-            j = skel.parents[j]
-        out[kp] = rays[kp] * (joint_depth[j] if j >= 0 else overall)
+        j = int(skel.keypoint_joint[kp])
+        while j >= 0 and not np.isfinite(joint_depth(j)):
+            j = int(skel.parents[j])
+        out[kp] = rays[kp] * (joint_depth(j) if j >= 0 else overall)
     return out

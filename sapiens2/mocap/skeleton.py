@@ -102,19 +102,50 @@ def _side_specs(side: str) -> list[JointSpec]:
     upper_arm, lower_arm, hand = f"{part}_Upper_Arm", f"{part}_Lower_Arm", f"{part}_Hand"
     knuckles = (f"kp:{word}_forefinger_third_joint", f"kp:{word}_pinky_finger_third_joint")
     specs = [
-        JointSpec(f"{s}_clavicle", "chest", sources=(("neck", 1.0, 0.05),), aim=((f"{s}_clavicle", f"{s}_upperarm"),),
-                  twist=(("chest", "neck"),), rest_aim=lateral, rest_twist=UP,
-                  labels=("Torso", "Upper_Clothing", "Face_Neck", "Apparel"), prior_length=0.0),
-        JointSpec(f"{s}_upperarm", f"{s}_clavicle", sources=((f"{word}_shoulder", 1.0, 0.045),),
-                  aim=((f"{s}_upperarm", f"{s}_forearm"),),
-                  twist=((f"kp:{word}_olecranon", f"kp:{word}_cubital_fossa"),), rest_aim=lateral,
-                  rest_twist=FORWARD, labels=(upper_arm, "Torso", "Upper_Clothing", "Apparel"), prior_length=0.19),
-        JointSpec(f"{s}_forearm", f"{s}_upperarm", sources=((f"{word}_elbow", 1.0, 0.04),),
-                  aim=((f"{s}_forearm", f"{s}_hand"),), twist=(knuckles[::-1],), rest_aim=lateral,
-                  rest_twist=FORWARD, labels=(upper_arm, lower_arm, "Upper_Clothing", "Apparel"), prior_length=0.30),
-        JointSpec(f"{s}_hand", f"{s}_forearm", sources=((f"{word}_wrist", 1.0, 0.03),),
-                  aim=((f"{s}_hand", f"{s}_middle1"),), twist=(knuckles[::-1],), rest_aim=lateral,
-                  rest_twist=FORWARD, labels=(lower_arm, hand, "Upper_Clothing", "Apparel"), prior_length=0.26),
+        JointSpec(
+            f"{s}_clavicle",
+            "chest",
+            sources=(("neck", 1.0, 0.05),),
+            aim=((f"{s}_clavicle", f"{s}_upperarm"),),
+            twist=(("chest", "neck"),),
+            rest_aim=lateral,
+            rest_twist=UP,
+            labels=("Torso", "Upper_Clothing", "Face_Neck", "Apparel"),
+            prior_length=0.0,
+        ),
+        JointSpec(
+            f"{s}_upperarm",
+            f"{s}_clavicle",
+            sources=((f"{word}_shoulder", 1.0, 0.045),),
+            aim=((f"{s}_upperarm", f"{s}_forearm"),),
+            twist=((f"kp:{word}_olecranon", f"kp:{word}_cubital_fossa"),),
+            rest_aim=lateral,
+            rest_twist=FORWARD,
+            labels=(upper_arm, "Torso", "Upper_Clothing", "Apparel"),
+            prior_length=0.19,
+        ),
+        JointSpec(
+            f"{s}_forearm",
+            f"{s}_upperarm",
+            sources=((f"{word}_elbow", 1.0, 0.04),),
+            aim=((f"{s}_forearm", f"{s}_hand"),),
+            twist=(knuckles[::-1],),
+            rest_aim=lateral,
+            rest_twist=FORWARD,
+            labels=(upper_arm, lower_arm, "Upper_Clothing", "Apparel"),
+            prior_length=0.30,
+        ),
+        JointSpec(
+            f"{s}_hand",
+            f"{s}_forearm",
+            sources=((f"{word}_wrist", 1.0, 0.03),),
+            aim=((f"{s}_hand", f"{s}_middle1"),),
+            twist=(knuckles[::-1],),
+            rest_aim=lateral,
+            rest_twist=FORWARD,
+            labels=(lower_arm, hand, "Upper_Clothing", "Apparel"),
+            prior_length=0.26,
+        ),
     ]
     for stem, kp_stem in FINGERS:
         thumb = stem == "thumb"
@@ -126,25 +157,57 @@ def _side_specs(side: str) -> list[JointSpec]:
         for i, (name, kp) in enumerate(zip(names, kps, strict=True)):
             leaf = i == 3
             specs.append(
-                JointSpec(name, parent, sources=((kp, 1.0, 0.012 if i == 0 else 0.009),),
-                          aim=() if leaf else ((name, names[i + 1]),), rest_aim=direction, labels=(hand,),
-                          prior_length=lengths[i])  # fmt: skip
+                JointSpec(
+                    name,
+                    parent,
+                    sources=((kp, 1.0, 0.012 if i == 0 else 0.009),),
+                    aim=() if leaf else ((name, names[i + 1]),),
+                    rest_aim=direction,
+                    labels=(hand,),
+                    prior_length=lengths[i],
+                )  # fmt: skip
             )
             parent = name
     upper_leg, lower_leg = f"{part}_Upper_Leg", f"{part}_Lower_Leg"
     feet = (f"{part}_Foot", f"{part}_Shoe", f"{part}_Sock")
     specs += [
-        JointSpec(f"{s}_thigh", "pelvis", sources=((f"{word}_hip", 1.0, 0.08),), aim=((f"{s}_thigh", f"{s}_shin"),),
-                  rest_aim=DOWN, labels=(upper_leg, "Torso", "Lower_Clothing", "Apparel"), prior_length=0.10),
-        JointSpec(f"{s}_shin", f"{s}_thigh", sources=((f"{word}_knee", 1.0, 0.055),),
-                  aim=((f"{s}_shin", f"{s}_foot"),), rest_aim=DOWN,
-                  labels=(upper_leg, lower_leg, "Lower_Clothing", "Apparel"), prior_length=0.45),
-        JointSpec(f"{s}_foot", f"{s}_shin", sources=((f"{word}_ankle", 1.0, 0.045),),
-                  aim=((f"{s}_foot", f"{s}_toe"),), twist=((f"kp:{word}_small_toe", f"kp:{word}_big_toe"),),
-                  rest_aim=FORWARD, rest_twist=(-out, 0.0, 0.0),
-                  labels=(lower_leg, *feet, "Lower_Clothing", "Apparel"), prior_length=0.43),
-        JointSpec(f"{s}_toe", f"{s}_foot", sources=((f"{word}_big_toe", 0.5, 0.02), (f"{word}_small_toe", 0.5, 0.02)),
-                  rest_aim=FORWARD, labels=feet, prior_length=0.16),
+        JointSpec(
+            f"{s}_thigh",
+            "pelvis",
+            sources=((f"{word}_hip", 1.0, 0.08),),
+            aim=((f"{s}_thigh", f"{s}_shin"),),
+            rest_aim=DOWN,
+            labels=(upper_leg, "Torso", "Lower_Clothing", "Apparel"),
+            prior_length=0.10,
+        ),
+        JointSpec(
+            f"{s}_shin",
+            f"{s}_thigh",
+            sources=((f"{word}_knee", 1.0, 0.055),),
+            aim=((f"{s}_shin", f"{s}_foot"),),
+            rest_aim=DOWN,
+            labels=(upper_leg, lower_leg, "Lower_Clothing", "Apparel"),
+            prior_length=0.45,
+        ),
+        JointSpec(
+            f"{s}_foot",
+            f"{s}_shin",
+            sources=((f"{word}_ankle", 1.0, 0.045),),
+            aim=((f"{s}_foot", f"{s}_toe"),),
+            twist=((f"kp:{word}_small_toe", f"kp:{word}_big_toe"),),
+            rest_aim=FORWARD,
+            rest_twist=(-out, 0.0, 0.0),
+            labels=(lower_leg, *feet, "Lower_Clothing", "Apparel"),
+            prior_length=0.43,
+        ),
+        JointSpec(
+            f"{s}_toe",
+            f"{s}_foot",
+            sources=((f"{word}_big_toe", 0.5, 0.02), (f"{word}_small_toe", 0.5, 0.02)),
+            rest_aim=FORWARD,
+            labels=feet,
+            prior_length=0.16,
+        ),
     ]
     return specs
 

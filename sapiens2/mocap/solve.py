@@ -26,6 +26,7 @@ Axes: the camera frame, OpenCV (x right, y down, z forward), metres.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections import deque
 from collections.abc import Sequence
@@ -294,12 +295,11 @@ def _pairs_array(skel: MocapSkeleton, pairs: tuple[tuple[str, str], ...]) -> tup
     return refs, weights
 
 
-_LEVELS: list[_Level] = []
-
-
-def _levels(skel: MocapSkeleton) -> list[_Level]:
-    if _LEVELS:
-        return _LEVELS
+@functools.cache
+def _levels() -> tuple[_Level, ...]:
+    """The skeleton's joints grouped by depth in the tree (built once)."""
+    skel = mocap_skeleton()
+    levels = []
     depth = np.zeros(skel.num_joints, np.int64)
     for j, p in enumerate(skel.parents):
         depth[j] = 0 if p < 0 else depth[p] + 1
@@ -313,14 +313,16 @@ def _levels(skel: MocapSkeleton) -> list[_Level]:
             refs, w = _pairs_array(skel, spec.twist)
             twist.append(refs), twist_w.append(w)
             rest_aim.append(spec.rest_aim)
-            frame, _ = _frame(np.asarray(spec.rest_aim, dtype=np.float64), np.asarray(spec.rest_twist, dtype=np.float64))
+            frame, _ = _frame(
+                np.asarray(spec.rest_aim, dtype=np.float64), np.asarray(spec.rest_twist, dtype=np.float64)
+            )
             rest_frame.append(frame)
-        _LEVELS.append(
+        levels.append(
             _Level(js, skel.parents[js], np.array(aim), np.array(aim_w), np.array(twist), np.array(twist_w),
                    np.array(rest_aim, dtype=np.float64), np.array(rest_frame),
                    np.array([bool(skel.specs[j].aim) for j in js]), np.array([bool(skel.specs[j].twist) for j in js]))
         )  # fmt: skip
-    return _LEVELS
+    return tuple(levels)
 
 
 def _sum_pairs(points: np.ndarray, refs: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -341,7 +343,7 @@ def solve_rotations(joints: np.ndarray, keypoints: np.ndarray, keypoint_filled: 
     if keypoint_filled is not None:
         unsure[:, count:] = keypoint_filled
     out = np.zeros((frames, count, 3, 3))
-    for level in _levels(skel):
+    for level in _levels():
         n = len(level.joints)
         if level.parents[0] < 0:
             parent = np.broadcast_to(np.eye(3), (frames, n, 3, 3))

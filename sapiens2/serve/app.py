@@ -254,7 +254,11 @@ class Gateway:
                 raise HTTPProblem(413 if "over the limit" in error.reason else 400, str(error)) from None
             del data
             deadline = start + self.options.request_timeout_s
-            results = await asyncio.gather(*(self._infer(task, image, deadline) for task in names))
+            results = await asyncio.gather(*(self._infer(task, image, deadline) for task in names),
+                                           return_exceptions=True)  # fmt: skip
+            failed = next((result for result in results if isinstance(result, BaseException)), None)
+            if failed is not None:
+                raise failed
             keypoints = keypoint_format or self.options.keypoint_format
             encoded = await asyncio.to_thread(
                 lambda: {
@@ -268,6 +272,9 @@ class Gateway:
             self.recent.append(time.perf_counter() - start)
             return self._answer(JSONResponse(body), names, start)
         except HTTPProblem as problem:
+            return self._answer(problem.response(), names, start)
+        except Exception as error:  # a bug of ours: one line, and the service goes on
+            problem = HTTPProblem(500, f"internal error: {type(error).__name__}: {error}".splitlines()[0])
             return self._answer(problem.response(), names, start)
         finally:
             self.active -= 1

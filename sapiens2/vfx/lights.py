@@ -288,16 +288,23 @@ PRESETS = {
 
 
 def read_panorama(path: str | os.PathLike) -> np.ndarray:
-    """An equirectangular panorama file as (H, W, 3) float32 linear RGB: ``.hdr`` (Radiance RGBE, OpenCV) or
-    ``.exr`` (the first R, G, B channels, or Y as grey, through the ``OpenEXR`` bindings)."""
+    """An equirectangular panorama file as (H, W, 3) float32 linear RGB: ``.hdr`` (Radiance RGBE, OpenCV),
+    ``.exr`` (R, G, B channels, or ``layer.R/G/B``, or Y as grey, through the ``OpenEXR`` bindings) or an 8-bit
+    sRGB picture (``.png``, ``.jpg`` ...: no light above white, so a weak stand-in for an HDR)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     suffix = path.suffix.lower()
     if suffix == ".exr":
         return _read_exr(path)
+    if suffix in (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp"):  # an 8/16-bit sRGB panorama: decoded to linear
+        from ..data.io import read_image
+
+        encoded = read_image(path).astype(np.float32) / 255
+        return np.where(encoded <= 0.04045, encoded / 12.92, ((encoded + 0.055) / 1.055) ** 2.4).astype(np.float32)
     if suffix not in (".hdr", ".pic", ".rgbe"):
-        raise ValueError(f"{path}: not an environment map; give a .hdr or .exr panorama or one of {', '.join(PRESETS)}")
+        raise ValueError(f"{path}: not an environment map; give a .hdr, .exr (or 8-bit .png/.jpg) panorama or one "
+                         f"of {', '.join(PRESETS)}")  # fmt: skip
     import cv2
 
     image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED | cv2.IMREAD_ANYDEPTH | cv2.IMREAD_COLOR)

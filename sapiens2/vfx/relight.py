@@ -13,6 +13,7 @@ decoded with the sRGB transfer function, and the result encoded again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,6 +205,7 @@ class RelightResult:
             [* residual] + specular).
         matte: (H, W) float32 in [0, 1], where the relit subject replaced the plate.
         residual: (H, W, 3) float32, the kept plate / (albedo * original shading), or None.
+        original: (9, 3) the estimated original lighting's SH coefficients (``keep_shading``), or None.
     """
 
     image: np.ndarray
@@ -211,6 +213,7 @@ class RelightResult:
     shading: np.ndarray
     matte: np.ndarray
     residual: np.ndarray | None = None
+    original: np.ndarray | None = None
 
 
 def _matte(matte: Any, shape: tuple[int, int]) -> np.ndarray:
@@ -242,7 +245,7 @@ def relight(
     lighting: Lighting,
     *,
     matte: Any = None,
-    keep_shading: bool = False,
+    keep_shading: bool | np.ndarray | Callable[[np.ndarray], np.ndarray] = False,
     positions: np.ndarray | None = None,
     focal: float | None = None,
     distance: float = DEFAULT_DISTANCE,
@@ -258,7 +261,9 @@ def relight(
         lighting: a ``vfx.lights.Lighting`` (``load_environment("studio")``, ``Lighting([parse_light(...)])``).
         matte: where the subject is: a ``MattingResult`` (alpha), a ``SegResult`` (its foreground) or an (H, W)
             array (bool, uint8 0-255 or float 0-1); None relights every pixel.
-        keep_shading: keep the original's shading residual (see the module) inside the matte.
+        keep_shading: keep the original's shading residual (see the module) inside the matte; ``True`` estimates
+            the original lighting from this picture, a (9, 3) array of SH coefficients gives it, and a function
+            takes this picture's estimate and returns the coefficients to use (a video smooths them over time).
         positions, focal, distance: camera-frame points for point lights and highlights (see ``shade``).
         exposure: stops applied to the relit subject (``2 ** exposure``).
 
@@ -267,6 +272,7 @@ def relight(
 
     Example:
         >>> from sapiens2 import Predictor
+        >>> from sapiens2.data.io import read_image
         >>> from sapiens2.vfx import load_environment, relight
         >>> image = read_image("photo.jpg")
         >>> normal, albedo = Predictor("normal")(image), Predictor("albedo")(image)
@@ -284,14 +290,21 @@ def relight(
     diffuse, specular = _shade(n, valid, lighting, positions, focal, distance)
     residual = None
     colour = albedo_linear * diffuse
-    if keep_shading:
+    original_sh = None
+    foreground = (alpha > 0.5) & valid & (albedo_linear.min(axis=-1) > 1e-3)
+    if keep_shading is not False and keep_shading is not None and foreground.sum() >= 9:  # else nothing to keep
         from .lights import sh_irradiance
 
-        original = sh_irradiance(estimate_shading(plate_linear, albedo_linear, n, (alpha > 0.5) & valid), n)
+        if isinstance(keep_shading, bool) or callable(keep_shading):
+            original_sh = estimate_shading(plate_linear, albedo_linear, n, foreground)
+            if callable(keep_shading):
+                original_sh = keep_shading(original_sh)
+        original_sh = np.asarray(original_sh if original_sh is not None else keep_shading, np.float64).reshape(9, 3)
+        original = sh_irradiance(original_sh, n)
         residual = plate_linear / np.maximum(albedo_linear * original, np.float32(1e-4))
         residual = np.clip(residual, *RESIDUAL_RANGE).astype(np.float32)
         residual[~valid] = 1
         colour = colour * residual
     subject = (colour + specular) * np.float32(2.0**exposure)
     linear = alpha[..., None] * subject + (1 - alpha[..., None]) * plate_linear
-    return RelightResult(_to_u8(linear), linear.astype(np.float32), diffuse, alpha, residual)
+    return RelightResult(_to_u8(linear), linear.astype(np.float32), diffuse, alpha, residual, original_sh)

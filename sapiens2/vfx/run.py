@@ -65,10 +65,12 @@ class RelightOptions:
         """The Predictor tasks a relight needs."""
         return ["normal", "albedo", *([self.matte] if self.matte != "none" else [])]
 
-    def apply(self, image: np.ndarray, results: dict[str, Any]):
-        """Relight one RGB image from its tasks' results -> ``RelightResult``."""
+    def apply(self, image: np.ndarray, results: dict[str, Any], original: Any = None):
+        """Relight one RGB image from its tasks' results -> ``RelightResult``; ``original`` replaces ``True`` as
+        ``relight``'s ``keep_shading`` when that is on (SH coefficients, or a function of this image's estimate)."""
+        keep = original if self.keep_shading and original is not None else self.keep_shading
         return relight(image, results["normal"], results["albedo"], self.lighting,
-                       matte=results.get(self.matte), keep_shading=self.keep_shading, focal=self.focal,
+                       matte=results.get(self.matte), keep_shading=keep, focal=self.focal,
                        distance=self.distance, exposure=self.exposure)  # fmt: skip
 
 
@@ -180,6 +182,11 @@ def _relight_images(options: Any, relight_options: RelightOptions, predictors: d
     return 1 if failed else 0
 
 
+ORIGINAL_LIGHT_MEMORY = 0.8
+"""Video with ``keep_shading``: each frame's estimate of the original lighting is blended with the previous frames'
+(an exponential moving average keeping this share of the past), so the estimate does not flicker."""
+
+
 class _RelitVideo:
     """``predict_video``'s frame hook: relight each frame and encode it into ``<stem>_relit.mp4``."""
 
@@ -190,17 +197,25 @@ class _RelitVideo:
         self.signature = {"path": str(path), "lighting": relight_options.lighting.name}
         self.encoder = None
         self.frames = 0
+        self.original: np.ndarray | None = None  # the smoothed estimate of the original lighting
 
     def __call__(self, frame: Any, results: Any, ids: Any) -> tuple[dict, None]:
         from ..video.write import VideoEncoder
 
         if self.encoder is None:
             self.encoder = VideoEncoder(self.path, self.fps, self.time_base)
-        relit = self.options.apply(frame.image, dict(results))
+        relit = self.options.apply(frame.image, dict(results), self.smoothed)
         pts = frame.pts if frame.pts is not None else round(frame.time / self.time_base)
         self.encoder.write(relit.image, pts)
         self.frames += 1
         return {}, None
+
+    def smoothed(self, estimate: np.ndarray) -> np.ndarray:
+        """``keep_shading``: this frame's estimate of the original lighting, blended into the past frames'."""
+        past = self.original
+        memory = ORIGINAL_LIGHT_MEMORY
+        self.original = estimate if past is None else memory * past + (1 - memory) * estimate
+        return self.original
 
     def close(self) -> None:
         if self.encoder is not None:
