@@ -6,7 +6,8 @@ A seg model (random weights, official layout, saved once) is served on one repli
 back for ``--seconds`` at every concurrency C. Offline, one ``Predictor`` with the same model and threads runs the
 same files in batches of ``--max-batch`` (reading and decoding included, as the service decodes every upload).
 Prints a Markdown table: concurrency, requests/s, p50 and p99 latency, the mean model batch, and requests/s as a
-fraction of offline images/s (measured before and after the service: the mean of both). Clients run in this process and share the machine with the service.
+fraction of offline images/s (measured before and after the service: the mean of both). Clients run in this
+process and share the machine with the service.
 
     python benchmarks/serve_throughput.py --input-size 256 192 --seconds 10          # a small stand-in model
     python benchmarks/serve_throughput.py --devices all --concurrency 1 8 32 64 --max-batch 16   # a GPU host
