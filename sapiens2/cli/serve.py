@@ -40,7 +40,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                        help="pose keypoint set when a request names none (?keypoint_format=)")  # fmt: skip
     serving = parser.add_argument_group("serving")
     serving.add_argument("--devices", default=None, help="one model replica per device: all (default: every GPU, "
-                         "else one CPU replica), a GPU count list (0,1), cuda, cpu or cpu:N")  # fmt: skip
+                         "else one CPU replica), a GPU list (0,1: one replica each), cuda, cpu or cpu:N")  # fmt: skip
     serving.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this "
                          "machine only; 0.0.0.0: the network)")  # fmt: skip
     serving.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
@@ -154,5 +154,5 @@ def run(args: argparse.Namespace) -> int:
         _wait_for_signal()
     finally:
         print(f"draining (up to {options.drain_s:g} s) and stopping", file=sys.stderr)
-        app.stop()
+        app.stop(options.drain_s)
     return 0

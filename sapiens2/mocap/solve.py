@@ -65,6 +65,7 @@ class SolveOptions:
     beta: float = 10.0
     bone_tolerance: float = 0.03
     window: int = 300
+    passes: int = 3
 
     def __post_init__(self) -> None:
         if self.smooth not in SOLVE_SMOOTH_MODES:
@@ -192,11 +193,33 @@ def _depth_jumps(skel: MocapSkeleton, joints: np.ndarray, rays: np.ndarray, fill
         if not rows.any():
             continue
         expected = _sphere_ray(joints[rows, p], rays[rows, j], np.full(rows.sum(), lengths[j]), joints[rows, j])
-        off = np.linalg.norm(expected - joints[rows, j], axis=1) > tolerance
+        # off the sphere along the ray, and off the bone's length: a bone across the ray meets it at a grazing angle,
+        # where a few millimetres of length move the crossing by centimetres, so the length decides there
+        radial = np.abs(np.linalg.norm(joints[rows, j] - joints[rows, p], axis=1) - lengths[j])
+        # a point seen nearer than the bone allows is what occlusion does (the surface in front was seen): a
+        # smaller margin that way
+        nearer = joints[rows, j, 2] < expected[:, 2]
+        limit = np.where(nearer & _near_rule()[j], NEAR_SHARE * tolerance, tolerance)
+        off = (np.linalg.norm(expected - joints[rows, j], axis=1) > limit) & (radial > RADIAL_SHARE * limit)
         hit = np.flatnonzero(rows)[off]
         jumps[hit, j] = True
         bad[hit, j] = True
     return jumps
+
+
+RADIAL_SHARE = 0.4
+"""A joint off its bone's sphere counts as a depth jump only if its distance to the parent is also off the bone's
+length by this share of ``SolveOptions.bone_tolerance``."""
+
+NEAR_SHARE = 0.5
+"""The share of ``bone_tolerance`` that counts when the joint lies nearer the camera than its bone allows."""
+
+@functools.cache
+def _near_rule() -> np.ndarray:
+    """(J,) the joints the smaller margin applies to: the legs (knees, ankles, toes), whose measured points the foot
+    and the other leg often cover by a few centimetres."""
+    skel = mocap_skeleton()
+    return np.array([name[2:] in ("shin", "foot", "toe") for name in skel.names])
 
 
 RIGID_PAIRS = (("l_thigh", "r_thigh"), ("l_upperarm", "r_upperarm"), ("l_eye", "r_eye"))
@@ -376,16 +399,40 @@ def _rest_offsets(skel: MocapSkeleton, joints: np.ndarray, rotations: np.ndarray
     return offsets
 
 
-def _marker_offsets(skel: MocapSkeleton, keypoints: np.ndarray, seen: np.ndarray, positions: np.ndarray,
-                    rotations: np.ndarray) -> np.ndarray:  # fmt: skip
+def _marker_offsets(skel: MocapSkeleton, keypoints: np.ndarray, seen: np.ndarray, aimed: np.ndarray,
+                    positions: np.ndarray, rotations: np.ndarray, iterations: int = 4) -> np.ndarray:  # fmt: skip
+    """(308, 3) each keypoint's offset in its joint's frame.
+
+    The 2D keypoint fixes the camera ray of a keypoint even where its depth is wrong (occluded: the pointmap saw
+    something in front of it), and a marker is rigid in its joint's frame, so in that frame the rays of all frames
+    (``aimed``: scored, on the image) pass through the marker: the offset is the point nearest to all of them (least
+    squares, reweighted to drop outlying frames), with a weak pull towards the measured points of the frames it was
+    ``seen`` that settles the depth when the joint never turned enough to triangulate it.
+    """
     joint = skel.keypoint_joint
-    local = np.einsum("tkba,tkb->tka", rotations[:, joint], keypoints - positions[:, joint])
-    offsets = np.zeros((NUM_KEYPOINTS, 3))
-    for k in range(NUM_KEYPOINTS):
-        rows = seen[:, k] & np.isfinite(local[:, k]).all(1)
-        if not rows.any():
-            rows = np.isfinite(local[:, k]).all(1)
-        offsets[k] = np.median(local[rows, k], axis=0) if rows.any() else 0.0
+    local = np.einsum("tkba,tkb->tka", rotations[:, joint], keypoints - positions[:, joint])  # (T, 308, 3)
+    ray = np.einsum("tkba,tkb->tka", rotations[:, joint], _unit(keypoints))
+    aimed = aimed & np.isfinite(local).all(-1) & np.isfinite(ray).all(-1)
+    seen = seen & aimed
+    local, ray = np.where(aimed[..., None], local, 0.0), np.where(aimed[..., None], ray, 0.0)
+    eye = np.eye(3)
+    across = eye - ray[..., :, None] * ray[..., None, :]  # (T, 308, 3, 3) projection off each ray
+    pull = 0.02
+    # start from the median of the frames it was seen (all frames where it never was)
+    some = np.where(seen.any(0), seen, aimed)
+    start = np.where(some[..., None], local, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        offsets = np.nan_to_num(np.nanmedian(start, axis=0))
+    weights = aimed.astype(np.float64)
+    for _ in range(iterations):
+        metric = weights[..., None, None] * (across + pull * seen[..., None, None] * eye)  # (T, 308, 3, 3)
+        a = metric.sum(0) + 1e-9 * eye
+        b = np.einsum("tkab,tkb->ka", metric, local)
+        solved = np.linalg.solve(a, b[..., None])[..., 0]
+        offsets = np.where(aimed.any(0)[:, None], solved, offsets)
+        miss = np.linalg.norm(np.einsum("tkab,tkb->tka", across, local - offsets), axis=-1)
+        weights = aimed / np.maximum(miss / 0.01, 1.0)  # frames more than 1 cm off the common point weigh less
     return offsets
 
 
@@ -396,6 +443,7 @@ def _stack(frames: Sequence[Lifted3D | None], skel: MocapSkeleton) -> dict[str, 
         "keypoints": np.full((count, NUM_KEYPOINTS, 3), np.nan),
         "filled": np.ones((count, skel.num_joints), bool),
         "kp_filled": np.ones((count, NUM_KEYPOINTS), bool),
+        "kp_aimed": np.zeros((count, NUM_KEYPOINTS), bool),
         "confident": np.zeros((count, skel.num_joints), bool),
         "seen": np.zeros(count, bool),
         "scores": np.zeros((count, skel.num_joints)),
@@ -406,6 +454,9 @@ def _stack(frames: Sequence[Lifted3D | None], skel: MocapSkeleton) -> dict[str, 
             continue
         out["joints"][t], out["keypoints"][t] = lifted.joints, lifted.keypoints
         out["filled"][t], out["kp_filled"][t] = lifted.joint_filled, lifted.filled
+        # the 2D keypoint (hence its camera ray) is trusted: scored and on the image, occluded or not
+        trusted = (lifted.scores >= 0.3) & (lifted.visible | lifted.occluded)
+        out["kp_aimed"][t] = trusted & np.isfinite(lifted.keypoints).all(1)
         # a filled joint whose 2D keypoint is still trusted (occluded, not low-scored): its ray is worth using
         out["confident"][t] = lifted.occluded[main] & ~(lifted.scores[main] < 0.3) & skel.observed
         out["seen"][t] = True
@@ -458,9 +509,23 @@ def solve_track(frames: Sequence[Lifted3D | None], fps: float, options: SolveOpt
     filled = filled | jumps
     confident = data["confident"] | jumps
     lengths = bone_lengths(joints, filled, skel)
-    joints = _fill(skel, joints, rays, filled, confident, lengths, online)
-    weights = np.where(filled, 0.1, 1.0) * np.where(seen, 1.0, 0.05)[:, None]
-    joints = skel.blend(_smooth(joints, weights, fps, opts))
+    measured, lifted_filled, solver_flagged = joints, filled, jumps & ~data["filled"]
+    for rerun in range(opts.passes):
+        joints = _fill(skel, measured, rays, filled, confident, lengths, online)
+        weights = np.where(filled, 0.1, 1.0) * np.where(seen, 1.0, 0.05)[:, None]
+        joints = skel.blend(_smooth(joints, weights, fps, opts))
+        if rerun == opts.passes - 1:
+            break
+        # the skeleton so far predicts every joint: a measured one nearer the camera than it by more than the margin
+        # is behind something after all; one the bone checks threw out but that agrees with it is measured again
+        ahead = measured[..., 2] - joints[..., 2]
+        hidden = ~filled & (ahead < -opts.bone_tolerance) & skel.observed & seen[:, None]
+        agree = solver_flagged & (np.linalg.norm(measured - joints, axis=-1) < 0.5 * opts.bone_tolerance)
+        filled = (filled | hidden) & ~agree
+        confident = (confident | hidden) & filled
+        solver_flagged = (solver_flagged | hidden) & ~agree
+        lengths = bone_lengths(measured, filled, skel)
+    del lifted_filled
     rotations = solve_rotations(joints, keypoints, kp_filled, skel)
     offsets = _rest_offsets(skel, joints, rotations, lengths, ~filled)
     parents = skel.parents
@@ -470,7 +535,8 @@ def solve_track(frames: Sequence[Lifted3D | None], fps: float, options: SolveOpt
     motion = rig.Motion(skeleton, fps, joints[:, 0], rig.quat_from_matrix(local), valid=seen)
     positions, global_q = rig.forward_kinematics(motion)
     global_m = rig.quat_to_matrix(global_q)
-    marker_offsets = _marker_offsets(skel, keypoints, ~kp_filled & seen[:, None], positions, global_m)
+    aimed = data["kp_aimed"] & seen[:, None]
+    marker_offsets = _marker_offsets(skel, keypoints, ~kp_filled & seen[:, None], aimed, positions, global_m)
     markers = rig.Markers(keypoint_metadata().names, skel.keypoint_joint, marker_offsets)
     motion = rig.Motion(skeleton, fps, joints[:, 0], motion.rotations, markers, seen)
     marker_xyz = rig.marker_positions(motion, (positions, global_q))

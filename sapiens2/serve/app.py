@@ -179,7 +179,13 @@ class Gateway:
         self.token = token or os.environ.get(TOKEN_ENV) or None
         self.metrics = _Metrics()
         self.active = 0
+        self.draining = False
         self.recent = deque(maxlen=64)  # seconds per answered request, for Retry-After
+
+    def drain(self) -> int:
+        """Stop taking requests (503, and ``/readyz`` 503); returns how many are still in flight (``stop``)."""
+        self.draining = True
+        return self.active
 
     # ------------------------------------------------------------------------------------------------- endpoints
 
@@ -189,6 +195,8 @@ class Gateway:
 
     @api.get("/readyz", summary="Readiness: a model replica answers (503 until one does)")
     async def readyz(self) -> Any:
+        if self.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         try:
             replica = await asyncio.wait_for(self.model.describe.remote(), timeout=5.0)
         except Exception as error:  # not started, restarting, or gone
@@ -235,6 +243,10 @@ class Gateway:
             self._authorise(request)
             self._check_request(names, format, keypoint_format)
         except HTTPProblem as problem:
+            return self._answer(problem.response(), names, start)
+        if self.draining:
+            problem = HTTPProblem(503, "the service is shutting down; retry on another instance",
+                                  {"Retry-After": str(self._retry_after())})  # fmt: skip
             return self._answer(problem.response(), names, start)
         if self.active >= self.options.max_queue:
             self.metrics.rejected.inc()
@@ -456,7 +468,7 @@ def build_app(options: ServeOptions) -> Any:
     ).bind(data, devices[0], threads)
     return Gateway.options(
         ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=options.max_queue + 16,  # room to answer the overflow 503 ourselves, with Retry-After
+        max_ongoing_requests=4 * options.max_queue + 64,  # room to answer the overflow 503 ourselves, with Retry-After
         max_queued_requests=options.max_queue,
         graceful_shutdown_timeout_s=options.drain_s,
     ).bind(model, data, options.token)
@@ -482,6 +494,14 @@ def start(options: ServeOptions, ray_address: str | None = None, num_cpus: int |
     return f"http://{host}:{int(options.port)}"
 
 
-def stop() -> None:
-    """Shut Serve down: each replica stops taking requests and finishes those in flight (up to ``drain_s``)."""
+def stop(drain_s: float = 30.0) -> None:
+    """Drain, then shut Serve down: the gateway answers new requests 503 (and ``/readyz`` 503) while those in
+    flight finish, for up to ``drain_s`` seconds; then Serve stops."""
+    deadline = time.monotonic() + drain_s
+    try:
+        gateway = serve.get_app_handle(APP_NAME)
+        while gateway.drain.remote().result(timeout_s=5.0) > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except Exception:  # no such application (never started, already gone): nothing to drain
+        pass
     serve.shutdown()
