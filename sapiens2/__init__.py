@@ -7,8 +7,9 @@
 import os as _os
 import sys as _sys
 
-if "torch" not in _sys.modules:  # libgomp reads it once, as torch loads it: idle CPU threads sleep, not spin
-    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (sapiens2.models.threads; docs/benchmarks.md)
+if "torch" not in _sys.modules and not _os.environ.get("OMP_WAIT_POLICY", "").strip():
+    # libgomp reads it once, as torch loads it: idle CPU threads sleep, not spin (sapiens2.models.threads)
+    _os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 from .checkpoints import load_backbone, load_model
 from .eval.run import EvalOptions, EvalReport, evaluate

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mocap_synth import walk_clip
+from mocap_synth import OCCLUSION_MARGIN, walk_clip
 
 from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata, seg_metadata
 from sapiens2.mocap import rig
 from sapiens2.mocap.lift import LiftOptions, estimate_intrinsics, lift_frame
 from sapiens2.mocap.skeleton import mocap_skeleton
 from sapiens2.mocap.solve import OnlineSolver, SolveOptions, solve_track
+from sapiens2.mocap.tables import joint_angles
 
 SKEL = mocap_skeleton()
 SOURCES = SKEL.source_weights > 0
@@ -43,12 +44,6 @@ def solved(clip, lifted):
 def _joint_cover(frames, threshold):
     """(T, J) a keypoint the joint is computed from lies more than ``threshold`` m behind the surface seen there."""
     return np.array([(SOURCES & (f.cover[None] > threshold)).any(1) for f in frames])
-
-
-def _angle(points, a, b, c):
-    u, v = points[:, SKEL.index(a)] - points[:, SKEL.index(b)], points[:, SKEL.index(c)] - points[:, SKEL.index(b)]
-    cos = (u * v).sum(-1) / np.linalg.norm(u, axis=-1) / np.linalg.norm(v, axis=-1)
-    return np.degrees(np.arccos(np.clip(cos, -1, 1)))
 
 
 def test_skeleton_covers_the_body_and_resolves():
@@ -110,12 +105,15 @@ def test_lift_detects_occlusion(clip, rendered, lifted, solved):
     flagged = np.array([x.joint_filled for x in lifted])
     assert by_other.sum() >= 20, "the walk must hide joints behind other parts"
     assert flagged[by_other].mean() >= 0.95, flagged[by_other].mean()
-    # every body joint hidden more than 3 cm (self-occlusion included), after the solver's bone checks: >= 80 %
-    hidden = _joint_cover(rendered, 0.03) & BODY
-    assert solved.filled[hidden].mean() >= 0.80, solved.filled[hidden].mean()
-    # and clearly visible body joints are rarely thrown away
+    # "occluded" as the generator defines it (mocap_synth.OCCLUSION_MARGIN): a keypoint the joint is computed from
+    # lies more than 3 cm behind the surface seen at its pixel, whatever hides it (another part, its own limb, the
+    # foot over the ankle); after the solver's bone checks most such body joints are flagged
+    hidden = _joint_cover(rendered, OCCLUSION_MARGIN) & BODY
+    assert hidden.sum() >= 60
+    assert solved.filled[hidden].mean() >= 0.88, solved.filled[hidden].mean()
+    # and clearly visible body joints (nothing within 1 cm in front) are rarely thrown away
     clear = ~_joint_cover(rendered, 0.01) & BODY
-    assert solved.filled[clear].mean() < 0.10
+    assert solved.filled[clear].mean() < 0.02, solved.filled[clear].mean()
     assert "Background" == seg_names[0]
 
 
@@ -158,25 +156,25 @@ def test_solved_motion_bones_angles_and_fk(clip, rendered, solved):
     body = BODY[child] & (truth > 0.05)
     relative = np.abs(solved.bone_lengths[child][body] - truth[body]) / truth[body]
     assert relative.max() < 0.05 and np.median(relative) < 0.02, relative
-    # joint angles equal the generator's: within 2 degrees on average where the three joints were measured, and
-    # within 4 where some were filled (occluded, then rebuilt from the bones and time)
-    angles = {
-        "knee": ("{s}_thigh", "{s}_shin", "{s}_foot"),
-        "elbow": ("{s}_upperarm", "{s}_forearm", "{s}_hand"),
-        "hip": ("chest", "{s}_thigh", "{s}_shin"),
-        "shoulder": ("chest", "{s}_upperarm", "{s}_forearm"),
-    }
-    for name, joints in angles.items():
-        for side in "lr":
-            a, b, c = (j.format(s=side) for j in joints)
-            error = np.abs(_angle(solved.positions, a, b, c) - _angle(clip.joints, a, b, c))
-            measured = ~solved.filled[:, [SKEL.index(a), SKEL.index(b), SKEL.index(c)]].any(1)
-            assert measured.mean() > 0.3
-            assert error[measured].mean() < 2.0, (name, side, error[measured].mean(), error[measured].max())
-            assert error.mean() < 4.0, (name, side, error.mean(), error.max())
+    # joint angles (mocap.tables.joint_angles, as the exports write them) equal the generator's over all frames,
+    # filled ones included: within 2 degrees on average; ankle (heel marker) and wrist (9 cm hand) not yet
+    truth, found = joint_angles(clip.motion), joint_angles(motion)
+    bounds = {"ankle": (4.5, 25.0), "wrist": (5.0, 15.0)}
+    for name in truth:
+        mean_bound, max_bound = next((b for key, b in bounds.items() if key in name), (2.0, 15.0))
+        error = np.abs(found[name] - truth[name])
+        assert np.isfinite(error).all(), name
+        assert error.mean() < mean_bound and error.max() < max_bound, (name, error.mean(), error.max())
     # the solved positions follow the truth
     error = np.linalg.norm(solved.positions - clip.joints, axis=-1)
     assert np.median(error[:, BODY]) < 0.015
+    # the heels are hidden behind their own foot in most frames (the pointmap sees the front of the foot there, 10 cm
+    # nearer), yet their markers ride where the generator puts them: their camera rays meet in the foot's frame
+    meta = keypoint_metadata()
+    for heel in (meta.index("left_heel"), meta.index("right_heel")):
+        hidden_heel = np.array([f.occluded[heel] for f in rendered])
+        assert hidden_heel.mean() > 0.5
+        assert np.median(np.linalg.norm(solved.keypoints[:, heel] - clip.markers[:, heel], axis=-1)) < 0.015
     # the twist is solved: knuckles, toes and eyes ride on the rotations of the hand, foot and head
     for name in ("l_index1", "l_pinky1", "r_index1", "r_pinky1", "l_toe", "r_toe", "l_eye", "r_eye"):
         assert np.median(error[:, SKEL.index(name)]) < 0.02, name

@@ -23,17 +23,25 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
-def _policy_after_import(code: str, **env: str) -> str:
-    clean = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | env
-    out = subprocess.run([sys.executable, "-c", code + "; import os; print(os.environ.get('OMP_WAIT_POLICY'))"],
-                         env=clean, capture_output=True, text=True, check=True)  # fmt: skip
-    return out.stdout.strip().splitlines()[-1]
+def _policies_after_import(*cases: tuple[str, str | None]) -> list[str]:
+    """OMP_WAIT_POLICY after running ``code`` in a fresh interpreter started with ``value`` (None: unset), per case;
+    the interpreters run side by side."""
+    runs = []
+    for code, value in cases:
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        env |= {} if value is None else {"OMP_WAIT_POLICY": value}
+        script = code + "; import os; print(os.environ.get('OMP_WAIT_POLICY'))"
+        runs.append(subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True))
+    return [run.communicate(timeout=300)[0].strip().splitlines()[-1] for run in runs]
 
 
 def test_import_sets_a_passive_wait_only_where_it_can_take_effect():
-    assert _policy_after_import("import sapiens2") == "PASSIVE"
+    unset, users, torch_first = _policies_after_import(
+        ("import sapiens2", None), ("import sapiens2", "active"), ("import torch, sapiens2", None)
+    )
+    assert unset == "PASSIVE" and users == "active"  # a value the user set wins
     # torch (and its OpenMP) loaded first: the variable would be read no more, so it is not set to pretend otherwise.
-    assert _policy_after_import("import torch, sapiens2") == "None"
+    assert torch_first == "None"
 
 
 def test_a_wait_policy_the_user_set_is_kept(monkeypatch):

@@ -66,7 +66,6 @@ class EvalOptions:
         device: ``cpu``, ``cuda``, ... (default: CUDA if available).
         input_size: network input (H, W); None: the size the model was built or trained for (an exported file's,
             a training run's, what a pointmap scale MLP takes), else 1024x768 (``sapiens2.models.input_size``).
-        threads: torch's CPU threads; None: one per core this process may use (``Predictor``'s ``threads``).
         output: folder for ``report.json``, ``report.md`` and the charts; None writes nothing.
         compare: two model sources evaluated on the same data instead of ``model`` [``--compare A B``]; the report
             is B's with A's as its ``baseline``, and B − A beside them.
@@ -78,6 +77,7 @@ class EvalOptions:
         detector: pose with ``boxes="detector"``: ``"rtmdet"`` (the official RTMDet-m, downloaded once), a local
             ``rtmdet_m.pth``, a callable, or ``"none"`` (the whole image as one person).
         flip_test: pose only: average with the horizontally flipped crop (the official setting).
+        threads: torch's CPU threads; None: one per core this process may use (``Predictor``'s ``threads``).
     """
 
     task: str
@@ -88,7 +88,6 @@ class EvalOptions:
     batch_size: int = 4
     device: str | None = None
     input_size: tuple[int, int] | None = None
-    threads: int | None = None
     output: str | os.PathLike | None = None
     compare: tuple[ModelSource, ModelSource] | None = None
     label_map: str | None = None
@@ -97,6 +96,7 @@ class EvalOptions:
     keypoint_format: str = "sapiens308"
     detector: str | os.PathLike | Callable | None = "rtmdet"
     flip_test: bool = True
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.input_size is not None:

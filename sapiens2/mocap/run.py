@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sys
 import time
@@ -51,6 +52,8 @@ __all__ = [
 EXPORT_FORMATS = ("bvh", "glb", "c3d", "csv", "parquet", "angles")
 """What ``MocapOptions.formats`` may name: BVH, glTF binary, C3D markers, the solved keypoints as CSV and Parquet,
 and the joint angles (CSV and a plot)."""
+
+logger = logging.getLogger(__name__)
 
 MOCAP_TASKS = ("pose", "pointmap")  # always; "seg" as well when it helps occlusion (MocapOptions.seg)
 DIGITS = 4  # metres in the records: 0.1 mm
@@ -170,7 +173,10 @@ class MocapHook:
         for n in range(len(pose.keypoints)):
             if int(ids[n]) < 0:  # a detection too weak to start a track
                 continue
-            lifted.append((int(ids[n]), lift_frame(pose.keypoints[n], pose.scores[n], pointmap.points, labels)))
+            try:
+                lifted.append((int(ids[n]), lift_frame(pose.keypoints[n], pose.scores[n], pointmap.points, labels)))
+            except ValueError as error:  # e.g. a pointmap with no finite point: the person is not seen this frame
+                logger.debug("frame not lifted for track %d: %s", int(ids[n]), error)
         return lifted
 
     def __call__(self, frame: Any, results: Mapping[str, Any], ids: np.ndarray | None

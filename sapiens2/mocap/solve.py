@@ -5,8 +5,10 @@ Per track, in order:
 1. **Bone lengths**, fixed per track: the median over the clip of each bone's measured length (both ends seen), or
    online a running median over the last frames (live input: bones learned as it goes).
 2. **Depth jumps against the bones**: a joint whose measured point lies off the sphere of its bone around its
-   (trusted) parent by more than ``bone_tolerance`` is occluded after all (the pointmap saw something in front of
-   it) and is filled like the others.
+   (trusted) parent by more than ``bone_tolerance`` along its ray and off the bone's length too (a bone across the
+   ray meets it at a grazing angle, so there the length decides), or nearer the camera than the bone allows by half
+   of that (knees, ankles, toes, knuckles), is occluded after all (the pointmap saw something in front of it) and
+   is filled.
 3. **Filling**: an occluded joint whose 2D keypoint is still confident is put where its camera ray meets the sphere of
    its bone around the parent (of the two crossings, the one nearer where time predicts it); a low-score or missing
    one takes the bone direction interpolated over time (offline) or held from the last frame (online), at the bone's
@@ -18,8 +20,12 @@ Per track, in order:
    swings from its parent's frame. Local rotation = parent⁻¹ · global. The rest offsets are the bone lengths along the
    median direction of each child in its parent's frame, so forward kinematics of the solved ``rig.Motion`` gives
    the solved positions with every bone its fixed length.
-6. **Markers**: each keypoint's offset in its joint's frame is the median over the frames it was seen, so forward
-   kinematics of the motion also gives all 308 keypoints.
+6. **Markers**: each keypoint's offset in its joint's frame is where its camera rays of all frames meet in that
+   frame (the 2D keypoint is right even where its depth is not), so forward kinematics of the motion also gives all
+   308 keypoints.
+
+Steps 3-4 run ``SolveOptions.passes`` times: in between, the skeleton so far predicts each joint, and measured joints
+seen nearer than it are occluded after all, while bone-check flags that it agrees with are lifted.
 
 Axes: the camera frame, OpenCV (x right, y down, z forward), metres.
 """
@@ -57,6 +63,9 @@ class SolveOptions:
         bone_tolerance: metres a measured joint may lie off its bone's sphere around its parent before it counts
             as occluded.
         window: frames of bone-length samples the online solver keeps.
+        passes: rounds of fill and smoothing; after each but the last, the skeleton's prediction re-flags measured
+            joints seen nearer than it by more than ``bone_tolerance`` and trusts again bone-check flags it agrees
+            with within half of that.
     """
 
     smooth: str = "offline"
@@ -65,11 +74,13 @@ class SolveOptions:
     beta: float = 10.0
     bone_tolerance: float = 0.03
     window: int = 300
-    passes: int = 3
+    passes: int = 2
 
     def __post_init__(self) -> None:
         if self.smooth not in SOLVE_SMOOTH_MODES:
             raise ValueError(f"smooth must be one of {', '.join(SOLVE_SMOOTH_MODES)}, got {self.smooth!r}")
+        if self.passes < 1:
+            raise ValueError(f"passes must be at least 1, got {self.passes}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -199,7 +210,7 @@ def _depth_jumps(skel: MocapSkeleton, joints: np.ndarray, rays: np.ndarray, fill
         # a point seen nearer than the bone allows is what occlusion does (the surface in front was seen): a
         # smaller margin that way
         nearer = joints[rows, j, 2] < expected[:, 2]
-        limit = np.where(nearer & _near_rule()[j], NEAR_SHARE * tolerance, tolerance)
+        limit = np.where(nearer, _near_share()[j], 1.0) * tolerance
         off = (np.linalg.norm(expected - joints[rows, j], axis=1) > limit) & (radial > RADIAL_SHARE * limit)
         hit = np.flatnonzero(rows)[off]
         jumps[hit, j] = True
@@ -211,15 +222,16 @@ RADIAL_SHARE = 0.4
 """A joint off its bone's sphere counts as a depth jump only if its distance to the parent is also off the bone's
 length by this share of ``SolveOptions.bone_tolerance``."""
 
-NEAR_SHARE = 0.5
-"""The share of ``bone_tolerance`` that counts when the joint lies nearer the camera than its bone allows."""
+NEAR_SHARE = {"shin": 0.5, "foot": 0.5, "toe": 0.5, "index1": 0.5, "middle1": 0.5, "ring1": 0.5, "pinky1": 0.5}
+"""The share of ``bone_tolerance`` that counts when a joint lies nearer the camera than its bone allows, for the
+joints whose measured points their own body often covers by a centimetre or a few: knees, ankles and toes (the foot,
+the other leg) and the knuckles (the hand seen edge-on: the index knuckle in front of the others)."""
+
 
 @functools.cache
-def _near_rule() -> np.ndarray:
-    """(J,) the joints the smaller margin applies to: the legs (knees, ankles, toes), whose measured points the foot
-    and the other leg often cover by a few centimetres."""
-    skel = mocap_skeleton()
-    return np.array([name[2:] in ("shin", "foot", "toe") for name in skel.names])
+def _near_share() -> np.ndarray:
+    """(J,) ``NEAR_SHARE`` per joint (1 for the others)."""
+    return np.array([NEAR_SHARE.get(name[2:], 1.0) for name in mocap_skeleton().names])
 
 
 RIGID_PAIRS = (("l_thigh", "r_thigh"), ("l_upperarm", "r_upperarm"), ("l_eye", "r_eye"))
@@ -399,6 +411,10 @@ def _rest_offsets(skel: MocapSkeleton, joints: np.ndarray, rotations: np.ndarray
     return offsets
 
 
+MARKER_PULL = 0.005
+"""Weight of a frame's measured marker point against its camera ray (1) when the marker offsets are solved."""
+
+
 def _marker_offsets(skel: MocapSkeleton, keypoints: np.ndarray, seen: np.ndarray, aimed: np.ndarray,
                     positions: np.ndarray, rotations: np.ndarray, iterations: int = 4) -> np.ndarray:  # fmt: skip
     """(308, 3) each keypoint's offset in its joint's frame.
@@ -412,27 +428,26 @@ def _marker_offsets(skel: MocapSkeleton, keypoints: np.ndarray, seen: np.ndarray
     joint = skel.keypoint_joint
     local = np.einsum("tkba,tkb->tka", rotations[:, joint], keypoints - positions[:, joint])  # (T, 308, 3)
     ray = np.einsum("tkba,tkb->tka", rotations[:, joint], _unit(keypoints))
-    aimed = aimed & np.isfinite(local).all(-1) & np.isfinite(ray).all(-1)
-    seen = seen & aimed
-    local, ray = np.where(aimed[..., None], local, 0.0), np.where(aimed[..., None], ray, 0.0)
+    finite = np.isfinite(local).all(-1) & np.isfinite(ray).all(-1)
+    aimed, seen = aimed & finite, seen & aimed & finite
+    # the pull: the frames it was seen, else (never seen) the frames it was aimed at, else any frame with a point
+    pulled = np.where(seen.any(0), seen, np.where(aimed.any(0), aimed, finite))
+    with warnings.catch_warnings():  # a keypoint with no frame at all has an all-NaN column: offset 0
+        warnings.simplefilter("ignore", RuntimeWarning)
+        offsets = np.nan_to_num(np.nanmedian(np.where(pulled[..., None], local, np.nan), axis=0))
+    local, ray = np.where(finite[..., None], local, 0.0), np.where(aimed[..., None], ray, 0.0)
     eye = np.eye(3)
     across = eye - ray[..., :, None] * ray[..., None, :]  # (T, 308, 3, 3) projection off each ray
-    pull = 0.02
-    # start from the median of the frames it was seen (all frames where it never was)
-    some = np.where(seen.any(0), seen, aimed)
-    start = np.where(some[..., None], local, np.nan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        offsets = np.nan_to_num(np.nanmedian(start, axis=0))
-    weights = aimed.astype(np.float64)
+    across = across * aimed[..., None, None]
+    weights = np.ones(aimed.shape)
     for _ in range(iterations):
-        metric = weights[..., None, None] * (across + pull * seen[..., None, None] * eye)  # (T, 308, 3, 3)
+        metric = weights[..., None, None] * (across + MARKER_PULL * pulled[..., None, None] * eye)  # (T, 308, 3, 3)
         a = metric.sum(0) + 1e-9 * eye
         b = np.einsum("tkab,tkb->ka", metric, local)
         solved = np.linalg.solve(a, b[..., None])[..., 0]
-        offsets = np.where(aimed.any(0)[:, None], solved, offsets)
+        offsets = np.where(pulled.any(0)[:, None], solved, offsets)
         miss = np.linalg.norm(np.einsum("tkab,tkb->tka", across, local - offsets), axis=-1)
-        weights = aimed / np.maximum(miss / 0.01, 1.0)  # frames more than 1 cm off the common point weigh less
+        weights = 1.0 / np.maximum(miss / 0.01, 1.0)  # frames more than 1 cm off the common point weigh less
     return offsets
 
 
@@ -509,7 +524,7 @@ def solve_track(frames: Sequence[Lifted3D | None], fps: float, options: SolveOpt
     filled = filled | jumps
     confident = data["confident"] | jumps
     lengths = bone_lengths(joints, filled, skel)
-    measured, lifted_filled, solver_flagged = joints, filled, jumps & ~data["filled"]
+    measured, solver_flagged = joints, jumps & ~data["filled"]
     for rerun in range(opts.passes):
         joints = _fill(skel, measured, rays, filled, confident, lengths, online)
         weights = np.where(filled, 0.1, 1.0) * np.where(seen, 1.0, 0.05)[:, None]
@@ -525,7 +540,6 @@ def solve_track(frames: Sequence[Lifted3D | None], fps: float, options: SolveOpt
         confident = (confident | hidden) & filled
         solver_flagged = (solver_flagged | hidden) & ~agree
         lengths = bone_lengths(measured, filled, skel)
-    del lifted_filled
     rotations = solve_rotations(joints, keypoints, kp_filled, skel)
     offsets = _rest_offsets(skel, joints, rotations, lengths, ~filled)
     parents = skel.parents
