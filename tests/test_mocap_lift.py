@@ -200,6 +200,12 @@ def test_online_solver_learns_bones_as_it_goes(clip, lifted):
         errors.append(np.linalg.norm(positions - clip.joints[t], axis=-1)[BODY])
     assert np.median(np.concatenate(errors[10:])) < 0.03
     track = solver.motion()
+    lean, keeping = OnlineSolver(clip.motion.fps, keep_frames=False), OnlineSolver(clip.motion.fps)
+    for t, frame in enumerate(lifted[:8]):  # a live stream keeps no frames (flat memory) and answers the same
+        time = t / clip.motion.fps
+        np.testing.assert_array_equal(lean.step(frame, time)[0], keeping.step(frame, time)[0])
+    with pytest.raises(ValueError, match="keep_frames"):
+        lean.motion()
     assert track.motion.num_frames == len(lifted)
     online = solve_track(lifted, clip.motion.fps, SolveOptions(smooth="online"))
     assert np.allclose(track.positions, online.positions)

@@ -189,7 +189,7 @@ class MocapHook:
                 if solver is None:
                     from .solve import OnlineSolver
 
-                    solver = self._solvers[track] = OnlineSolver(self.fps)
+                    solver = self._solvers[track] = OnlineSolver(self.fps, keep_frames=False)  # records keep them
                 shown[track] = solver.step(lifted, frame.time)[0]
             else:
                 shown[track] = np.asarray(lifted.keypoints, np.float64)

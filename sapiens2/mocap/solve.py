@@ -563,11 +563,13 @@ class OnlineSolver:
     frames); ``motion()`` solves everything seen so far offline-free (the same online rules) for the exports.
 
     ``step(lifted, time)`` returns the frame's (J, 3) joint positions by forward kinematics on the bones learned so
-    far, and its (J, 4) local rotations.
+    far, and its (J, 4) local rotations. ``keep_frames=False`` (a live stream of unbounded length) keeps only the
+    bone window and the filter state, so memory stays flat; ``motion()`` then has nothing to solve.
     """
 
     fps: float
     options: SolveOptions = field(default_factory=lambda: SolveOptions(smooth="online"))
+    keep_frames: bool = True
     _frames: list[Lifted3D | None] = field(default_factory=list, repr=False)
     _samples: deque = field(default_factory=deque, repr=False)
     _filter: OneEuroFilter | None = field(default=None, repr=False)
@@ -575,7 +577,8 @@ class OnlineSolver:
 
     def step(self, lifted: Lifted3D | None, time: float) -> tuple[np.ndarray, np.ndarray]:
         skel = mocap_skeleton()
-        self._frames.append(lifted)
+        if self.keep_frames:
+            self._frames.append(lifted)
         if self._filter is None:
             self._filter = OneEuroFilter(self.options.min_cutoff, self.options.beta)
         if lifted is None:
@@ -622,4 +625,6 @@ class OnlineSolver:
 
     def motion(self) -> SolvedTrack:
         """Everything seen so far, solved with the online rules (held fills, One-Euro smoothing)."""
+        if not self.keep_frames:
+            raise ValueError("OnlineSolver.motion: built with keep_frames=False, so no frames were kept")
         return solve_track(self._frames, self.fps, self.options)
