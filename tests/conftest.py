@@ -13,6 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+try:  # before anything loads faiss: both are SWIG bindings, and the first loaded owns the shared std::vector<string>
+    import ezc3d  # noqa: F401  (type; ezc3d's C3D string parameters fail after faiss: sapiens2.mocap.c3d says so)
+except ImportError:
+    pass
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SAPIENS2_SHARED", REPO.parent / "shared"))
 PARITY = SHARED / "fixtures" / "parity"

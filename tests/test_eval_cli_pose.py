@@ -132,7 +132,7 @@ def test_pose_flags_reach_the_predictor(demo, monkeypatch, capsys):
     # Ground-truth boxes never load a detector; no --input-size leaves the size to the model (models.input_size), as
     # in predict.
     assert gt == {"task": "pose", "model": "0", "device": None, "dtype": "fp32", "input_size": None,
-                  "batch_size": 3, "detector": None, "flip_test": True}  # fmt: skip
+                  "batch_size": 3, "detector": None, "flip_test": True, "threads": None}  # fmt: skip
     assert (whole["detector"], whole["flip_test"], whole["dtype"]) == (None, False, "bf16")
     assert given["detector"] == "my_rtmdet.pth"
     options = options_from_args(build_parser().parse_args(["eval", "--task", "pose", "--data", "d.json"]))

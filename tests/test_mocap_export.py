@@ -599,3 +599,23 @@ def test_solved_walk_exports_agree(tmp_path):
         rows = list(csv.DictReader(handle))
     from_csv = np.array([[[float(row[f"{n}_JC_{a}"]) for a in "xyz"] for n in names] for row in rows])
     np.testing.assert_allclose(from_csv, solved.positions, atol=1e-5)
+
+
+def test_c3d_after_faiss_in_one_process_is_one_clear_error(tmp_path):
+    """faiss and ezc3d are both SWIG bindings; loaded first, faiss owns the string-vector type and ezc3d's string
+    parameters fail with a SWIG overload message. The writer names the clash instead (a fresh interpreter: this one
+    imported ezc3d first, in conftest)."""
+    import sys
+
+    require_module("faiss")
+    script = (
+        "import faiss, numpy as np\n"
+        "from sapiens2.mocap.rig import Motion, Skeleton\n"
+        "from sapiens2.mocap.c3d import write_c3d\n"
+        "skeleton = Skeleton(('root', 'tip'), (-1, 0), np.array([[0, 0, 0], [0, -0.5, 0]], float))\n"
+        "rotations = np.tile([0.0, 0.0, 0.0, 1.0], (3, 2, 1))\n"
+        "motion = Motion(skeleton, 30.0, np.zeros((3, 3)), rotations)\n"
+        f"write_c3d(motion, {str(tmp_path / 'a.c3d')!r})\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "their SWIG bindings clash" in run.stderr.splitlines()[-1], run.stderr[-2000:]

@@ -107,10 +107,10 @@ def test_lift_detects_occlusion(clip, rendered, lifted, solved):
     assert flagged[by_other].mean() >= 0.95, flagged[by_other].mean()
     # "occluded" as the generator defines it (mocap_synth.OCCLUSION_MARGIN): a keypoint the joint is computed from
     # lies more than 3 cm behind the surface seen at its pixel, whatever hides it (another part, its own limb, the
-    # foot over the ankle); after the solver's bone checks most such body joints are flagged
+    # foot over the ankle); after the solver's bone, pair and time checks >= 95 % of such body joints are flagged
     hidden = _joint_cover(rendered, OCCLUSION_MARGIN) & BODY
     assert hidden.sum() >= 60
-    assert solved.filled[hidden].mean() >= 0.88, solved.filled[hidden].mean()
+    assert solved.filled[hidden].mean() >= 0.95, solved.filled[hidden].mean()
     # and clearly visible body joints (nothing within 1 cm in front) are rarely thrown away
     clear = ~_joint_cover(rendered, 0.01) & BODY
     assert solved.filled[clear].mean() < 0.02, solved.filled[clear].mean()
@@ -157,9 +157,10 @@ def test_solved_motion_bones_angles_and_fk(clip, rendered, solved):
     relative = np.abs(solved.bone_lengths[child][body] - truth[body]) / truth[body]
     assert relative.max() < 0.05 and np.median(relative) < 0.02, relative
     # joint angles (mocap.tables.joint_angles, as the exports write them) equal the generator's over all frames,
-    # filled ones included: within 2 degrees on average; ankle (heel marker) and wrist (9 cm hand) not yet
+    # filled ones included: within 2 degrees on average; ankle (3.5-3.7: the foot covers the ankle) and wrist
+    # (3.4-3.9: the index knuckle covers the others, 1-2 cm on a 9 cm hand) not yet (docs/mocap.md, limits)
     truth, found = joint_angles(clip.motion), joint_angles(motion)
-    bounds = {"ankle": (4.5, 25.0), "wrist": (5.0, 15.0)}
+    bounds = {"ankle": (4.0, 20.0), "wrist": (4.5, 15.0)}
     for name in truth:
         mean_bound, max_bound = next((b for key, b in bounds.items() if key in name), (2.0, 15.0))
         error = np.abs(found[name] - truth[name])

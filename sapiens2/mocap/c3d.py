@@ -9,6 +9,7 @@ are written as gaps (NaN, residual -1) unless ``fill_gaps`` is set.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,20 @@ def write_c3d(motion: Motion, path: str | os.PathLike, *, include_joints: bool =
     residuals = np.zeros((1, count, frames))
     residuals[:, :, gaps] = -1.0
     c3d = ezc3d.c3d()
+    try:
+        _fill(c3d, motion, labels, homogeneous, residuals)
+        return atomic_write(path, lambda temporary: c3d.write(str(temporary)))
+    except TypeError as error:
+        if "Parameter_set" not in str(error) or "faiss" not in sys.modules:
+            raise
+        # Both are SWIG bindings: whichever loads first owns the shared std::vector<std::string> type, and ezc3d's
+        # string parameters fail when faiss (curation) came first in the process.
+        raise RuntimeError("ezc3d cannot write C3D in a process that imported faiss before it (their SWIG bindings "
+                           "clash): import ezc3d first, or write the C3D in another process") from None
+
+
+def _fill(c3d, motion: Motion, labels: list[str], homogeneous: np.ndarray, residuals: np.ndarray) -> None:
+    frames, count = homogeneous.shape[2], homogeneous.shape[1]
     c3d["parameters"]["POINT"]["RATE"]["value"] = [motion.fps]
     c3d["parameters"]["POINT"]["LABELS"]["value"] = tuple(labels)
     c3d["parameters"]["POINT"]["UNITS"]["value"] = ["mm"]
@@ -70,4 +85,3 @@ def write_c3d(motion: Motion, path: str | os.PathLike, *, include_joints: bool =
     c3d["data"]["points"] = homogeneous
     c3d["data"]["meta_points"]["residuals"] = residuals
     c3d["data"]["meta_points"]["camera_masks"] = np.zeros((7, count, frames), bool)
-    return atomic_write(path, lambda temporary: c3d.write(str(temporary)))

@@ -8,7 +8,11 @@ Per track, in order:
    (trusted) parent by more than ``bone_tolerance`` along its ray and off the bone's length too (a bone across the
    ray meets it at a grazing angle, so there the length decides), or nearer the camera than the bone allows by half
    of that (knees, ankles, toes, knuckles), is occluded after all (the pointmap saw something in front of it) and
-   is filled.
+   is filled; so is the farther hip of a pair seen nearer together than usual (the far hip in profile, seen on the
+   pelvis in front of it), and a trunk, head or arm joint that comes nearer the camera, against the body's depth,
+   than in the frames around it by more than ``bone_tolerance`` (a chin over the neck: a body does not move so fast).
+   Measured ankles, which their own foot covers by a few centimetres, are put on their ray where they keep their
+   usual distances to the knee and the toe (``_depth_from_bones``).
 3. **Filling**: an occluded joint whose 2D keypoint is still confident is put where its camera ray meets the sphere of
    its bone around the parent (of the two crossings, the one nearer where time predicts it); a low-score or missing
    one takes the bone direction interpolated over time (offline) or held from the last frame (online), at the bone's
@@ -157,6 +161,43 @@ def _time_directions(directions: np.ndarray, good: np.ndarray, online: bool) -> 
     return _unit(out)
 
 
+RAY_ANCHORS = {"l_foot": ("l_shin", "l_toe"), "r_foot": ("r_shin", "r_toe")}
+"""Joints whose depth along their ray is re-measured from their neighbours' bones (``_depth_from_bones``)."""
+RAY_REACH = 0.08
+"""Metres either side of the measured depth that ``_depth_from_bones`` searches, in 1 mm steps."""
+RAY_PRIOR = 0.1
+"""Weight of the measured depth against the bones in ``_depth_from_bones`` (per metre squared, as theirs)."""
+
+
+def _depth_from_bones(skel: MocapSkeleton, joints: np.ndarray, rays: np.ndarray,
+                      filled: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Measured ankles put on their camera ray where they best keep their bones to the knee and the toe (weighted by
+    how well each bone fixes the depth, which is where it lies along the ray), with a weak pull to the measured
+    depth: the foot covers the ankle by a few centimetres, too little for the bone checks, but the toe in front of
+    it is seen and the foot's length is known. (T, J, 3) out."""
+    out = joints.copy()
+    steps = np.linspace(-RAY_REACH, RAY_REACH, int(round(2 * RAY_REACH / 0.001)) + 1)
+    for name, anchors in RAY_ANCHORS.items():
+        j = skel.index(name)
+        ids = [skel.index(a) for a in anchors]
+        rows = ~filled[:, j] & np.isfinite(rays[:, j]).all(1)
+        if not rows.any():
+            continue
+        depth = np.linalg.norm(joints[rows, j], axis=-1)
+        candidates = rays[rows, j][:, None] * (depth[:, None] + steps[None])[..., None]  # (n, S, 3)
+        cost = RAY_PRIOR * steps[None] ** 2 * np.ones((rows.sum(), 1))
+        for a in ids:
+            both = ~filled[:, j] & ~filled[:, a]
+            if both.sum() < 3:
+                continue
+            length = np.median(np.linalg.norm(joints[both, j] - joints[both, a], axis=-1))
+            usable = ~filled[rows, a] & np.isfinite(joints[rows, a]).all(1)
+            gap = np.linalg.norm(candidates - joints[rows, a][:, None], axis=-1) - length
+            cost += np.where(usable[:, None], gap**2, 0.0)
+        out[rows, j] = candidates[np.arange(rows.sum()), np.argmin(cost, axis=1)]
+    return out
+
+
 def _fill(skel: MocapSkeleton, joints: np.ndarray, rays: np.ndarray, filled: np.ndarray, confident: np.ndarray,
           lengths: np.ndarray, online: bool) -> np.ndarray:  # fmt: skip
     """Fill the ``filled`` joints top-down from bone lengths, their rays (when ``confident``) and time."""
@@ -200,13 +241,26 @@ def _depth_jumps(skel: MocapSkeleton, joints: np.ndarray, rays: np.ndarray, fill
     for j, p in enumerate(skel.parents):
         if p < 0 or not skel.observed[j] or lengths[j] < 0.02:
             continue
+        length = np.full(len(joints), lengths[j])
+        if not skel.observed[p]:
+            # a parent blended from this joint itself (the chest from the neck) moves with it: check against the
+            # nearest measured ancestor (the pelvis) at their usual distance instead
+            while p >= 0 and not skel.observed[p]:
+                p = skel.parents[p]
+            if p < 0:
+                continue
+            reach = np.linalg.norm(joints[:, j] - joints[:, p], axis=-1)
+            usual = ~bad[:, j] & ~bad[:, p] & np.isfinite(reach)
+            if usual.sum() < 3:
+                continue
+            length = np.full(len(joints), np.median(reach[usual]))
         rows = ~bad[:, j] & ~bad[:, p] & np.isfinite(rays[:, j]).all(1)
         if not rows.any():
             continue
-        expected = _sphere_ray(joints[rows, p], rays[rows, j], np.full(rows.sum(), lengths[j]), joints[rows, j])
+        expected = _sphere_ray(joints[rows, p], rays[rows, j], length[rows], joints[rows, j])
         # off the sphere along the ray, and off the bone's length: a bone across the ray meets it at a grazing angle,
         # where a few millimetres of length move the crossing by centimetres, so the length decides there
-        radial = np.abs(np.linalg.norm(joints[rows, j] - joints[rows, p], axis=1) - lengths[j])
+        radial = np.abs(np.linalg.norm(joints[rows, j] - joints[rows, p], axis=1) - length[rows])
         # a point seen nearer than the bone allows is what occlusion does (the surface in front was seen): a
         # smaller margin that way
         nearer = joints[rows, j, 2] < expected[:, 2]
@@ -216,6 +270,44 @@ def _depth_jumps(skel: MocapSkeleton, joints: np.ndarray, rays: np.ndarray, fill
         jumps[hit, j] = True
         bad[hit, j] = True
     return jumps
+
+
+TRUNK = ("pelvis", "l_thigh", "r_thigh", "neck", "l_upperarm", "r_upperarm", "head")
+"""The joints whose median depth in a frame stands for the body's (``_time_jumps``)."""
+
+
+def _time_jumps(skel: MocapSkeleton, joints: np.ndarray, filled: np.ndarray, tolerance: float,
+                radius: int = 2) -> np.ndarray:  # fmt: skip
+    """(T, J) joints whose depth relative to the body's (the median of the measured ``TRUNK`` joints of the frame)
+    comes nearer the camera than in the measured frames around (``radius`` each side, median) by more than
+    ``tolerance``: a body does not move that fast, so something came in front (a chin over the neck)."""
+    frames = len(joints)
+    trunk = [skel.index(name) for name in TRUNK]
+    z = np.where(filled | ~np.isfinite(joints[..., 2]), np.nan, joints[..., 2])
+    with warnings.catch_warnings():  # a frame with no measured trunk joint: no test there
+        warnings.simplefilter("ignore", RuntimeWarning)
+        # each trunk joint's usual depth against the others, so a frame missing some of them keeps the same level
+        level = np.nanmedian(z[:, trunk], axis=1)
+        usual = np.nanmedian(z[:, trunk] - level[:, None], axis=0)
+        body = np.nanmedian(z[:, trunk] - np.nan_to_num(usual)[None], axis=1)
+    rel = z - body[:, None]  # (T, J), NaN where not measured
+    around = np.full((2 * radius,) + rel.shape, np.nan)
+    for i, shift in enumerate(s for s in range(-radius, radius + 1) if s):
+        lo, hi = max(0, -shift), min(frames, frames - shift)
+        around[i, lo:hi] = rel[lo + shift : hi + shift]
+    with warnings.catch_warnings():  # a frame with no measured neighbour: no reference
+        warnings.simplefilter("ignore", RuntimeWarning)
+        reference = np.nanmedian(around, axis=0)
+    # the feet and hands swing fast and their own limb covers them often (the bone checks' job): trunk, head, arms
+    tested = skel.observed & (_near_share() == 1.0) & ~_finger_joints()
+    return (np.nan_to_num(rel - reference, nan=0.0) < -tolerance) & tested[None]
+
+
+@functools.cache
+def _finger_joints() -> np.ndarray:
+    """(J,) the finger joints."""
+    return np.array([any(f in name for f in ("thumb", "index", "middle", "ring", "pinky"))
+                     for name in mocap_skeleton().names])  # fmt: skip
 
 
 RADIAL_SHARE = 0.4
@@ -234,6 +326,14 @@ def _near_share() -> np.ndarray:
     return np.array([NEAR_SHARE.get(name[2:], 1.0) for name in mocap_skeleton().names])
 
 
+PAIR_NEAR_SHARE = 0.6
+"""The share of ``bone_tolerance`` by which a pair of ``SHRINKING_PAIRS`` may come nearer together than usual before
+the farther of the two counts as hidden."""
+
+SHRINKING_PAIRS = (("l_thigh", "r_thigh"),)
+"""Rigid pairs whose hidden member is the farther one when they come nearer together (the hips: the far hip in
+profile behind the pelvis; for the shoulders this rule threw out good arms on the synthetic walk)."""
+
 RIGID_PAIRS = (("l_thigh", "r_thigh"), ("l_upperarm", "r_upperarm"), ("l_eye", "r_eye"))
 """Joint pairs a rigid part holds at a fixed distance (the pelvis, the shoulder girdle, the eyes)."""
 
@@ -248,10 +348,16 @@ def _pair_jumps(skel: MocapSkeleton, joints: np.ndarray, filled: np.ndarray, sco
         both = ~filled[:, ia] & ~filled[:, ib] & np.isfinite(d)
         if both.sum() < 3:
             continue
-        off = both & (np.abs(d - np.median(d[both])) > tolerance)
+        gap = d - np.median(d[both])
+        # hips nearer together than usual: the far hip in profile, hidden behind the pelvis, was seen on its surface
+        # in front, so the farther of the two is the hidden one (from a share of the margin, as for joints seen
+        # nearer than their bone); farther apart: the lower-scored one
+        shrunk = both & (gap < -PAIR_NEAR_SHARE * tolerance) & ((a, b) in SHRINKING_PAIRS)
+        off = both & (gap > tolerance)
+        far_a = joints[:, ia, 2] >= joints[:, ib, 2]
         lower_a = scores[:, ia] <= scores[:, ib]
-        jumps[off & lower_a, ia] = True
-        jumps[off & ~lower_a, ib] = True
+        jumps[(shrunk & far_a) | (off & lower_a), ia] = True
+        jumps[(shrunk & ~far_a) | (off & ~lower_a), ib] = True
     return jumps
 
 
@@ -520,9 +626,12 @@ def solve_track(frames: Sequence[Lifted3D | None], fps: float, options: SolveOpt
     lengths = bone_lengths(joints, filled, skel)
     jumps = _pair_jumps(skel, joints, filled, data["scores"], opts.bone_tolerance)
     jumps[:, 0] |= jumps[:, skel.index("l_thigh")] | jumps[:, skel.index("r_thigh")]
+    jumps |= _time_jumps(skel, joints, filled | jumps, opts.bone_tolerance)
     jumps |= _depth_jumps(skel, joints, rays, filled | jumps, lengths, opts.bone_tolerance)
     filled = filled | jumps
     confident = data["confident"] | jumps
+    lengths = bone_lengths(joints, filled, skel)
+    joints = _depth_from_bones(skel, joints, rays, filled)
     lengths = bone_lengths(joints, filled, skel)
     measured, solver_flagged = joints, jumps & ~data["filled"]
     for rerun in range(opts.passes):

@@ -27,9 +27,17 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
-from ray import serve
+
+try:  # the [serve] extra (Ray Serve brings FastAPI and prometheus_client)
+    import ray
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+    from ray import serve
+    from ray.exceptions import ActorUnavailableError, RayActorError
+except ImportError as error:
+    raise ImportError(f"sapiens2 serve needs Ray Serve ({error.name} is missing): pip install 'sapiens2[serve]'",
+                      name=error.name) from None
 
 from .. import __version__
 from ..data.io import ImageReadError, decode_image, pixel_limit_problem
@@ -140,8 +148,6 @@ class _Metrics:
     """The gateway's Prometheus metrics, in a registry of its own (``/metrics``)."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
         self.registry = CollectorRegistry()
         self.requests = Counter("sapiens2_requests", "Requests answered, by task and HTTP status", ["task", "code"],
                                 registry=self.registry)  # fmt: skip
@@ -158,8 +164,6 @@ class _Metrics:
                                 registry=self.registry)  # fmt: skip
 
     def text(self) -> bytes:
-        from prometheus_client import generate_latest
-
         return generate_latest(self.registry)
 
 
@@ -411,8 +415,6 @@ class Gateway:
     async def _infer(self, task: str, image: np.ndarray, deadline: float) -> Any:
         """One task's result from the model replicas; a replica that dies is retried on another (or its
         replacement) until the deadline, then the request is answered 503."""
-        from ray.exceptions import ActorUnavailableError, RayActorError
-
         self.metrics.queue.labels(task).inc()
         try:
             delay = 0.25
@@ -483,8 +485,6 @@ def build(args: dict[str, Any]) -> Any:
 def start(options: ServeOptions, ray_address: str | None = None, num_cpus: int | None = None) -> str:
     """Start Ray (or join ``ray_address``), Serve on ``options.host:port`` and the application; returns its URL once
     every replica is up."""
-    import ray
-
     if not ray.is_initialized():
         ray.init(address=ray_address, num_cpus=num_cpus if ray_address is None else None, include_dashboard=False,
                  log_to_driver=False, configure_logging=False)  # fmt: skip
