@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .predict import add_model_flags, cli_option, model_options
+from .predict import add_frame_range_flags, add_model_flags, cli_option, model_options
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -37,11 +37,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     pose.add_argument("--no-flip-test", action="store_true", help="skip the flip test (faster, less accurate)")
     video = parser.add_argument_group("video")
-    video.add_argument("--fps", type=_positive, default=None,
-                       help="the frame rate of a folder of frames (default 30)")  # fmt: skip
-    video.add_argument("--start", type=int, default=0, help="first source frame (index)")
-    video.add_argument("--end", type=int, default=None, help="stop before this source frame (index)")
-    video.add_argument("--stride", type=int, default=1, help="take every N-th frame")
+    add_frame_range_flags(video, fps_help="the frame rate of a folder of frames (default 30)")
     video.add_argument("--detect-every", type=int, default=1, help="pose: run the detector every N frames, "
                        "boxes from the previous frame's keypoints between")  # fmt: skip
     video.add_argument("--smooth", default="auto", choices=("auto", "none", "online", "offline"),
@@ -58,16 +54,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                      help="leave out tracks seen on fewer frames (default 5)")  # fmt: skip
     out.add_argument("--skip-existing", action="store_true", help="skip inputs whose mocap summary exists")
     parser.set_defaults(func=run)
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -69,7 +69,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     out.add_argument("--no-recursive", action="store_true", help="do not descend into subfolders")
     out.add_argument(
         "--max-megapixels",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_MAX_MEGAPIXELS,
         help=f"refuse larger images, judged from the file header (default {DEFAULT_MAX_MEGAPIXELS:g})",
     )
@@ -114,11 +114,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     bulk.add_argument("--shard-size", type=int, default=256, help="images per shard (the unit of atomic writes)")
     video = parser.add_argument_group("video (inputs .mp4/.mov/.mkv/.webm/.avi ..., rtsp/http URLs, /dev/videoN)")
     video.add_argument("--frames", action="store_true", help="read each folder INPUT as one video (frames in order)")
-    video.add_argument("--fps", type=_positive_float, default=None,
-                       help="with --frames: the frame rate of the image sequence (default 30)")  # fmt: skip
-    video.add_argument("--start", type=int, default=0, help="first source frame (index)")
-    video.add_argument("--end", type=int, default=None, help="stop before this source frame (index)")
-    video.add_argument("--stride", type=int, default=1, help="take every N-th frame")
+    add_frame_range_flags(video)
     video.add_argument("--detect-every", type=int, default=1, help="pose: run the detector every N frames, "
                        "boxes from the previous frame's keypoints between")  # fmt: skip
     video.add_argument("--smooth", default="auto", choices=("auto", "none", "online", "offline"),
@@ -129,7 +125,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _positive_float(text: str) -> float:
+def add_frame_range_flags(group, fps_help: str = "with --frames: the frame rate of the image sequence (default 30)"):
+    """``--fps --start --end --stride``: which frames of a video a command reads (predict, mocap, relight)."""
+    group.add_argument("--fps", type=positive_float, default=None, help=fps_help)
+    group.add_argument("--start", type=int, default=0, help="first source frame (index)")
+    group.add_argument("--end", type=int, default=None, help="stop before this source frame (index)")
+    group.add_argument("--stride", type=int, default=1, help="take every N-th frame")
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
     try:
         value = float(text)
     except ValueError:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..data.io import DEFAULT_MAX_MEGAPIXELS
-from .predict import add_model_flags, cli_option, model_options
+from .predict import add_frame_range_flags, add_model_flags, cli_option, model_options, positive_float
 
 LIGHT_HELP = (
     "a light (repeatable): dir:az=DEG,el=DEG[,color=R,G,B][,intensity=I] (az 0: from the camera, 90: from the "
@@ -42,41 +42,28 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     light.add_argument("--env-intensity", type=_non_negative, default=1.0, help="scale the environment")
     light.add_argument("--specular", type=_non_negative, default=None,
                        help="Blinn-Phong highlight strength of the lights (default: the preset's, else 0)")  # fmt: skip
-    light.add_argument("--shininess", type=_positive, default=None, help="highlight exponent (default 32)")
+    light.add_argument("--shininess", type=positive_float, default=None, help="highlight exponent (default 32)")
     light.add_argument("--matte", default="matting", choices=MATTES,
                        help="where the relit person replaces the plate: the matting model's alpha (default), the seg "
                        "model's foreground, or none (every pixel)")  # fmt: skip
     light.add_argument("--keep-shading", action="store_true",
                        help="keep the original's shading detail: plate / (albedo x its estimated shading)")  # fmt: skip
     light.add_argument("--exposure", type=float, default=0.0, metavar="STOPS", help="brighten (+) or darken (-)")
-    light.add_argument("--distance", type=_positive, default=3.0, metavar="M",
+    light.add_argument("--distance", type=positive_float, default=3.0, metavar="M",
                        help="metres from the camera to the person, for point lights and highlights (default 3)")
-    light.add_argument("--focal", type=_positive, default=None, metavar="PX",
+    light.add_argument("--focal", type=positive_float, default=None, metavar="PX",
                        help="focal length in pixels (default: the longer image side)")  # fmt: skip
     model = parser.add_argument_group("model")
     add_model_flags(model, batch_help="images per forward pass")
     out = parser.add_argument_group("inputs and outputs")
     out.add_argument("--skip-existing", action="store_true", help="skip inputs whose relit output exists")
     out.add_argument("--no-recursive", action="store_true", help="do not descend into subfolders")
-    out.add_argument("--max-megapixels", type=_positive, default=DEFAULT_MAX_MEGAPIXELS,
+    out.add_argument("--max-megapixels", type=positive_float, default=DEFAULT_MAX_MEGAPIXELS,
                      help=f"refuse larger images (default {DEFAULT_MAX_MEGAPIXELS:g})")  # fmt: skip
     video = parser.add_argument_group("video (.mp4/.mov/.mkv/.webm/.avi ...)")
     video.add_argument("--frames", action="store_true", help="read each folder INPUT as one video (frames in order)")
-    video.add_argument("--fps", type=_positive, default=None, help="with --frames: the frame rate (default 30)")
-    video.add_argument("--start", type=int, default=0, help="first source frame (index)")
-    video.add_argument("--end", type=int, default=None, help="stop before this source frame (index)")
-    video.add_argument("--stride", type=int, default=1, help="take every N-th frame")
+    add_frame_range_flags(video)
     parser.set_defaults(func=run)
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
 
 
 def _non_negative(text: str) -> float:

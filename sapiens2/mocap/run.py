@@ -482,7 +482,7 @@ def run_mocap_inputs(options: Any, mocap: MocapOptions, *, option: Any = None, p
     source is complete, 1 otherwise, 2 for a usage error (nothing run)."""
     from ..predict.batch import make_predictors
     from ..predict.options import check_device, check_input_size, check_model_input_size, python_option, setup_status
-    from ..video.decode import VideoReadError
+    from ..video.run import run_each
 
     option = option or python_option
     tasks = [*MOCAP_TASKS, *(("seg",) if mocap.seg else ())]
@@ -495,18 +495,5 @@ def run_mocap_inputs(options: Any, mocap: MocapOptions, *, option: Any = None, p
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return setup_status(error)
-    status = 0
-    for source in options.inputs:
-        try:
-            report = run_mocap(predictors, source, options.output, mocap, progress=progress)
-        except Exception as error:  # one line naming the source, then the next one
-            message = str(error) if isinstance(error, (VideoReadError, ValueError, OSError)) else \
-                f"{type(error).__name__}: {error}"  # fmt: skip
-            print(f"error: {message if str(source) in message else f'{source}: {message}'}", file=sys.stderr)
-            status = 1
-            continue
-        if report.error:
-            print(f"error: {report.error}", file=sys.stderr)
-            status = 1
-        print("skipped (outputs exist): " + report.source if report.skipped else report.summary())
-    return status
+    return run_each(options.inputs, lambda source: run_mocap(predictors, source, options.output, mocap,
+                                                            progress=progress))

@@ -22,7 +22,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -683,11 +683,19 @@ def predict_videos(options: Any, video: VideoOptions, *, option: Any = None) -> 
     if getattr(options, "coco_results", None):  # a results array is per image; a video's people are per frame
         print(f"warning: {option('coco_results', options.coco_results)} holds images only; each video's people are "
               "in its _frames.jsonl (COCO keypoints per frame)", file=sys.stderr)  # fmt: skip
+    return run_each(options.inputs, lambda source: predict_video(predictors, source, options.output, video))
+
+
+def run_each(sources: Sequence[Any], run_one: Callable[[Any], Any]) -> int:
+    """Run ``run_one(source)`` for every source, each ending in one line: its summary, "skipped (outputs exist)", or
+    one error line naming the source (a failure never stops the others). ``run_one`` returns a report with
+    ``error``, ``skipped``, ``source`` and ``summary()`` (``VideoReport``, mocap's report). Returns 0 when every source
+    is complete, 1 otherwise."""
     status = 0
-    for source in options.inputs:
+    for source in sources:
         try:
-            report = predict_video(predictors, source, options.output, video)
-        except Exception as error:  # one line naming the video, then the next one
+            report = run_one(source)
+        except Exception as error:  # one line naming the source, then the next one
             message = str(error) if isinstance(error, (VideoReadError, ValueError, OSError)) else \
                 f"{type(error).__name__}: {error}"  # fmt: skip
             print(f"error: {message if str(source) in message else f'{source}: {message}'}", file=sys.stderr)
