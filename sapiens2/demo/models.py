@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..predict.batch import make_predictors
-from ..predict.options import OptionText, PredictOptions, check_model_input_size, python_option
+from ..predict.options import OptionText, PredictOptions, python_option
 from ..tasks import check_task
 from .options import DemoOptions
 
@@ -88,7 +88,6 @@ class ModelCache:
                 flip_test=options.flip_test,
             )
             predictor = make_predictors(predict_options, [task], self.option)[task]
-            check_model_input_size(predictor.input_size, predictor.model, self.option)
             self._predictors[task] = predictor
             self.load_seconds[task] = time.perf_counter() - start
             return predictor

@@ -481,7 +481,7 @@ def run_mocap_inputs(options: Any, mocap: MocapOptions, *, option: Any = None, p
     ``mocap`` the ``MocapOptions``; one error line per failed source, the others still run. Returns 0 when every
     source is complete, 1 otherwise, 2 for a usage error (nothing run)."""
     from ..predict.batch import make_predictors
-    from ..predict.options import check_device, check_input_size, check_model_input_size, python_option, setup_status
+    from ..predict.options import check_device, check_input_size, python_option, setup_status
     from ..video.run import run_each
 
     option = option or python_option
@@ -490,8 +490,6 @@ def run_mocap_inputs(options: Any, mocap: MocapOptions, *, option: Any = None, p
         check_device(options.device, option)
         check_input_size(options.input_size, option=option)
         predictors = make_predictors(options, tasks, option)
-        for predictor in predictors.values():
-            check_model_input_size(predictor.input_size, predictor.model, option)
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return setup_status(error)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..data.sources import InputItem
 from ..tasks import TASKS, check_task
-from .options import OptionText, PredictOptions
+from .options import OptionText, PredictOptions, check_model_input_size
 
 
 def resolve_sources(options: PredictOptions, tasks: list[str], option: OptionText) -> tuple[dict[str, Any], Any]:
@@ -60,7 +60,8 @@ def make_predictors(
     resolved: tuple[dict[str, Any], Any] | None = None,
     device: str | None = None,
 ) -> dict[str, Any]:
-    """A ``Predictor`` per task on ``device`` (default ``options.device``), from ``resolved`` sources if given."""
+    """A ``Predictor`` per task on ``device`` (default ``options.device``), from ``resolved`` sources if given; each
+    model's input size checked (``options.check_model_input_size``: a ValueError in the words of ``option``)."""
     from ..export.runtime import InputSizeError
     from .predictor import Predictor
 
@@ -87,6 +88,7 @@ def make_predictors(
             )
         except InputSizeError as error:  # an exported file has its size: say so in the words of the option
             raise InputSizeError(f"{option('input_size', options.input_size)}: {error}; leave it out") from None
+        check_model_input_size(predictors[task].input_size, predictors[task].model, option)
     return predictors
 
 

@@ -22,7 +22,7 @@ from ..bulk import BulkJob, ItemOutput, WorkItem
 from ..data.collections import Record, decode_rgb
 from ..data.sources import InputItem
 from .batch import ExrCollector, make_predictors, pending_tasks, run_tasks
-from .options import PredictOptions, boxes_for, check_model_input_size, python_option
+from .options import PredictOptions, boxes_for, python_option
 
 __all__ = ["PredictJob"]
 
@@ -78,8 +78,6 @@ class PredictJob(BulkJob):
 
     def setup(self, device: str) -> None:
         self.predictors = make_predictors(self.options, self.tasks, python_option, self.resolved, device)
-        for predictor in self.predictors.values():
-            check_model_input_size(predictor.input_size, predictor.model)
 
     def parquet_schema(self) -> Any:
         """Column types for the Parquet sink (None without pyarrow: the sink then says how to install it)."""

@@ -29,7 +29,6 @@ from .options import (
     boxes_for,
     check_device,
     check_input_size,
-    check_model_input_size,
     check_output_format,
     load_boxes,
     python_option,
@@ -127,12 +126,6 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return setup_status(error)
-    try:
-        for predictor in predictors.values():
-            check_model_input_size(predictor.input_size, predictor.model, option)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     coco, coco_ids = None, {}
     if options.coco_results:
         dataset = coco_dataset_path(options.coco_results)

@@ -88,7 +88,7 @@ def relight_files(options: Any, relight_options: RelightOptions, *, option: Any 
         ...                        RelightOptions(lighting=load_environment("neon")))
     """
     from ..predict.batch import make_predictors
-    from ..predict.options import check_device, check_input_size, check_model_input_size, python_option, setup_status
+    from ..predict.options import check_device, check_input_size, python_option, setup_status
     from ..video.decode import is_video_input
 
     option = option or python_option
@@ -109,8 +109,6 @@ def relight_files(options: Any, relight_options: RelightOptions, *, option: Any 
     images = [i for i in options.inputs if i not in videos]
     try:
         predictors = make_predictors(options, tasks, option)
-        for predictor in predictors.values():
-            check_model_input_size(predictor.input_size, predictor.model, option)
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return setup_status(error)

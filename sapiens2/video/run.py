@@ -658,7 +658,6 @@ def predict_videos(options: Any, video: VideoOptions, *, option: Any = None) -> 
     from ..predict.options import (
         check_device,
         check_input_size,
-        check_model_input_size,
         check_output_format,
         python_option,
         setup_status,
@@ -673,8 +672,6 @@ def predict_videos(options: Any, video: VideoOptions, *, option: Any = None) -> 
         if options.output_format not in ("default", "exr"):
             raise ValueError(f"{option('output_format', options.output_format)}: videos take default or exr")
         predictors = make_predictors(options, tasks, option)
-        for predictor in predictors.values():
-            check_model_input_size(predictor.input_size, predictor.model, option)
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return setup_status(error)
