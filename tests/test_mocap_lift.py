@@ -157,10 +157,11 @@ def test_solved_motion_bones_angles_and_fk(clip, rendered, solved):
     relative = np.abs(solved.bone_lengths[child][body] - truth[body]) / truth[body]
     assert relative.max() < 0.05 and np.median(relative) < 0.02, relative
     # joint angles (mocap.tables.joint_angles, as the exports write them) equal the generator's over all frames,
-    # filled ones included: within 2 degrees on average; ankle (3.5-3.7: the foot covers the ankle) and wrist
-    # (3.4-3.9: the index knuckle covers the others, 1-2 cm on a 9 cm hand) not yet (docs/mocap.md, limits)
+    # filled ones included: within 2 degrees on average (the palms and feet fitted as rigid parts to their rays);
+    # the left wrist not yet (3.05: in the frames where the hand turns its flexion plane along the camera ray, a few
+    # millimetres of knuckle depth are degrees; docs/mocap.md, limits)
     truth, found = joint_angles(clip.motion), joint_angles(motion)
-    bounds = {"ankle": (4.0, 20.0), "wrist": (4.5, 15.0)}
+    bounds = {"left_wrist": (3.3, 15.0)}
     for name in truth:
         mean_bound, max_bound = next((b for key, b in bounds.items() if key in name), (2.0, 15.0))
         error = np.abs(found[name] - truth[name])

@@ -12,7 +12,10 @@ Per track, in order:
    pelvis in front of it), and a trunk, head or arm joint that comes nearer the camera, against the body's depth,
    than in the frames around it by more than ``bone_tolerance`` (a chin over the neck: a body does not move so fast).
    Measured ankles, which their own foot covers by a few centimetres, are put on their ray where they keep their
-   usual distances to the knee and the toe (``_depth_from_bones``).
+   usual distances to the knee and the toe (``_depth_from_bones``). The palms (wrist + knuckles) and feet (ankle +
+   toes) are then fitted as rigid parts to their keypoints' rays (``rigid.fit_rigid_part``: shape per track, pose per
+   frame), which places their joints where the pointmap saw something in front of them; those joints keep their
+   flags but are not filled.
 3. **Filling**: an occluded joint whose 2D keypoint is still confident is put where its camera ray meets the sphere of
    its bone around the parent (of the two crossings, the one nearer where time predicts it); a low-score or missing
    one takes the bone direction interpolated over time (offline) or held from the last frame (online), at the bone's
@@ -47,6 +50,7 @@ import numpy as np
 from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
 from sapiens2.mocap import rig
 from sapiens2.mocap.lift import Lifted3D
+from sapiens2.mocap.rigid import RIGID_PARTS, fit_rigid_part
 from sapiens2.mocap.skeleton import MocapSkeleton, mocap_skeleton
 from sapiens2.video.smooth import OneEuroFilter
 
@@ -198,10 +202,43 @@ def _depth_from_bones(skel: MocapSkeleton, joints: np.ndarray, rays: np.ndarray,
     return out
 
 
+def _fit_rigid_parts(skel: MocapSkeleton, joints: np.ndarray, keypoints: np.ndarray, aimed: np.ndarray,
+                     seen: np.ndarray, filled: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """The palms and feet fitted as rigid parts to their keypoints' rays (``rigid.fit_rigid_part``): (T, J, 3)
+    joints and (T, 308, 3) keypoints with the parts' points moved to the fit, and (T, J) bool, the joints placed so.
+    A keypoint's depth is trusted where it was ``seen`` (lifted, not filled) and no joint it marks is ``filled``."""
+    names = keypoint_metadata().names
+    ids = np.arange(NUM_KEYPOINTS)
+    depth = skel.source_depths[skel.keypoint_joint, ids]  # (308,) each keypoint's centre behind its skin point
+    units = _unit(keypoints)
+    centres = keypoints + depth[None, :, None] * units
+    marks = skel.source_weights > 0  # (J, 308)
+    flagged = (filled[:, :, None] & marks[None]).any(1)  # (T, 308) a joint the keypoint marks is filled
+    joints, keypoints = joints.copy(), keypoints.copy()
+    fitted = np.zeros(filled.shape, bool)
+    lengths = bone_lengths(joints, filled, skel)
+    for members in RIGID_PARTS.values():
+        ks = np.array([names.index(name) for name in members])
+        first = int(skel.keypoint_joint[ks[0]])  # the wrist / ankle joint; its parent is the anchor
+        parent = int(skel.parents[first])
+        points, good = fit_rigid_part(centres[:, ks], aimed[:, ks], seen[:, ks] & ~flagged[:, ks],
+                                      joints[:, parent], ~filled[:, parent], lengths[first])  # fmt: skip
+        centres[np.ix_(good, ks)] = points[good]
+        keypoints[np.ix_(good, ks)] = points[good] - depth[ks][None, :, None] * units[np.ix_(good, ks)]
+        inside = marks[:, ks].any(1) & ~marks[:, np.setdiff1d(ids, ks)].any(1)  # joints marked only by the part
+        for j in np.flatnonzero(inside):
+            joints[good, j] = np.einsum("k,tkc->tc", skel.source_weights[j, ks], points[good])
+            fitted[good, j] = True
+    return skel.blend(joints), keypoints, fitted
+
+
 def _fill(skel: MocapSkeleton, joints: np.ndarray, rays: np.ndarray, filled: np.ndarray, confident: np.ndarray,
-          lengths: np.ndarray, online: bool) -> np.ndarray:  # fmt: skip
-    """Fill the ``filled`` joints top-down from bone lengths, their rays (when ``confident``) and time."""
+          lengths: np.ndarray, online: bool, fitted: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Fill the ``filled`` joints top-down from bone lengths, their rays (when ``confident``) and time; joints
+    ``fitted`` on a rigid part keep their place."""
     out = joints.copy()
+    if fitted is not None:
+        filled = filled & ~fitted
     left, right = skel.index("l_thigh"), skel.index("r_thigh")
     # a hip hidden behind the other: on its ray at the hip width from the seen one; the pelvis is their midpoint
     width = lengths[left] + lengths[right]
@@ -632,19 +669,24 @@ def solve_track(frames: Sequence[Lifted3D | None], fps: float, options: SolveOpt
     confident = data["confident"] | jumps
     lengths = bone_lengths(joints, filled, skel)
     joints = _depth_from_bones(skel, joints, rays, filled)
+    # the palms and feet fitted to their rays place their joints (even covered ones); the flags below still judge
+    # what the pointmap measured
+    observed = joints
+    joints, keypoints, fitted = _fit_rigid_parts(skel, joints, keypoints, data["kp_aimed"] & seen[:, None],
+                                                 ~kp_filled, filled)  # fmt: skip
     lengths = bone_lengths(joints, filled, skel)
     measured, solver_flagged = joints, jumps & ~data["filled"]
     for rerun in range(opts.passes):
-        joints = _fill(skel, measured, rays, filled, confident, lengths, online)
-        weights = np.where(filled, 0.1, 1.0) * np.where(seen, 1.0, 0.05)[:, None]
+        joints = _fill(skel, measured, rays, filled, confident, lengths, online, fitted)
+        weights = np.where(filled & ~fitted, 0.1, 1.0) * np.where(seen, 1.0, 0.05)[:, None]
         joints = skel.blend(_smooth(joints, weights, fps, opts))
         if rerun == opts.passes - 1:
             break
         # the skeleton so far predicts every joint: a measured one nearer the camera than it by more than the margin
         # is behind something after all; one the bone checks threw out but that agrees with it is measured again
-        ahead = measured[..., 2] - joints[..., 2]
+        ahead = observed[..., 2] - joints[..., 2]
         hidden = ~filled & (ahead < -opts.bone_tolerance) & skel.observed & seen[:, None]
-        agree = solver_flagged & (np.linalg.norm(measured - joints, axis=-1) < 0.5 * opts.bone_tolerance)
+        agree = solver_flagged & (np.linalg.norm(observed - joints, axis=-1) < 0.5 * opts.bone_tolerance)
         filled = (filled | hidden) & ~agree
         confident = (confident | hidden) & filled
         solver_flagged = (solver_flagged | hidden) & ~agree
