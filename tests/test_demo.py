@@ -53,13 +53,22 @@ def test_demo_help_through_the_installed_entry_point():
         (["--port", "0"], "--port 0: a port is 1 to 65535"),
         (["--detector", "missing_rtmdet.pth"], "--detector missing_rtmdet.pth: no such file"),
         (["--input-size", "100", "75"], "--input-size 100 75"),
-        (["--max-megapixels", "0"], "--max-megapixels 0"),
     ],
 )
 def test_demo_refuses_bad_flags_in_one_line_before_serving(argv, message, capsys):
     assert main(["demo", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", ["demo", "serve", "predict", "relight"])
+def test_the_pixel_limit_flag_is_one_flag_in_every_command(command, capsys):
+    """--max-megapixels is refused the same way by every command that reads images (cli.predict's one home)."""
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--max-megapixels", "0", "photo.jpg"] if command in ("predict", "relight") else
+             [command, "--max-megapixels", "0"])  # fmt: skip
+    assert exited.value.code == 2
+    assert "argument --max-megapixels: must be a number > 0, got '0'" in capsys.readouterr().err
 
 
 def test_share_and_share_free_exclude_each_other(capsys):

@@ -11,7 +11,7 @@ import tempfile
 
 from ..demo.options import DemoOptions
 from ..tasks import TASKS
-from .predict import add_model_flags, add_threads_flag, cli_option, model_options
+from .predict import add_max_megapixels_flag, add_model_flags, add_threads_flag, cli_option, model_options
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -53,7 +53,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default="pose,seg",
         help=f"comma-separated tasks ticked when the page opens (of {', '.join(TASKS)}; default pose,seg)",
     )
-    serve.add_argument("--max-megapixels", type=float, default=40.0, help="refuse larger images (default 40)")
+    add_max_megapixels_flag(serve, default=40.0)
     serve.add_argument("--max-file-mb", type=float, default=50.0, help="refuse larger uploads (default 50)")
     serve.add_argument("--queue-size", type=int, default=16, help="requests that may wait in the queue (default 16)")
     serve.add_argument(

@@ -67,12 +67,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     out.add_argument("--skip-existing", action="store_true", help="skip images whose outputs already exist")
     out.add_argument("--no-recursive", action="store_true", help="do not descend into subfolders")
-    out.add_argument(
-        "--max-megapixels",
-        type=positive_float,
-        default=DEFAULT_MAX_MEGAPIXELS,
-        help=f"refuse larger images, judged from the file header (default {DEFAULT_MAX_MEGAPIXELS:g})",
-    )
+    add_max_megapixels_flag(out)
     pose = parser.add_argument_group("pose")
     pose.add_argument(
         "--detector",
@@ -149,6 +144,18 @@ INPUT_SIZE_HELP = (
     "was built or trained for (an exported .onnx/.pt2 file's, a training run's, what a pointmap scale head takes), "
     "else 1024 768, the size of the released models"
 )
+
+
+def add_max_megapixels_flag(
+    group: argparse.ArgumentParser | argparse._ArgumentGroup, default: float = DEFAULT_MAX_MEGAPIXELS
+) -> None:
+    """``--max-megapixels``: the one pixel limit of every command that reads images (judged from the header)."""
+    group.add_argument(
+        "--max-megapixels",
+        type=positive_float,
+        default=default,
+        help=f"refuse larger images, judged from the file header before decoding (default {default:g})",
+    )
 
 
 def add_input_size_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

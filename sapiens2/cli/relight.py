@@ -7,8 +7,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..data.io import DEFAULT_MAX_MEGAPIXELS
-from .predict import add_frame_range_flags, add_model_flags, cli_option, model_options, positive_float
+from .predict import (
+    add_frame_range_flags,
+    add_max_megapixels_flag,
+    add_model_flags,
+    cli_option,
+    model_options,
+    positive_float,
+)
 
 LIGHT_HELP = (
     "a light (repeatable): dir:az=DEG,el=DEG[,color=R,G,B][,intensity=I] (az 0: from the camera, 90: from the "
@@ -58,8 +64,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     out = parser.add_argument_group("inputs and outputs")
     out.add_argument("--skip-existing", action="store_true", help="skip inputs whose relit output exists")
     out.add_argument("--no-recursive", action="store_true", help="do not descend into subfolders")
-    out.add_argument("--max-megapixels", type=positive_float, default=DEFAULT_MAX_MEGAPIXELS,
-                     help=f"refuse larger images (default {DEFAULT_MAX_MEGAPIXELS:g})")  # fmt: skip
+    add_max_megapixels_flag(out)
     video = parser.add_argument_group("video (.mp4/.mov/.mkv/.webm/.avi ...)")
     video.add_argument("--frames", action="store_true", help="read each folder INPUT as one video (frames in order)")
     add_frame_range_flags(video)

@@ -9,7 +9,7 @@ import sys
 
 from ..serve.options import KEYPOINT_FORMATS, ServeOptions, config_file_text
 from ..tasks import TASKS
-from .predict import add_model_flags, add_threads_flag, cli_option, model_options
+from .predict import add_max_megapixels_flag, add_model_flags, add_threads_flag, cli_option, model_options
 
 _FLAGS = {
     "tasks": "--task",
@@ -49,8 +49,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serving.add_argument("--max-wait-ms", type=float, default=10.0, help="how long a batch waits to fill (default 10)")
     serving.add_argument("--max-queue", type=int, default=64, help="requests inside the service at once; more are "
                          "answered 503 with Retry-After (default 64)")  # fmt: skip
-    serving.add_argument("--max-megapixels", type=float, default=40.0, help="refuse larger images, judged from the "
-                         "header before decoding (default 40)")  # fmt: skip
+    add_max_megapixels_flag(serving, default=40.0)
     serving.add_argument("--max-upload-mb", type=float, default=50.0, help="refuse larger request bodies (default 50)")
     serving.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' on /v1 and /metrics "
                          "(default $SAPIENS2_SERVE_TOKEN; none: no authentication)")  # fmt: skip
