@@ -8,7 +8,9 @@ covers them. Per track, the shape and every frame's pose are fitted together to 
 known camera): each frame's pose by Gauss-Newton on its points' distances to their rays and trusted depths, the
 first point at its bone's length from the parent joint and every point near its places in the frames either side;
 the shape by least squares over all frames' rays (the way ``solve`` triangulates markers); in turns, reweighted
-(Cauchy). A measured depth nearer the camera than the fit (what covering does) is let go sooner than a farther one.
+(Cauchy). A measured depth nearer the camera than the fit (what covering does) is let go sooner than a farther one,
+for the points their own part can cover (not the wrist: ``UNCOVERED``). A frame whose fit breaks the bone to the
+parent joint (a mirrored pose the rays allow) is dropped.
 
 Axes: the camera frame, OpenCV (x right, y down, z forward), metres; rays pass through the camera centre (origin).
 """
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["RIGID_PARTS", "RigidFitOptions", "fit_rigid_part"]
+__all__ = ["RIGID_PARTS", "UNCOVERED", "RigidFitOptions", "fit_rigid_part"]
 
 RIGID_PARTS = {
     f"{s}_{part}": tuple(f"{side}_{name}" for name in names)
@@ -35,6 +37,12 @@ against the palm, and the heel, hidden behind its own foot in most frames of a w
 to start its shape from (its marker is triangulated in the foot's frame afterwards, ``solve``), so both are left
 out."""
 
+UNCOVERED = frozenset({"left_wrist", "right_wrist"})
+"""Keypoints their own part hardly covers: the wrist sits at the forearm's end, thicker than the palm, so the palm
+does not hide it the way the index knuckle hides the others in a hand seen edge-on or the foot hides the ankle; a
+measured depth of theirs nearer the camera than the fit is let go no sooner than a farther one (``far_scale``).
+Something else in front of the wrist (the body) is the lifting's and the solver's occlusion tests' to find."""
+
 
 @dataclass(frozen=True)
 class RigidFitOptions:
@@ -44,7 +52,7 @@ class RigidFitOptions:
         depth_weight: weight of a trusted measured depth in each frame's pose.
         shape_depth_weight: its weight in the shape, which rests on the rays of all frames.
         near_scale, far_scale: metres at which a measured depth nearer / farther than the fit weighs half (Cauchy;
-            nearer is what covering does, so it is let go sooner).
+            nearer is what covering does, so it is let go sooner, for the points their part can cover).
         ray_scale: metres off its ray at which a point weighs half (a wrong 2D keypoint).
         anchor_weight, anchor_scale: weight of the first point keeping its bone's length from the parent joint (the
             wrist from the elbow, the ankle from the knee), and the metres off at which it weighs half.
@@ -54,6 +62,8 @@ class RigidFitOptions:
         min_rays: fewest trusted rays a frame needs for its pose; min_depth_share: share of its points whose depth
             must be trusted (at least one): a single depth fixes how far the part is, not how it tilts.
         max_miss: metres the fitted points may lie off their rays on average before the frame's fit is dropped.
+        max_reach: metres the first point may lie off its bone's length from the parent joint before the frame's
+            fit is dropped (a mirrored pose that the rays allow but the bone does not).
     """
 
     depth_weight: float = 0.25
@@ -69,6 +79,7 @@ class RigidFitOptions:
     min_rays: int = 3
     min_depth_share: float = 1 / 3
     max_miss: float = 0.01
+    max_reach: float = 0.03
 
 
 def _skew(v: np.ndarray) -> np.ndarray:
@@ -101,13 +112,15 @@ def _kabsch(shape: np.ndarray, points: np.ndarray, weights: np.ndarray) -> tuple
 
 @dataclass(frozen=True)
 class _Track:
-    """The usable frames of one part: (T, n, 3) measured points and unit rays, (T, n) ray and depth trust (0/1), and
-    the parent joint the first point hangs from: (T, 3) positions, (T,) trust, and the bone's length (m)."""
+    """The usable frames of one part: (T, n, 3) measured points and unit rays, (T, n) ray and depth trust (0/1), (n,)
+    which points the part can cover, and the parent joint the first point hangs from: (T, 3) positions, (T,) trust,
+    and the bone's length (m)."""
 
     measured: np.ndarray
     rays: np.ndarray
     ray_ok: np.ndarray
     depth_ok: np.ndarray
+    coverable: np.ndarray
     anchor: np.ndarray
     anchor_ok: np.ndarray
     length: float
@@ -138,9 +151,10 @@ def _residuals(fitted: np.ndarray, track: _Track, between: np.ndarray) -> tuple[
 def _terms(fitted: np.ndarray, track: _Track, between: np.ndarray, opts: RigidFitOptions) -> list[tuple]:
     """(weight, scale, residual) of each kind of term: the rays, the depths, the anchor, time."""
     miss, along, reach, jump = _residuals(fitted, track, between)
+    nearer = (along > 0) & track.coverable  # a depth seen nearer than the fit, of a point the part can cover
     return [
         (track.ray_ok, opts.ray_scale, miss),
-        (opts.depth_weight * track.depth_ok, np.where(along > 0, opts.near_scale, opts.far_scale), along),
+        (opts.depth_weight * track.depth_ok, np.where(nearer, opts.near_scale, opts.far_scale), along),
         (opts.anchor_weight * track.anchor_ok, opts.anchor_scale, reach),
         (opts.time_weight, opts.time_scale, jump),
     ]
@@ -242,7 +256,7 @@ def _start(track: _Track) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def fit_rigid_part(measured: np.ndarray, ray_ok: np.ndarray, depth_ok: np.ndarray, anchor: np.ndarray | None = None,
-                   anchor_ok: np.ndarray | None = None, length: float = 0.0,
+                   anchor_ok: np.ndarray | None = None, length: float = 0.0, coverable: np.ndarray | None = None,
                    options: RigidFitOptions | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Fit one rigid part to its points' rays and depths over a track.
 
@@ -252,11 +266,14 @@ def fit_rigid_part(measured: np.ndarray, ray_ok: np.ndarray, depth_ok: np.ndarra
         depth_ok: (T, n) bool, its measured depth is trusted too (seen, not flagged as occluded).
         anchor, anchor_ok, length: (T, 3) the parent joint the first point hangs from, (T,) bool where it was
             measured, and the bone's length (m); None: no anchor.
+        coverable: (n,) bool, the points the part itself can cover (their depths seen nearer than the fit are let
+            go at ``near_scale``; the others at ``far_scale`` either way); None: all.
         options: :class:`RigidFitOptions`.
 
     Returns:
         (T, n, 3) the fitted points (the learned shape at each frame's pose) and (T,) bool, the frames whose fit
-        holds (enough trusted rays and depths, the points near their rays); the other frames keep ``measured``.
+        holds (enough trusted rays and depths, the points near their rays, the first one near its bone's length
+        from the anchor); the other frames keep ``measured``.
     """
     opts = options or RigidFitOptions()
     frames = len(measured)
@@ -271,8 +288,9 @@ def fit_rigid_part(measured: np.ndarray, ray_ok: np.ndarray, depth_ok: np.ndarra
     if usable.sum() < 3:
         return measured, np.zeros(frames, bool)
     rays = measured / np.maximum(np.linalg.norm(measured, axis=-1, keepdims=True), 1e-12)
+    coverable = np.ones(measured.shape[1], bool) if coverable is None else np.asarray(coverable, bool)
     track = _Track(measured[usable], rays[usable], ray_ok[usable].astype(np.float64),
-                   depth_ok[usable].astype(np.float64), np.nan_to_num(anchor[usable]),
+                   depth_ok[usable].astype(np.float64), coverable, np.nan_to_num(anchor[usable]),
                    anchor_ok[usable].astype(np.float64), float(length))  # fmt: skip
     shape, rot, trans = _start(track)
     between = _between(_place(shape, rot, trans))
@@ -288,8 +306,9 @@ def fit_rigid_part(measured: np.ndarray, ray_ok: np.ndarray, depth_ok: np.ndarra
         weights = _weights(fitted, track, between, opts)
     rot, trans = _poses(shape, track, between, weights, rot, trans)
     fitted = _place(shape, rot, trans)
-    miss = _residuals(fitted, track, between)[0]
+    miss, _, reach, _ = _residuals(fitted, track, between)
     holds = (miss * track.ray_ok).sum(1) / np.maximum(track.ray_ok.sum(1), 1) < opts.max_miss
+    holds &= (np.abs(reach) <= opts.max_reach) | (track.anchor_ok == 0)
     out = measured.copy()
     index = np.flatnonzero(usable)[holds]
     out[index] = fitted[holds]

@@ -24,9 +24,12 @@ Per track, in order:
    a One-Euro filter (``video.smooth.OneEuroFilter``) per joint.
 5. **Rotations**: each joint's global frame comes from its aim and twist vectors (``skeleton.JointSpec``), compared
    with their rest directions; a joint without twist (or whose twist points are filled or collinear with the aim)
-   swings from its parent's frame. Local rotation = parent⁻¹ · global. The rest offsets are the bone lengths along the
+   swings from its parent's frame. Local rotation = parent⁻¹ · global. The hands' local rotations (their turn
+   against the forearm, from points 2-9 cm apart) are then averaged over time (a Gaussian of ``TIMED_SIGMA``
+   frames) from the frames where the elbow, wrist and knuckles were measured or fitted; a frame where any of them
+   was guessed takes the frames around it (``_rotations_in_time``). The rest offsets are the bone lengths along the
    median direction of each child in its parent's frame, so forward kinematics of the solved ``rig.Motion`` gives
-   the solved positions with every bone its fixed length.
+   the solved positions with every bone its fixed length (the hands' positions follow their timed rotations).
 6. **Markers**: each keypoint's offset in its joint's frame is where its camera rays of all frames meet in that
    frame (the 2D keypoint is right even where its depth is not), so forward kinematics of the motion also gives all
    308 keypoints.
@@ -50,7 +53,7 @@ import numpy as np
 from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
 from sapiens2.mocap import rig
 from sapiens2.mocap.lift import Lifted3D
-from sapiens2.mocap.rigid import RIGID_PARTS, fit_rigid_part
+from sapiens2.mocap.rigid import RIGID_PARTS, UNCOVERED, fit_rigid_part
 from sapiens2.mocap.skeleton import MocapSkeleton, mocap_skeleton
 from sapiens2.video.smooth import OneEuroFilter
 
@@ -221,8 +224,9 @@ def _fit_rigid_parts(skel: MocapSkeleton, joints: np.ndarray, keypoints: np.ndar
         ks = np.array([names.index(name) for name in members])
         first = int(skel.keypoint_joint[ks[0]])  # the wrist / ankle joint; its parent is the anchor
         parent = int(skel.parents[first])
+        coverable = np.array([name not in UNCOVERED for name in members])
         points, good = fit_rigid_part(centres[:, ks], aimed[:, ks], seen[:, ks] & ~flagged[:, ks],
-                                      joints[:, parent], ~filled[:, parent], lengths[first])  # fmt: skip
+                                      joints[:, parent], ~filled[:, parent], lengths[first], coverable)  # fmt: skip
         centres[np.ix_(good, ks)] = points[good]
         keypoints[np.ix_(good, ks)] = points[good] - depth[ks][None, :, None] * units[np.ix_(good, ks)]
         inside = marks[:, ks].any(1) & ~marks[:, np.setdiff1d(ids, ks)].any(1)  # joints marked only by the part
@@ -540,6 +544,49 @@ def solve_rotations(joints: np.ndarray, keypoints: np.ndarray, keypoint_filled: 
     return out
 
 
+TIMED_JOINTS = {"l_hand": ("l_forearm", "l_hand", "l_index1", "l_middle1", "l_pinky1"),
+                "r_hand": ("r_forearm", "r_hand", "r_index1", "r_middle1", "r_pinky1")}  # fmt: skip
+"""Joints whose local rotation is estimated over time (``_rotations_in_time``), and the joints that fix it in a frame:
+the elbow, the wrist and the knuckles of the aim and twist. The hand's turn against the forearm rests on points 2-9 cm
+apart, whose millimetres of noise are degrees, and on guesses where any of them was filled."""
+TIMED_SIGMA = 1.0
+"""Frames: the width of the Gaussian over the measured frames that ``_rotations_in_time`` averages."""
+
+
+def _timed_joints(skel: MocapSkeleton) -> dict[int, list[int]]:
+    return {skel.index(joint): [skel.index(name) for name in group] for joint, group in TIMED_JOINTS.items()}
+
+
+def _rotations_in_time(local: np.ndarray, measured: np.ndarray, online: bool, sigma: float) -> np.ndarray:
+    """(T, 3, 3) rotations averaged over the ``measured`` frames around each frame (a Gaussian of ``sigma`` frames,
+    the mean of matrices projected back onto a rotation); a frame not measured weighs them from the nearest, so it
+    takes its turn from the frames either side (offline) or the last measured ones (online, where a measured frame
+    keeps its own: no delay). Without any measured frame the rotations stay as they are."""
+    out = local.copy()
+    idx = np.flatnonzero(measured)
+    reach = int(np.ceil(4 * sigma))  # frames beyond the nearest measured one + reach weigh < e^-8: left out
+    rows, means = [], []
+    for t in range(len(local)):
+        if online and measured[t]:
+            continue
+        split = int(np.searchsorted(idx, t))
+        end = split if online else len(idx)  # online: the earlier frames only
+        if not end:
+            continue
+        nearest = np.abs(idx[max(split - 1, 0) : min(split + 1, end)] - t).min()
+        lo, hi = np.searchsorted(idx[:end], [t - nearest - reach, t + nearest + reach + 1])
+        near = idx[lo:hi]
+        gap = np.abs(near - t).astype(np.float64)
+        weight = np.exp(-0.5 * (gap**2 - nearest**2) / sigma**2)
+        rows.append(t)
+        means.append(np.einsum("n,nab->ab", weight, local[near]))
+    if rows:
+        u, _, vt = np.linalg.svd(np.array(means))
+        u[..., :, 2] *= np.sign(np.linalg.det(u @ vt))[:, None]  # the nearest rotation, not a reflection
+        out[rows] = u @ vt
+    return out
+
+
 def _rest_offsets(skel: MocapSkeleton, joints: np.ndarray, rotations: np.ndarray, lengths: np.ndarray,
                   good: np.ndarray) -> np.ndarray:  # fmt: skip
     offsets = np.zeros((skel.num_joints, 3))
@@ -696,6 +743,11 @@ def solve_track(frames: Sequence[Lifted3D | None], fps: float, options: SolveOpt
     parents = skel.parents
     local = rotations.copy()
     local[:, 1:] = np.einsum("tjba,tjbc->tjac", rotations[:, parents[1:]], rotations[:, 1:])
+    # the hands' turn against the forearm over time, from the frames where the elbow, wrist and knuckles were
+    # measured (or fitted): guessed points give a guessed flexion
+    guessed = (filled & ~fitted) | ~seen[:, None]
+    for joint, group in _timed_joints(skel).items():
+        local[:, joint] = _rotations_in_time(local[:, joint], ~guessed[:, group].any(1), online, TIMED_SIGMA)
     skeleton = rig.Skeleton(skel.names, tuple(int(p) for p in parents), offsets)
     motion = rig.Motion(skeleton, fps, joints[:, 0], rig.quat_from_matrix(local), valid=seen)
     positions, global_q = rig.forward_kinematics(motion)
