@@ -10,7 +10,10 @@
   (``keep_freed_host_memory``): otherwise a process that runs another network in between (or frees a large
   buffer) page-faults ~0.4 GB back in per 0.1b forward;
 - on CPU, optionally (``pack_linears``), every linear layer of the blocks runs through oneDNN with its weight
-  reordered once into oneDNN's blocked layout (``PackedLinear``); MKL's ``addmm`` is the default otherwise.
+  reordered once into oneDNN's blocked layout (``PackedLinear``); MKL's ``addmm`` is the default otherwise;
+- on CUDA with Triton installed (``fused_kernels``, issue #25), q/k-norm + RoPE, SiLU(gate) * up and LayerScale +
+  residual run as fused ops (``layers/fused.py``: Triton kernels on CUDA, the reference torch ops elsewhere), in
+  eager and compiled forwards alike.
 
 The fast mode keeps the model's numerics recipe (bf16 RoPE, op order of each block) and moves results only in the
 last bits of float32 (different GEMM shapes and kernels); ``tests/test_fast_agreement.py`` bounds the movement on the
@@ -30,13 +33,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import Attention, RopePositionEmbedding, SwiGLUFFN
+from .layers import Attention, RopePositionEmbedding, SwiGLUFFN, TransformerBlock
+from .layers.fused import triton_available
 
 __all__ = [
     "BATCH_BUCKETS",
     "CompiledBuckets",
     "PackedLinear",
     "attention_backends",
+    "fused_kernels_supported",
     "is_fast",
     "keep_freed_host_memory",
     "make_fast",
@@ -139,6 +144,15 @@ def is_fast(model: nn.Module) -> bool:
     return all(module.fused for module in model.modules() if isinstance(module, Attention))
 
 
+def fused_kernels_supported(device: torch.device | str) -> bool:
+    """Whether the Triton kernels can run on ``device``: a CUDA GPU of compute capability 8.0 or newer (Ampere on,
+    where Triton handles bf16) with Triton installed. Elsewhere the fused ops run their reference torch ops."""
+    device = torch.device(device)
+    if device.type != "cuda" or not triton_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def _pack_block_linears(model: nn.Module) -> int:
     """Swap the linear layers inside attention and FFN modules for ``PackedLinear``; returns how many."""
     count = 0
@@ -153,7 +167,13 @@ def _pack_block_linears(model: nn.Module) -> int:
 
 
 @torch.no_grad()
-def make_fast(model: nn.Module, *, pack_linears: bool | None = None, tune_allocator: bool | None = None) -> nn.Module:
+def make_fast(
+    model: nn.Module,
+    *,
+    pack_linears: bool | None = None,
+    tune_allocator: bool | None = None,
+    fused_kernels: bool | None = None,
+) -> nn.Module:
     """Turn ``model`` (a ``Sapiens2`` backbone, a ``TaskModel`` or anything holding them) into its fast form, in place.
 
     Args:
@@ -161,6 +181,15 @@ def make_fast(model: nn.Module, *, pack_linears: bool | None = None, tune_alloca
         pack_linears: route the blocks' linear layers through oneDNN with prepacked weights (``PackedLinear``).
             None: on when the model is on the CPU and oneDNN is available. Costs a second copy of those weights.
         tune_allocator: call ``keep_freed_host_memory`` (process-wide). None: when the model is on the CPU.
+        fused_kernels: run q/k-norm + RoPE, SiLU(gate) * up and LayerScale + residual as the fused ops of
+            ``layers/fused.py`` (Triton kernels on CUDA; on other devices their reference torch ops, the same
+            numbers as without). None: off. They are opt-in until a GPU run has checked them against the reference
+            (``tests/test_fused_kernels.py``'s CUDA tests) and measured them (``benchmarks/fused_kernels.py``):
+            they were written and tested through Triton's interpreter on a CPU only. False turns them off again.
+
+    Raises:
+        ValueError: ``pack_linears`` without a CPU model and oneDNN; ``fused_kernels=True`` for a CUDA model without
+            Triton installed.
 
     Returns:
         ``model`` itself. Calling it twice is harmless.
@@ -176,6 +205,13 @@ def make_fast(model: nn.Module, *, pack_linears: bool | None = None, tune_alloca
             module.cache_tables = True
     parameter = next(model.parameters(), None)
     on_cpu = parameter is not None and parameter.device.type == "cpu"
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    fused_kernels = bool(fused_kernels)
+    if fused_kernels and device.type == "cuda" and not triton_available():
+        raise ValueError("fused_kernels=True on CUDA needs Triton (pip install triton; CUDA builds of torch ship it)")
+    for module in model.modules():
+        if isinstance(module, (Attention, SwiGLUFFN, TransformerBlock)):
+            module.fused_kernels = bool(fused_kernels)
     if tune_allocator if tune_allocator is not None else on_cpu:
         keep_freed_host_memory()
     if pack_linears is None:

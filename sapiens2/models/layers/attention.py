@@ -1,8 +1,9 @@
 """Multi-head / grouped-query self-attention with QK-norm and RoPE (MODEL.md §1.3 "Attention").
 
 Two paths side by side: the reference path (separate ``wq``/``wk``/``wv``, repeat-interleaved GQA: the official op
-order) and the fused fast path (``fuse_qkv``: one projection, GQA inside SDPA without repeated K/V). The fused module
-still reads and writes the official ``wq``/``wk``/``wv`` keys (state-dict hooks split and join the fused tensors).
+order) and the fused fast path (``fuse_qkv``: one projection, GQA inside SDPA without repeated K/V; with
+``fused_kernels`` also q/k-norm + RoPE as one op, ``fused.qk_norm_rope``). The fused module still reads and writes the
+official ``wq``/``wk``/``wv`` keys (state-dict hooks split and join the fused tensors).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fused import qk_norm_rope
 from .layer_scale import LayerScale
 from .norm import RMSNorm
 from .rope import apply_rope, apply_rope_fast
@@ -51,6 +53,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, **factory) if qk_norm else None
         self.proj = nn.Linear(dim, dim, bias=True, **factory)
         self.gamma = LayerScale(dim, layer_scale_init, **factory) if layer_scale_init is not None else None
+        # Fast mode only (``make_fast(..., fused_kernels=True)``, after ``fuse_qkv``): q/k-norm + RoPE as one fused op.
+        self.fused_kernels = False
 
     @property
     def fused(self) -> bool:
@@ -84,8 +88,13 @@ class Attention(nn.Module):
         return x.reshape(batch, tokens, heads, self.head_dim).transpose(1, 2)  # (B, N, h*hd) -> (B, h, N, hd)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        x = self.attend(x, rope)
+        return self.gamma(x) if self.gamma is not None else x
+
+    def attend(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The attention branch up to ``proj``, before LayerScale (which a fused block folds into its residual add)."""
         if self.fused:
-            return self._forward_fused(x, rope)
+            return self._attend_fused(x, rope)
         batch, tokens, dim = x.shape
         q = self._split_heads(self.wq(x), self.num_heads)
         k = self._split_heads(self.wk(x), self.num_kv_heads)
@@ -101,24 +110,27 @@ class Attention(nn.Module):
             v = v.repeat_interleave(repeats, dim=1)
         x = F.scaled_dot_product_attention(q, k, v)
         x = x.transpose(1, 2).reshape(batch, tokens, dim)  # (B, h, N, hd) -> (B, N, D)
-        x = self.proj(x)
-        return self.gamma(x) if self.gamma is not None else x
+        return self.proj(x)
 
-    def _forward_fused(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def _attend_fused(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         batch, tokens, dim = x.shape
         heads, kv_heads = self.num_heads, self.num_kv_heads
-        qkv = self.wqkv(x).view(batch, tokens, heads + 2 * kv_heads, self.head_dim)
-        q, k, v = qkv.transpose(1, 2).split([heads, kv_heads, kv_heads], dim=1)  # (B, h|kv|kv, N, hd) views
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            sin, cos = rope
-            q, k = apply_rope_fast(q, sin, cos), apply_rope_fast(k, sin, cos)
+        qkv = self.wqkv(x)
+        if self.fused_kernels and self.q_norm is not None and rope is not None and rope[0].dim() == 2:
+            q, k, v = qk_norm_rope(qkv, self.q_norm.weight, self.k_norm.weight, rope, num_heads=heads,
+                                   num_kv_heads=kv_heads, eps=self.q_norm.eps)  # fmt: skip
+        else:
+            qkv = qkv.view(batch, tokens, heads + 2 * kv_heads, self.head_dim)
+            q, k, v = qkv.transpose(1, 2).split([heads, kv_heads, kv_heads], dim=1)  # (B, h|kv|kv, N, hd) views
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            if rope is not None:
+                sin, cos = rope
+                q, k = apply_rope_fast(q, sin, cos), apply_rope_fast(k, sin, cos)
         # GQA inside SDPA: query head j*r ... j*r+r-1 reads kv head j, the same grouping as repeat_interleave.
         x = F.scaled_dot_product_attention(q, k, v, enable_gqa=kv_heads != heads)
         x = x.transpose(1, 2).reshape(batch, tokens, dim)  # (B, h, N, hd) -> (B, N, D)
-        x = self.proj(x)
-        return self.gamma(x) if self.gamma is not None else x
+        return self.proj(x)
 
 
 _QKV = ("wq", "wk", "wv")

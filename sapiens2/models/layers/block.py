@@ -7,10 +7,14 @@ from torch import nn
 
 from .attention import Attention
 from .ffn import SwiGLUFFN
+from .fused import scale_add
 from .norm import RMSNorm
 
 
 class TransformerBlock(nn.Module):
+    """``fused_kernels`` (set by ``make_fast``, off by default) folds the attention's LayerScale into the residual
+    add (``fused.scale_add``: one op for ``x + proj_out * gamma``)."""
+
     def __init__(
         self,
         dim: int,
@@ -31,7 +35,11 @@ class TransformerBlock(nn.Module):
         )
         self.ln2 = RMSNorm(dim, **factory)
         self.ffn = SwiGLUFFN(dim, ffn_dim, **factory)
+        self.fused_kernels = False
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), rope)
+        if self.fused_kernels and self.attn.gamma is not None:
+            x = scale_add(x, self.attn.attend(self.ln1(x), rope), self.attn.gamma.weight)
+        else:
+            x = x + self.attn(self.ln1(x), rope)
         return x + self.ffn(self.ln2(x))
