@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tarfile
 import time
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -269,3 +270,56 @@ def test_an_output_folder_that_is_the_input_folder_is_refused(tmp_path):
     with pytest.raises(CollectionError, match="reads the output folder"):
         bulk(folder, folder)
     assert not (folder / "_bulk").exists()
+
+
+def test_a_part_killed_mid_write_matches_no_parquet_pattern_and_the_rerun_removes_it(tmp_path, monkeypatch):
+    pq = require_module("pyarrow.parquet")
+    folder = make_images(tmp_path / "in", corrupt=False)
+    out = tmp_path / "out"
+    write_table, seen = pq.write_table, []
+
+    def write_and_look(table, where, **kwargs):
+        Path(where).write_bytes(b"PAR1")  # what a kill during pyarrow's write leaves: its 4-byte magic number
+        seen.append((Path(where), set(out.rglob("*.parquet")), set(out.rglob("*.json"))))
+        write_table(table, where, **kwargs)
+
+    monkeypatch.setattr(pq, "write_table", write_and_look)
+    bulk(folder, out, sink="parquet")
+    monkeypatch.undo()
+    assert len(seen) == 3  # one part per shard (7 images, shards of 3)
+    for temporary, parquet_files, json_files in seen:
+        assert temporary not in parquet_files | json_files and not temporary.exists()  # renamed into its part
+    killed = seen[1][0]
+    killed.write_bytes(b"PAR1")  # the file a kill during the second part's write leaves, as it was
+    assert not [p for p in (out / "parts").glob("*.parquet") if p.stat().st_size == 4]
+    report = bulk(folder, out, sink="parquet")
+    assert (report.done, report.skipped) == (0, 7) and not killed.exists()
+    assert sorted(row["key"] for row in parquet_rows(out)) == sorted(str(p.relative_to(folder)) for p in
+                                                                   folder.rglob("*.png"))  # fmt: skip
+
+
+def test_a_part_written_before_a_kill_without_its_commit_is_replaced_or_removed(tmp_path, monkeypatch):
+    folder = make_images(tmp_path / "in", corrupt=False)
+    out = tmp_path / "out"
+    report = bulk(folder, out, sink="parquet", job=ColourJob(fail_on="img_1"))
+    assert (report.done, report.failed) == (6, 1)
+
+    commit = Ledger.commit
+
+    def killed(self, shard, attempt, outcomes, part=None):  # dies after the sink wrote a part, before its commit
+        if part is not None:
+            raise KeyboardInterrupt
+        return commit(self, shard, attempt, outcomes, part)
+
+    monkeypatch.setattr(Ledger, "commit", killed)
+    with pytest.raises(KeyboardInterrupt):
+        bulk(folder, out, sink="parquet")  # a/img_1.png done this time, in a part no commit names
+    monkeypatch.undo()
+    named = {out / entry.part for entry in Ledger(out).entries().values() if entry.part}
+    [stale] = set((out / "parts").glob("*.parquet")) - named
+    assert stale.name.endswith(".0001.parquet") and "a/img_1.png" in [row["key"] for row in parquet_rows(out)]
+    report = bulk(folder, out, sink="parquet", job=ColourJob(fail_on="img_1"))  # it fails again on the rerun
+    assert (report.done, report.failed, report.skipped) == (0, 1, 6)
+    assert not stale.exists()  # no row the ledger has as failed
+    assert "a/img_1.png" not in [row["key"] for row in parquet_rows(out)]
+    assert Ledger(out).entries()["a/img_1.png"].status == "failed"

@@ -34,18 +34,22 @@ def command(tiny_checkpoints, inputs, out, *extra):
             "--shard-size", "3", *extra]  # fmt: skip
 
 
+def done_entries(out):
+    return {k: e for k, e in Ledger(out).entries().items() if e.status == "done"} if (out / "_bulk").is_dir() else {}
+
+
 def kill_when_done(argv, out, at_least, timeout=240, stderr=None):
-    """Start the job, SIGKILL it once the ledger holds ``at_least`` done items; returns those entries (and what
-    the job and its workers wrote to stderr into the list ``stderr``, when given)."""
+    """Start the job, SIGKILL it once the ledger holds ``at_least`` done items; returns the done entries the ledger
+    holds once the job and its workers are dead (and what they wrote to stderr into the list ``stderr``, when
+    given). Read after the kill: the job may commit more items between the poll that saw ``at_least`` and the
+    signal (3 more, one shard, on a loaded machine)."""
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
                                env=env)  # fmt: skip
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            done = {k: e for k, e in Ledger(out).entries().items() if e.status == "done"} if (out / "_bulk").is_dir() \
-                else {}  # fmt: skip
-            if len(done) >= at_least:
+            if len(done_entries(out)) >= at_least:
                 os.kill(process.pid, signal.SIGKILL)
                 break
             assert process.poll() is None, f"the job ended before it could be killed: {process.stderr.read()}"
@@ -61,7 +65,12 @@ def kill_when_done(argv, out, at_least, timeout=240, stderr=None):
             pass
     if stderr is not None:
         stderr.append(process.stderr.read().decode(errors="replace"))
-    return done
+    return done_entries(out)
+
+
+def temporaries(out):
+    """Files under ``out`` that are temporaries of atomic writes (``_bulk/tmp/*``, ``.<name>.<hex>.tmp.<ext>``)."""
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and ".tmp" in p.name)
 
 
 def rerun(argv):
@@ -119,6 +128,7 @@ def test_parquet_job_killed_then_rerun_has_every_row_once(tiny_checkpoints, tmp_
     assert f"{len(done)} skipped" in result.stdout
     keys = parquet_keys(out)
     assert sorted(keys) == [f"p{i:02d}.png" for i in range(15)]  # each once
+    assert temporaries(out) == []  # what the killed run left mid-write is gone, and the rerun left none
     assert {p: p.stat().st_mtime_ns for p in parts} == parts  # committed parts untouched by the rerun
     for key in done:
         assert Ledger(out).entries()[key].part in {f"parts/{p.name}" for p in parts}

@@ -6,6 +6,9 @@ Layout under the job's output folder (``<output>/_bulk/``)::
     ledger/<shard>.<attempt>.json     one atomic commit per shard attempt: every new item's key, hash, status, error
     ledger/<shard>.journal.jsonl      per-item appends (fsync'd) for sinks that write item by item (files)
     report.json                       the last run's counts and throughput
+    tmp/                              the temporary files of the run's atomic writes (sink parts, tar shards,
+                                      Parquet arrays, commits); emptied when a run starts
+
 
 An item is done when a commit (or a journal line) says so with its content hash: a rerun skips it without
 decoding. A commit is written only after the sink has written the shard's outputs (atomically), so a crash between
@@ -13,6 +16,10 @@ the two recomputes the shard into the same output names, never a second copy. A 
 mid-append) and any journal line that is not an item are ignored. A commit file that cannot be read (truncated,
 empty, not a commit) is set aside as ``<name>.broken`` when the job starts, with a warning naming it; its items are
 recomputed under the same attempt number, so a columnar part it named is replaced, not duplicated.
+
+Every atomic write of the job's driver (sinks, commits, ``job.json``, ``report.json``) puts its temporary file in
+``tmp/`` as ``<name>.<hex>.tmp``, so a run killed mid-write leaves no file that ``parts/*.parquet`` or
+``shards/*.tar`` matches, and the next run (one run at a time per output folder) removes it when it starts.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,10 +38,16 @@ from ..data.collections import Record
 from ..data.io import save_json
 from .job import Outcome
 
-__all__ = ["Ledger", "LedgerEntry", "LedgerMismatch"]
+__all__ = ["Ledger", "LedgerEntry", "LedgerMismatch", "temporary_folder"]
 
 _COMMIT = re.compile(r"^(?P<shard>.+)\.(?P<attempt>\d{4,})\.json$")
 _BROKEN = re.compile(r"^(?P<shard>.+)\.(?P<attempt>\d{4,})\.json\.broken$")
+
+
+def temporary_folder(output: str | os.PathLike) -> Path:
+    """Where a bulk job writing under ``output`` keeps the temporary files of its atomic writes; emptied when a
+    run starts (``Ledger.start``)."""
+    return Path(output) / "_bulk" / "tmp"
 
 
 class LedgerMismatch(ValueError):
@@ -113,14 +127,16 @@ class Ledger:
     def __init__(self, output: str | os.PathLike) -> None:
         self.root = Path(output) / "_bulk"
         self.folder = self.root / "ledger"
+        self.temporary = temporary_folder(output)
         self._index: dict[str, list[str]] | None = None
         self.warnings: list[str] = []  # what ``start`` found broken and set aside, one line each
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root, "folder": self.folder, "_index": None, "warnings": []}
+        return {"root": self.root, "folder": self.folder, "temporary": self.temporary, "_index": None, "warnings": []}
 
     def start(self, fingerprint: dict[str, Any]) -> bool:
-        """Create the ledger, or check that an existing one is for the same job; True when resuming.
+        """Create the ledger, or check that an existing one is for the same job; True when resuming. Then remove
+        the temporary files a killed run left (``tmp/``).
 
         Raises:
             LedgerMismatch: the folder holds a job whose fingerprint differs (names the differing settings).
@@ -141,23 +157,21 @@ class Ledger:
                     f"{aside.name!r} and replaced by this run's settings, so they could not be compared with the "
                     "earlier runs'"
                 )
-                save_json(path, fingerprint)
                 stored = fingerprint
-        if stored is not None:
-            if stored != fingerprint:
-                names = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != fingerprint.get(k))
-                raise LedgerMismatch(
-                    f"output folder {str(path.parents[1])!r} holds a bulk job with other settings "
-                    f"({', '.join(names)} differ); rerun with the same ones, or choose a new output folder"
-                )
-            resuming = True
-        else:
-            save_json(path, fingerprint)
-            resuming = False
+        if stored is not None and stored != fingerprint:
+            names = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != fingerprint.get(k))
+            raise LedgerMismatch(
+                f"output folder {str(path.parents[1])!r} holds a bulk job with other settings "
+                f"({', '.join(names)} differ); rerun with the same ones, or choose a new output folder"
+            )
+        # Only after the check: a folder of another job keeps its files. Nothing else writes here meanwhile.
+        shutil.rmtree(self.temporary, ignore_errors=True)
+        if not path.exists():
+            save_json(path, fingerprint, temporary_folder=self.temporary)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._index = None
         self._check_commits()
-        return resuming
+        return stored is not None
 
     def _check_commits(self) -> None:
         """Set aside every commit that cannot be read, once, before any worker reads the ledger."""
@@ -264,7 +278,7 @@ class Ledger:
             return None
         name = f"{shard}.{attempt:04d}.json"
         record = {"shard": shard, "attempt": attempt, "part": part, "items": items}
-        path = save_json(self.folder / name, record, indent=None)
+        path = save_json(self.folder / name, record, indent=None, temporary_folder=self.temporary)
         journal.unlink(missing_ok=True)
         if self._index is not None:
             self._index.setdefault(shard, []).append(name)

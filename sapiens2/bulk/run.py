@@ -208,5 +208,5 @@ def run_bulk(job: BulkJob, options: BulkOptions) -> Report:
     finally:
         progress.close()
     report.seconds = time.perf_counter() - start
-    save_json(ledger.root / "report.json", report.to_json())
+    save_json(ledger.root / "report.json", report.to_json(), temporary_folder=ledger.temporary)
     return report

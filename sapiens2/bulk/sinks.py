@@ -13,7 +13,10 @@
 =============  =================================================================================================
 
 Part and shard names are fixed by the input shard and attempt, so a shard recomputed after a crash replaces its
-file instead of adding one. Failed items are in the ledger, not in the parts.
+file instead of adding one, or removes it when the attempt has no done item (a part written by a run killed
+before its ledger commit names nothing the ledger has). Failed items are in the ledger, not in the parts. Every
+write is atomic through ``_bulk/tmp/`` (``ledger.temporary_folder``): a killed run leaves no partial file that
+``parts/*.parquet`` or ``shards/*.tar`` matches, and the next run empties that folder.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 from ..data.io import atomic_write
 from .job import Outcome
+from .ledger import temporary_folder
 
 __all__ = ["SINKS", "FilesSink", "ParquetSink", "Sink", "WebDatasetSink", "column_name", "make_sink"]
 
@@ -51,6 +55,11 @@ class Sink:
 
     def __init__(self, output: str | os.PathLike) -> None:
         self.output = Path(output)
+        self.temporary = temporary_folder(output)
+
+    def write(self, relative: str, content: Any) -> None:
+        """Atomically write ``content`` (bytes, or a writer of a temporary path) at ``output/relative``."""
+        atomic_write(self.output / relative, content, temporary_folder=self.temporary)
 
     def write_item(self, outcome: Outcome) -> None:
         """Write one done item's outputs (item-granular sinks)."""
@@ -69,10 +78,10 @@ class FilesSink(Sink):
             return
         stem = _safe_relative(outcome.stem)
         for name, data in outcome.output.blobs.items():
-            atomic_write(self.output / f"{stem}{name}", data)
+            self.write(f"{stem}{name}", data)
         if outcome.output.row:
             text = json.dumps(outcome.output.row, default=_plain, allow_nan=True) + "\n"
-            atomic_write(self.output / f"{stem}.json", text.encode())
+            self.write(f"{stem}.json", text.encode())
 
 
 def _plain(value: Any) -> Any:
@@ -120,19 +129,16 @@ class ParquetSink(Sink):
                    "content_hash": outcome.content_hash}  # fmt: skip
             for name, data in outcome.output.blobs.items():
                 relative = f"arrays/{_safe_relative(outcome.stem)}{name}"
-                atomic_write(self.output / relative, data)
+                self.write(relative, data)
                 row[column_name(name)] = relative
             row.update(outcome.output.row)
             rows.append(row)
+        relative = f"parts/{shard}.{attempt:04d}.parquet"
         if not rows:
+            _remove_uncommitted(self.output / relative)
             return None
         table = self.table(rows)
-        relative = f"parts/{shard}.{attempt:04d}.parquet"
-
-        def write(temporary: Path) -> None:
-            pq.write_table(table, temporary)
-
-        atomic_write(self.output / relative, write)
+        self.write(relative, lambda temporary: pq.write_table(table, temporary))
         return relative
 
     def table(self, rows: list[dict[str, Any]]) -> Any:
@@ -164,9 +170,10 @@ class WebDatasetSink(Sink):
 
     def commit(self, shard: str, attempt: int, outcomes: list[Outcome]) -> str | None:
         done = [o for o in outcomes if o.status == "done" and o.output is not None]
-        if not done:
-            return None
         relative = f"shards/{shard}.{attempt:04d}.tar"
+        if not done:
+            _remove_uncommitted(self.output / relative)
+            return None
 
         def write(temporary: Path) -> None:
             with tarfile.open(temporary, "w", format=tarfile.PAX_FORMAT) as archive:
@@ -181,8 +188,14 @@ class WebDatasetSink(Sink):
                         info.size, info.mtime, info.mode = len(data), 0, 0o644  # reproducible shards
                         archive.addfile(info, io.BytesIO(data))
 
-        atomic_write(self.output / relative, write)
+        self.write(relative, write)
         return relative
+
+
+def _remove_uncommitted(path: Path) -> None:
+    """Remove the file of an attempt that has no done item: one there was written by a run killed before its ledger
+    commit (or named by a commit set aside as broken), and the ledger has none of its rows as done under it."""
+    path.unlink(missing_ok=True)
 
 
 SINKS: dict[str, type[Sink]] = {"files": FilesSink, "parquet": ParquetSink, "webdataset": WebDatasetSink}

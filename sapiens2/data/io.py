@@ -442,23 +442,38 @@ def to_rgb_array(image: PathLike | np.ndarray | Any) -> np.ndarray:
 # Atomic writing
 
 
-def _temporary_sibling(path: Path) -> Path:
-    # Same folder (so os.replace is an atomic rename on one filesystem), hidden, and ending in the real suffix so
-    # writers that pick the format from the extension (cv2.imwrite, np.save) behave as for the final name.
-    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp{path.suffix}")
+def _temporary_path(path: Path, folder: Path | None) -> Path:
+    if folder is None:
+        # Same folder (so os.replace is an atomic rename on one filesystem), hidden, and ending in the real suffix so
+        # writers that pick the format from the extension (cv2.imwrite, np.save) behave as for the final name.
+        return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp{path.suffix}")
+    # A folder of temporaries that its owner clears: ".tmp" last, so that no "*<suffix>" pattern ever matches one.
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{path.name}.{secrets.token_hex(6)}.tmp"
 
 
-def atomic_write(path: PathLike, content: bytes | bytearray | memoryview | Callable[[Path], Any]) -> Path:
+def atomic_write(
+    path: PathLike,
+    content: bytes | bytearray | memoryview | Callable[[Path], Any],
+    *,
+    temporary_folder: PathLike | None = None,
+) -> Path:
     """Write a file so that ``path`` holds either its old content or the complete new one, never a partial file.
 
-    The data goes to a hidden temporary file in the same folder, is flushed to disk, then renamed over ``path``
-    with ``os.replace``. On any exception (also KeyboardInterrupt) the temporary file is removed and the error
-    re-raised; an existing ``path`` is left untouched. Missing parent folders are created.
+    The data goes to a hidden temporary file in the same folder (or in ``temporary_folder``), is flushed to disk,
+    then renamed over ``path`` with ``os.replace``. On any exception (also KeyboardInterrupt) the temporary file is
+    removed and the error re-raised; an existing ``path`` is left untouched. Missing parent folders are created. A
+    process killed mid-write leaves its temporary file behind (``.<name>.<hex>.tmp<suffix>`` beside ``path``, or
+    ``<name>.<hex>.tmp`` in ``temporary_folder``).
 
     Args:
         path: destination file.
         content: the bytes to write, or ``writer(temp_path)`` which writes the file itself at ``temp_path`` (a path
-            with the same suffix as ``path``; it must not rename it).
+            with the same suffix as ``path``, unless ``temporary_folder`` is given; it must not rename it).
+        temporary_folder: write the temporary file there instead (created if missing), ending in ``.tmp`` so that
+            no pattern of the final suffix (``*.parquet``) matches it: a folder on the same filesystem as ``path``
+            that its owner clears when it starts, which removes what a killed run left (bulk jobs:
+            ``<output>/_bulk/tmp``).
 
     Returns:
         ``path`` as a ``pathlib.Path``.
@@ -467,7 +482,7 @@ def atomic_write(path: PathLike, content: bytes | bytearray | memoryview | Calla
     if not (isinstance(content, (bytes, bytearray, memoryview)) or callable(content)):
         raise TypeError(f"atomic_write content must be bytes or a callable writer(path), got {type(content).__name__}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = _temporary_sibling(path)
+    temporary = _temporary_path(path, None if temporary_folder is None else Path(temporary_folder))
     try:
         if callable(content):
             content(temporary)
@@ -533,10 +548,11 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"object of type {type(value).__name__} is not JSON serialisable")
 
 
-def save_json(path: PathLike, data: Any, *, indent: int | None = 2) -> Path:
-    """Atomically write JSON (UTF-8); numpy arrays/scalars and paths are converted to plain JSON values."""
+def save_json(path: PathLike, data: Any, *, indent: int | None = 2, temporary_folder: PathLike | None = None) -> Path:
+    """Atomically write JSON (UTF-8); numpy arrays/scalars and paths are converted to plain JSON values.
+    ``temporary_folder``: as in ``atomic_write``."""
     text = json.dumps(data, indent=indent, default=_json_default, ensure_ascii=False, allow_nan=True)
-    return atomic_write(path, (text + "\n").encode("utf-8"))
+    return atomic_write(path, (text + "\n").encode("utf-8"), temporary_folder=temporary_folder)
 
 
 def save_ply(path: PathLike, points: np.ndarray, colors: np.ndarray | None = None) -> Path:
