@@ -102,7 +102,8 @@ def main() -> None:
     for task in ("pose", "pointmap"):
         torch.manual_seed(0)
         spec = TINY_ARCH if args.arch == "tiny" else args.arch
-        model = build_model(task, spec, input_size=tuple(args.input_size), **HEADS[task]).eval()
+        heads = HEADS[task] if args.arch == "tiny" else {}  # a zoo arch: the released heads
+        model = build_model(task, spec, input_size=tuple(args.input_size), **heads).eval()
         extra = {"detector": lambda images: [box] * len(images), "flip_test": False} if task == "pose" else {}
         raw[task] = Predictor(task, model=model, device=args.device, input_size=tuple(args.input_size),
                               batch_size=4, **extra)  # fmt: skip
