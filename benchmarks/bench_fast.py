@@ -86,31 +86,44 @@ def pose_end_to_end(args: argparse.Namespace) -> None:
     from sapiens2 import Predictor
 
     size = tuple(args.resolution)
-    state = _network("pose", args.arch, size, torch.float32, None).state_dict()
+    state = _network("pose", args.arch, size, torch.float32, None, args.device).state_dict()  # init on the device
     rng = torch.Generator().manual_seed(2)
     image = torch.randint(0, 256, (1080, 1920, 3), generator=rng, dtype=torch.uint8).numpy()
     boxes = [[100 + 280 * i, 150 + 20 * i, 330 + 280 * i, 900 + 20 * i] for i in range(args.pose_people)]
     people = args.pose_people
-    runs = {}  # label: (mode, dtype, crops per forward, compile)
+    runs = {}  # label: (mode, dtype, crops per forward, compile, fused kernels)
     if not args.no_official:
-        runs["official demo's way (fp32, 1 crop/forward, numpy decode)"] = ("reference", torch.float32, 1, False)
-    runs[f"ours reference fp32, {people} crops/forward"] = ("reference", torch.float32, people, False)
+        runs["official demo's way (fp32, 1 crop/forward, numpy decode)"] = ("reference", torch.float32, 1, False, False)
+    runs[f"ours reference fp32, {people} crops/forward"] = ("reference", torch.float32, people, False, False)
     if not args.no_fp32:
         runs[f"ours fast fp32, {people} crops + mirrors in one forward, torch decode"] = (
-            "fast", torch.float32, people, False)  # fmt: skip
+            "fast", torch.float32, people, False, False)  # fmt: skip
     if args.bf16:
-        runs[f"ours reference bf16, {people} crops/forward"] = ("reference", torch.bfloat16, people, False)
-        runs[f"ours fast bf16, {people} crops + mirrors in one forward"] = ("fast", torch.bfloat16, people, False)
-        if args.compile:
-            runs[f"ours fast bf16 compiled, {people} crops + mirrors"] = ("fast", torch.bfloat16, people, True)
+        runs[f"ours reference bf16, {people} crops/forward"] = ("reference", torch.bfloat16, people, False, False)
+        runs[f"ours fast bf16, {people} crops + mirrors in one forward"] = (
+            "fast", torch.bfloat16, people, False, False)  # fmt: skip
+        if args.fused:
+            runs[f"ours fast bf16 + fused kernels, {people} crops + mirrors"] = (
+                "fast", torch.bfloat16, people, False, True)  # fmt: skip
+        if args.compile and not args.fused:  # with --fused only the compiled row with the kernels (compile time)
+            runs[f"ours fast bf16 compiled, {people} crops + mirrors"] = ("fast", torch.bfloat16, people, True, False)
+        if args.compile and args.fused:
+            runs[f"ours fast bf16 compiled + fused kernels, {people} crops + mirrors"] = (
+                "fast", torch.bfloat16, people, True, True)  # fmt: skip
     predictors = {}
-    for label, (mode, dtype, batch, compiled) in runs.items():
-        model = _network("pose", args.arch, size, dtype, state)
+    for label, (mode, dtype, batch, compiled, fused) in runs.items():
+        model = _network("pose", args.arch, size, dtype, state, args.device)
         options = {"input_size": size, "batch_size": batch, "detector": None, "mode": mode, "compile": compiled}
         predictors[label] = Predictor("pose", model=model, device=args.device, dtype=dtype, **options)
+        if mode == "fast":  # the Predictor's default is on where the kernels run: each row says which it times
+            make_fast(predictors[label].model, pack_linears=False if compiled else None, fused_kernels=fused)
     device = torch.device(args.device)
     times: dict[str, list[float]] = {label: [] for label in runs}
-    results = {label: predictor(image, boxes=boxes) for label, predictor in predictors.items()}  # warm-up
+    results = {}
+    for label, predictor in predictors.items():  # warm-up (compiles), with progress: a time limit may cut it short
+        start = time.perf_counter()
+        results[label] = predictor(image, boxes=boxes)
+        print(f"warm-up {label}: {time.perf_counter() - start:.1f} s", flush=True)
     for _ in range(args.repeats):
         for label, predictor in predictors.items():
             _synchronize(device)
@@ -149,6 +162,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--bf16", action="store_true", help="add bf16 rows (ours reference, ours fast, transformers)")
     parser.add_argument("--compile", action="store_true", help="add ours fast compiled (static shapes; CUDA graphs)")
+    parser.add_argument("--fused", action="store_true",
+                        help="add fast bf16 rows with the fused Triton kernels (CUDA; the other fast rows go without)")
     parser.add_argument("--no-official", action="store_true", help="leave out the official demo's way (fp32 rows)")
     parser.add_argument("--no-fp32", action="store_true", help="leave out every fp32 row but the reference")
     parser.add_argument("--no-transformers", action="store_true")
@@ -169,10 +184,10 @@ def main() -> None:
     x = torch.randn(args.batch, 3, *size, generator=torch.Generator().manual_seed(1)).to(device)
     batch = args.batch
 
-    def fast(dtype: torch.dtype, compiled: bool = False) -> Callable:
+    def fast(dtype: torch.dtype, compiled: bool = False, fused: bool = False) -> Callable:
         network = _network(args.task, args.arch, size, dtype, state, args.device)
         # Inductor packs the weights itself: the eager oneDNN packing is left out of a compiled network.
-        network = make_fast(network, pack_linears=False if compiled else None)
+        network = make_fast(network, pack_linears=False if compiled else None, fused_kernels=fused)
         return CompiledBuckets(network, cuda_graphs=True) if compiled else network
 
     variants: dict[str, tuple[Callable, torch.dtype]] = {}
@@ -190,8 +205,14 @@ def main() -> None:
             torch.bfloat16,
         )
         variants[f"ours fast bf16, batch {batch}"] = (fast(torch.bfloat16), torch.bfloat16)
+        if args.fused:
+            variants[f"ours fast bf16 + fused kernels, batch {batch}"] = (
+                fast(torch.bfloat16, fused=True), torch.bfloat16)  # fmt: skip
         if args.compile:
             variants[f"ours fast bf16 compiled, batch {batch}"] = (fast(torch.bfloat16, True), torch.bfloat16)
+        if args.compile and args.fused:
+            variants[f"ours fast bf16 compiled + fused kernels, batch {batch}"] = (
+                fast(torch.bfloat16, True, fused=True), torch.bfloat16)  # fmt: skip
     if args.compile and not args.no_fp32:
         variants[f"ours fast fp32 compiled, batch {batch}"] = (fast(torch.float32, True), torch.float32)
     with tempfile.TemporaryDirectory() as tmp:
@@ -212,9 +233,11 @@ def main() -> None:
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
                 resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+                start = time.perf_counter()
                 for _ in range(args.warmup):
                     outputs[label] = _first_tensor(function(x.to(dtype))).float().clone()
                 _synchronize(device)
+                print(f"warm-up {label}: {time.perf_counter() - start:.1f} s", flush=True)
                 if device.type == "cuda":
                     extra_memory[label] = (torch.cuda.max_memory_allocated(device) - resident) / 2**30
             for _ in range(args.repeats):
