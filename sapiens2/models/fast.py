@@ -183,9 +183,10 @@ def make_fast(
         tune_allocator: call ``keep_freed_host_memory`` (process-wide). None: when the model is on the CPU.
         fused_kernels: run q/k-norm + RoPE, SiLU(gate) * up and LayerScale + residual as the fused ops of
             ``layers/fused.py`` (Triton kernels on CUDA; on other devices their reference torch ops, the same
-            numbers as without). None: off. They are opt-in until a GPU run has checked them against the reference
-            (``tests/test_fused_kernels.py``'s CUDA tests) and measured them (``benchmarks/fused_kernels.py``):
-            they were written and tested through Triton's interpreter on a CPU only. False turns them off again.
+            numbers as without). None: off. They are opt-in until a GPU run has passed ``tests/test_fused_kernels.py``'s
+            CUDA tests and measured them in the backbone (``benchmarks/gpu_session.sh``): the first run (H100,
+            2026-11-27) ran them and timed q/k-norm + RoPE at 4x Inductor's fusion, but did not finish the rest
+            (docs/benchmarks.md, "Fused GPU kernels"). False turns them off again.
 
     Raises:
         ValueError: ``pack_linears`` without a CPU model and oneDNN; ``fused_kernels=True`` for a CUDA model without

@@ -456,13 +456,17 @@ def _decode_thread(frames: FrameSource, out: queue.Queue, timer: _Timer, stop: t
         _put(out, VideoReadError(frames.name, f"{type(error).__name__}: {error}"), stop=stop)
 
 
-def _write_thread(inbox: queue.Queue, writer: ChunkWriter, options: VideoOptions, timer: _Timer, failed: list,
-                  bar: Any, hook: FrameHook | None = None) -> None:  # fmt: skip
+def _draw_thread(inbox: queue.Queue, outbox: queue.Queue, options: VideoOptions, timer: _Timer, failed: list,
+                 hook: FrameHook | None) -> None:  # fmt: skip
+    """The first half of writing: the frame hook and the overlay picture, frame after frame (both keep state across
+    frames), handed on as (item, hook fields, picture). After a failure (in here or in the write half) it only drains;
+    it always ends by passing ``_END`` on."""
     drawer = _Drawer(options.keypoint_format)
-    last_state = None
-    ended = False  # _END taken from the inbox: after a failure, drain until it comes, never past it
+    ended = False  # _END taken from the inbox: never read past it
     try:
         while not (ended := (item := inbox.get()) is _END):
+            if failed:
+                continue
             fields, panel = {}, None
             if hook is not None:
                 start = time.perf_counter()
@@ -473,6 +477,30 @@ def _write_thread(inbox: queue.Queue, writer: ChunkWriter, options: VideoOptions
             if picture is not None and panel is not None:
                 picture = np.concatenate([picture, panel], axis=1)
             timer.add("draw", start)
+            outbox.put((item, fields, picture))
+    except BaseException as error:  # reported as a write failure: the unsealed chunk is dropped, sealed ones stay
+        failed.append(error)
+    finally:
+        while not ended:  # drain so the producer never blocks; it always ends with _END
+            ended = inbox.get() is _END
+        outbox.put(_END)
+
+
+def _write_thread(inbox: queue.Queue, writer: ChunkWriter, options: VideoOptions, timer: _Timer, failed: list,
+                  bar: Any, hook: FrameHook | None = None) -> None:  # fmt: skip
+    """Write the frames that come through ``inbox`` in order, until ``_END``. Drawing (and the hook) run in a thread
+    of their own, one frame ahead of the encoding and records here: the two halves overlap (NumPy, OpenCV and FFmpeg
+    release the GIL), which a GPU, where the networks keep up with the video, needs."""
+    drawn: queue.Queue = queue.Queue(maxsize=2)
+    drawing = threading.Thread(target=_draw_thread, args=(inbox, drawn, options, timer, failed, hook), daemon=True)
+    drawing.start()
+    last_state = None
+    ended = False  # _END taken from the drawing half: after a failure, drain until it comes, never past it
+    try:
+        while not (ended := (got := drawn.get()) is _END):
+            if failed:  # the drawing half failed: write nothing more
+                continue
+            item, fields, picture = got
             start = time.perf_counter()
             dense = {t: dense_array(t, item.results[t]) for t in writer.dense_tasks}
             pts = item.frame.pts if item.frame.pts is not None else round(item.frame.time / writer.time_base)
@@ -483,7 +511,10 @@ def _write_thread(inbox: queue.Queue, writer: ChunkWriter, options: VideoOptions
             last_state = item.state
             timer.add("write", start)
             bar.update(1)
-        writer.seal(last_state if writer.frames_in_chunk else None)
+        if failed:
+            writer.abort()
+        else:
+            writer.seal(last_state if writer.frames_in_chunk else None)
     except BaseException as error:  # a write failure stops the run; sealed chunks stay valid
         failed.append(error)
         try:
@@ -491,8 +522,9 @@ def _write_thread(inbox: queue.Queue, writer: ChunkWriter, options: VideoOptions
         except BaseException as also:  # abort never raises; if it did, the first error is the one to report
             logger.debug("abort after %r failed too: %r", error, also)
     finally:
-        while not ended:  # drain so the producer never blocks; it always ends with _END
-            ended = inbox.get() is _END
+        while not ended:  # drain so the drawing half never blocks; it always ends with _END
+            ended = drawn.get() is _END
+        drawing.join()
 
 
 def _run_pipeline(predictors: Mapping[str, Any], frames: FrameSource, options: VideoOptions, mode: str,
