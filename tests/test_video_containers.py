@@ -240,6 +240,19 @@ def injected_write(monkeypatch):
     return "cannot write outputs (OSError: [Errno 28] No space left on device)"
 
 
+def injected_draw(monkeypatch):
+    """Fails in the draw thread (the overlay), which runs beside the write thread."""
+    real = run._Drawer.__call__
+
+    def draw(self, item):
+        if item.frame.image.shape[:2] == (80, 112) and item.frame.index == 5:  # the bad clip's size
+            raise RuntimeError("injected draw failure")
+        return real(self, item)
+
+    monkeypatch.setattr(run._Drawer, "__call__", draw)
+    return "cannot write outputs (RuntimeError: injected draw failure)"
+
+
 def injected_close(monkeypatch):
     """Fails when the last chunk is sealed, after the writer has taken the end marker (the 20-frame AVI hang)."""
     real = write.VideoEncoder.close
@@ -253,8 +266,8 @@ def injected_close(monkeypatch):
     return "cannot write outputs (ValueError: injected failure at the end)"
 
 
-@pytest.mark.parametrize("inject", [injected_decode, injected_infer, injected_write, injected_close],
-                         ids=["decode", "infer", "write", "write-after-end"])  # fmt: skip
+@pytest.mark.parametrize("inject", [injected_decode, injected_infer, injected_draw, injected_write, injected_close],
+                         ids=["decode", "infer", "draw", "write", "write-after-end"])  # fmt: skip
 def test_a_failure_in_any_thread_costs_one_line_and_the_next_video_goes_on(inject, tiny_checkpoints, tmp_path,
                                                                            monkeypatch, capsys):  # fmt: skip
     bad = write_clip(tmp_path / "bad.avi", (np.ascontiguousarray(i[:80, :112]) for i in moving_crops(20)),

@@ -151,12 +151,12 @@ def video_stem(source: str | os.PathLike | int, output: Path) -> Path:
 class FrameHook(Protocol):
     """Per-frame work added to a video run (``predict_video(..., hook=)``; ``sapiens2.mocap`` lifts people to 3D).
 
-    It runs in the write thread on each frame after tracking and smoothing, in frame order, before the frame is
-    drawn and written: ``hook(frame, results, ids)`` gets the ``Frame``, task -> result and the people's track ids
-    (None without pose) and returns ``(fields, panel)``: ``fields`` (JSON values) join the frame's record in
-    ``clip_frames.jsonl``, so they are chunked and resumed with it; ``panel`` (an RGB image of the frame's height, or
-    None) is drawn beside the overlay picture. ``name`` is its stage in the timings; ``signature`` (JSON values) joins
-    the resume signature, so a changed hook starts afresh."""
+    It runs in the draw thread (one frame ahead of encoding) on each frame after tracking and smoothing, in frame
+    order, before the frame is drawn and written: ``hook(frame, results, ids)`` gets the ``Frame``, task -> result
+    and the people's track ids (None without pose) and returns ``(fields, panel)``: ``fields`` (JSON values) join
+    the frame's record in ``clip_frames.jsonl``, so they are chunked and resumed with it; ``panel`` (an RGB image of
+    the frame's height, or None) is drawn beside the overlay picture. ``name`` is its stage in the timings;
+    ``signature`` (JSON values) joins the resume signature, so a changed hook starts afresh."""
 
     name: str
     signature: dict
