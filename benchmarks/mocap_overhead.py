@@ -5,9 +5,12 @@ Baseline = ``predict_video({"pose", "pointmap"}, clip)`` with the options mocap 
 arrays, the overlay on). Ours = ``run_mocap`` on the same Predictors: the same pipeline plus the per-frame hook
 (lifting every tracked person, the 3D view in the overlay), then per track the solve and every export (BVH, GLB,
 C3D, CSV, Parquet, joint angles + plot). Random weights (speed does not depend on them), except that the pose
-and pointmap Predictors' outputs are replaced by those of the synthetic walk of the tests (``tests/mocap_synth.py``:
-the networks still run and are timed, but every frame lifts and solves a whole person, as with real weights); the
-person box is fixed (no detector timed); no seg. Repeats alternate; medians are reported.
+and pointmap Predictors' outputs are replaced by those of the synthetic walk of the tests (``tests/mocap_synth.py``,
+rendered once before any timing: the networks still run and are timed, but every frame lifts and solves a whole
+person, as with real weights); the person box is fixed (no detector timed); no seg. Repeats alternate; medians are
+reported. sapiens2 is imported before torch, as under ``sapiens2 mocap``, so torch's idle OpenMP threads sleep
+(``OMP_WAIT_POLICY=PASSIVE``, ``sapiens2.models.threads``): with torch loaded first they spin between the small
+model's kernels, on the cores that the draw and write threads (the hook, drawing, encoding) need.
 
     python benchmarks/mocap_overhead.py --frames 48 --threads 2
     python benchmarks/mocap_overhead.py --arch sapiens2_0.1b --input-size 256 192 --frames 24 --repeats 2
@@ -24,10 +27,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from sapiens2 import Predictor, build_model
+from sapiens2 import Predictor, build_model  # before torch loads: OMP_WAIT_POLICY=PASSIVE, as under the CLI
 from sapiens2.mocap.run import MocapOptions, run_mocap
+from sapiens2.models.threads import wait_policy
 from sapiens2.video import VideoOptions, predict_video
 
 TINY_ARCH = {"embed_dims": 32, "num_layers": 2, "num_heads": 2, "feedforward_channels": 64, "num_tokenizer_layers": 0}
@@ -39,34 +42,36 @@ HEADS = {
 }  # fmt: skip
 
 
-def make_clip(path: Path, frames: int) -> tuple[Path, object]:
-    """The synthetic walk of the mocap tests (``tests/mocap_synth.py``, 640x480), encoded with libx264."""
+def make_clip(path: Path, frames: int) -> tuple[Path, tuple[int, int], list]:
+    """The synthetic walk of the mocap tests (``tests/mocap_synth.py``, 640x480), encoded with libx264; returns the
+    clip, its (H, W) and the rendered frames (keypoints, pointmaps), rendered once here: about 45 ms a frame, which
+    must stay outside the timings."""
     import av
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from mocap_synth import walk_clip
 
     truth = walk_clip(frames, 24.0)
+    rendered = [truth.frame(t) for t in range(frames)]
     with av.open(str(path), "w") as out:
         stream = out.add_stream("libx264", rate=24, options={"bf": "0"})
         stream.height, stream.width = truth.size
         stream.pix_fmt = "yuv420p"
-        for t in range(frames):
-            for packet in stream.encode(av.VideoFrame.from_ndarray(truth.frame(t).rgb, format="rgb24")):
+        for frame in rendered:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame.rgb, format="rgb24")):
                 out.mux(packet)
         for packet in stream.encode(None):
             out.mux(packet)
-    return path, truth
+    return path, truth.size, rendered
 
 
 class WithTruth:
     """A Predictor whose network runs as usual (it is what is timed) but whose keypoints or points are replaced by
     the synthetic walk's, frame after frame (calls come in frame order), so lifting and solving see a person."""
 
-    def __init__(self, predictor: Predictor, truth) -> None:
-        self.predictor, self.truth, self.task = predictor, truth, predictor.task
+    def __init__(self, predictor: Predictor, frames: list) -> None:
+        self.predictor, self.frames, self.task = predictor, frames, predictor.task
         self.batch_size, self.detector, self.count = predictor.batch_size, getattr(predictor, "detector", None), 0
-        self.frames = [truth.frame(t) for t in range(truth.num_frames)]  # rendered once, outside the timing
 
     def predict_batch(self, images, boxes=None):
         results = self.predictor.predict_batch(images, boxes) if self.task == "pose" else \
@@ -84,6 +89,8 @@ class WithTruth:
 
 
 def main() -> None:
+    import torch  # loaded by sapiens2 above, with its OpenMP wait policy
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="tiny", help="tiny or a zoo name")
     parser.add_argument("--frames", type=int, default=48)
@@ -91,12 +98,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no-view", action="store_true", help="mocap without the 3D view in the overlay")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = Path(tempfile.mkdtemp(prefix="bench_mocap_"))
-    clip, truth = make_clip(folder / "clip.mp4", args.frames)
-    height, width = truth.size
+    clip, (height, width), rendered = make_clip(folder / "clip.mp4", args.frames)
     box = np.array([[0.0, 0.0, width - 1.0, height - 1.0, 0.9]], np.float32)  # one person, fixed (no detector)
     raw = {}
     for task in ("pose", "pointmap"):
@@ -109,10 +116,10 @@ def main() -> None:
                               batch_size=4, **extra)  # fmt: skip
 
     def predictors() -> dict:
-        return {task: WithTruth(p, truth) for task, p in raw.items()}
+        return {task: WithTruth(p, rendered) for task, p in raw.items()}
 
     video = VideoOptions(smooth="none", save_dense=False)
-    mocap = MocapOptions(video=video, seg=False)
+    mocap = MocapOptions(video=video, seg=False, view=not args.no_view)
 
     def baseline(out: Path) -> tuple[float, float]:
         start, cpu = time.perf_counter(), time.process_time()
@@ -137,7 +144,9 @@ def main() -> None:
     m_wall, m_cpu = (statistics.median(x[i] for x in mine) for i in (0, 1))
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu, {torch.get_num_threads()} threads"
     print(f"\n{args.arch}, {args.frames} frames of {height}x{width}, 1 person, input {args.input_size[0]}x"
-          f"{args.input_size[1]}, on {name}, torch {torch.__version__}, {args.repeats} alternating repeats (median)")
+          f"{args.input_size[1]}, on {name}, OMP_WAIT_POLICY {wait_policy()}, torch {torch.__version__}, "
+          f"{args.repeats} alternating repeats (median)"
+          + (", mocap without the 3D view" if args.no_view else ""))
     print("| | pose + pointmap video | mocap | added |")
     print("|---|---|---|---|")
     print(f"| wall (s) | {b_wall:.2f} | {m_wall:.2f} | {100 * (m_wall - b_wall) / b_wall:+.1f} % |")
@@ -145,7 +154,7 @@ def main() -> None:
     hook = statistics.median(s.get("mocap", 0.0) for s in stages)
     solve = statistics.median(s.get("solve", 0.0) for s in stages)
     export = statistics.median(s.get("export", 0.0) for s in stages)
-    print(f"\nmocap's own stages (median s): per-frame hook {hook:.2f} (lift + 3D view, in the write thread), "
+    print(f"\nmocap's own stages (median s): per-frame hook {hook:.2f} (lift, record, 3D view; in the draw thread), "
           f"solve {solve:.2f}, export {export:.2f}; per frame {1000 * (hook + solve + export) / args.frames:.1f} ms")
 
 

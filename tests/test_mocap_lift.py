@@ -10,7 +10,7 @@ from mocap_synth import OCCLUSION_MARGIN, walk_clip
 from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata, seg_metadata
 from sapiens2.mocap import rig
 from sapiens2.mocap.lift import LiftOptions, estimate_intrinsics, lift_frame
-from sapiens2.mocap.rigid import fit_rigid_part
+from sapiens2.mocap.rigid import fit_rigid_part, fit_rigid_parts
 from sapiens2.mocap.skeleton import mocap_skeleton
 from sapiens2.mocap.solve import OnlineSolver, SolveOptions, solve_track
 from sapiens2.mocap.tables import joint_angles
@@ -231,3 +231,36 @@ def test_rigid_part_fit_keeps_its_bone():
     fitted, good = fit_rigid_part(points, ok, ok, elbow, np.ones(frames, bool), 0.26)
     assert not good[6] and good[np.arange(frames) != 6].all()
     assert np.abs(fitted[good] - points[good]).max() < 1e-3
+
+
+def test_rigid_parts_fitted_together_equal_each_alone():
+    # the palms of two tracks of different lengths (12 and 9 frames, noisy, some depths untrusted) and a third with
+    # too few usable frames, fitted in one batch: each part's fit is the one it gets alone
+    rng = np.random.default_rng(3)
+    shape = np.array([[0.0, 0, 0], [0.09, 0, -0.025], [0.095, 0, -0.008], [0.092, 0, 0.009], [0.085, 0, 0.024]])
+    parts = []
+    for frames, depth in ((12, 3.0), (9, 2.2), (4, 2.5)):
+        angle = np.linspace(0.0, 0.8, frames)
+        rot = np.zeros((frames, 3, 3))
+        rot[:, 0, 0], rot[:, 0, 2], rot[:, 1, 1], rot[:, 2, 0], rot[:, 2, 2] = (np.cos(angle), np.sin(angle), 1.0,
+                                                                                -np.sin(angle), np.cos(angle))
+        trans = np.stack([np.linspace(-0.2, 0.1, frames), np.full(frames, 0.1), np.full(frames, depth)], 1)
+        points = np.einsum("tab,nb->tna", rot, shape) + trans[:, None] + rng.normal(0, 0.004, (frames, 5, 3))
+        ray_ok = np.ones((frames, 5), bool)
+        depth_ok = rng.random((frames, 5)) > 0.3
+        if frames == 4:
+            depth_ok[:] = False  # no frame with a trusted depth: nothing to fit
+        elbow = points[:, 0] - 0.26 * rot[:, :, 0]
+        parts.append((points, ray_ok, depth_ok, elbow, np.ones(frames, bool), 0.26))
+    coverable = np.array([False, True, True, True, True])
+    together = fit_rigid_parts(*(list(column) for column in zip(*parts, strict=True)), coverable=coverable)
+    for part, (fitted, good) in zip(parts, together, strict=True):
+        alone, alone_good = fit_rigid_part(*part, coverable=coverable)
+        np.testing.assert_array_equal(good, alone_good)
+        np.testing.assert_allclose(fitted, alone, rtol=0, atol=1e-12)
+    assert together[0][1].sum() > 6 and together[1][1].sum() > 4 and not together[2][1].any()
+    np.testing.assert_array_equal(together[2][0], parts[2][0])  # unfitted: the measured points as they were
+    with pytest.raises(ValueError, match="different sizes"):
+        fit_rigid_parts([parts[0][0], parts[0][0][:, :3]], *([[p, p[:, :3]] for p in parts[0][1:3]]), [None, None],
+                        [None, None], [0.0, 0.0])  # fmt: skip
+

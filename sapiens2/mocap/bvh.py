@@ -118,7 +118,8 @@ def write_bvh(motion: Motion, path: str | os.PathLike, *, units: str = "cm") -> 
     order: list[int] = []  # the file lists joints depth first; the MOTION values follow that order
 
     def number(values: np.ndarray) -> str:
-        return " ".join(f"{v:.6f}" for v in np.round(values, 6) + 0.0)  # + 0.0: no "-0.000000"
+        # + 0.0: no "-0.000000"; Python floats format as numpy's do, without a numpy scalar per value
+        return " ".join(f"{v:.6f}" for v in (np.round(values, 6) + 0.0).tolist())
 
     def write_joint(joint: int, depth: int) -> None:
         pad = "\t" * depth

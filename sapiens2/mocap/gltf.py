@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from sapiens2.data.io import atomic_write
-from sapiens2.mocap.rig import Motion, quat_to_y_up, to_y_up
+from sapiens2.mocap.rig import Motion, cross, quat_to_y_up, to_y_up
 
 __all__ = ["bone_boxes", "write_glb"]
 
@@ -42,49 +42,45 @@ def bone_boxes(rest: np.ndarray, parents: tuple[int, ...]) -> tuple[np.ndarray, 
         positions (V, 3) float32, normals (V, 3) float32, triangles (F, 3) int (counter-clockwise seen from outside),
         and (V,) int the joint each vertex is bound to (the bone's parent end). Bones shorter than 1 mm are skipped.
     """
-    positions, normals, triangles, owners = [], [], [], []
-    for joint, parent in enumerate(parents):
-        if parent < 0:
-            continue
-        start, end = rest[parent], rest[joint]
-        axis = end - start
-        length = float(np.linalg.norm(axis))
-        if length < 1e-3:
-            continue
-        axis = axis / length
-        helper = np.array([1.0, 0.0, 0.0]) if abs(axis[0]) < 0.9 else np.array([0.0, 1.0, 0.0])
-        side = np.cross(axis, helper)
-        side /= np.linalg.norm(side)
-        other = np.cross(axis, side)
-        half = float(np.clip(0.12 * length, 0.01, 0.05))
-        # Corner (i, j, k) of the box: i along the bone, j along side, k along other.
-        corner = {
-            (i, j, k): start + axis * length * i + side * half * (2 * j - 1) + other * half * (2 * k - 1)
-            for i in (0, 1) for j in (0, 1) for k in (0, 1)
-        }  # fmt: skip
-        frame = (axis, side, other)
-        for dimension in range(3):
-            for level in (0, 1):
-                normal = frame[dimension] * (2 * level - 1)
-                # The face's four corners in order around it; flipped below when they wind the wrong way.
-                a, b = [d for d in range(3) if d != dimension]
-                face = []
-                for u, v in ((0, 0), (1, 0), (1, 1), (0, 1)):
-                    index = [0, 0, 0]
-                    index[dimension], index[a], index[b] = level, u, v
-                    face.append(corner[tuple(index)])
-                if np.dot(np.cross(face[1] - face[0], face[2] - face[0]), normal) < 0:
-                    face.reverse()
-                base = len(positions)
-                positions += face
-                normals += [normal] * 4
-                triangles += [(base, base + 1, base + 2), (base, base + 2, base + 3)]
-                owners += [parent] * 4
+    rest = np.asarray(rest, np.float64)
+    joints = np.array([j for j, p in enumerate(parents) if p >= 0], np.int64)
+    ups = np.asarray(parents, np.int64)[joints]
+    axis = rest[joints] - rest[ups]
+    length = np.sqrt((axis * axis).sum(-1))
+    kept = length >= 1e-3
+    ups, start, axis, length = ups[kept], rest[ups[kept]], axis[kept] / length[kept, None], length[kept]
+    helper = np.where((np.abs(axis[:, 0]) < 0.9)[:, None], np.array([1.0, 0.0, 0.0]), np.array([0.0, 1.0, 0.0]))
+    side = cross(axis, helper)
+    side /= np.sqrt((side * side).sum(-1))[:, None]
+    other = cross(axis, side)
+    half = np.clip(0.12 * length, 0.01, 0.05)[:, None]
+    frame = np.stack([axis, side, other], 1)  # (B, 3, 3): along the bone, side, other
+    faces, face_normals = [], []
+    for dimension in range(3):
+        for level in (0, 1):
+            # the face's four corners in order around it, (i, j, k): i along the bone, j along side, k along other
+            a, b = [d for d in range(3) if d != dimension]
+            corners = []
+            for u, v in ((0, 0), (1, 0), (1, 1), (0, 1)):
+                index = [0, 0, 0]
+                index[dimension], index[a], index[b] = level, u, v
+                i, j, k = index
+                corners.append(start + axis * length[:, None] * i + side * half * (2 * j - 1)
+                               + other * half * (2 * k - 1))  # fmt: skip
+            faces.append(np.stack(corners, 1))  # (B, 4, 3)
+            face_normals.append(frame[:, dimension] * (2 * level - 1))
+    faces, face_normals = np.stack(faces, 1), np.stack(face_normals, 1)  # (B, 6, 4, 3), (B, 6, 3)
+    # flipped where the corners wind the wrong way round the outward normal
+    winding = cross(faces[:, :, 1] - faces[:, :, 0], faces[:, :, 2] - faces[:, :, 0])
+    flip = (winding * face_normals).sum(-1) < 0
+    faces[flip] = faces[flip][:, ::-1]
+    count = faces.shape[0] * 6  # faces of 4 vertices, 2 triangles each
+    base = 4 * np.arange(count)[:, None, None]
     return (
-        np.array(positions, np.float32).reshape(-1, 3),
-        np.array(normals, np.float32).reshape(-1, 3),
-        np.array(triangles, np.int64).reshape(-1, 3),
-        np.array(owners, np.int64),
+        faces.reshape(-1, 3).astype(np.float32),
+        np.repeat(face_normals.reshape(-1, 3), 4, axis=0).astype(np.float32),
+        (base + np.array([[[0, 1, 2], [0, 2, 3]]])).reshape(-1, 3),
+        np.repeat(ups, 24),
     )
 
 

@@ -17,11 +17,12 @@ Axes: the camera frame, OpenCV (x right, y down, z forward), metres; rays pass t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["RIGID_PARTS", "UNCOVERED", "RigidFitOptions", "fit_rigid_part"]
+__all__ = ["RIGID_PARTS", "UNCOVERED", "RigidFitOptions", "fit_rigid_part", "fit_rigid_parts"]
 
 RIGID_PARTS = {
     f"{s}_{part}": tuple(f"{side}_{name}" for name in names)
@@ -112,9 +113,12 @@ def _kabsch(shape: np.ndarray, points: np.ndarray, weights: np.ndarray) -> tuple
 
 @dataclass(frozen=True)
 class _Track:
-    """The usable frames of one part: (T, n, 3) measured points and unit rays, (T, n) ray and depth trust (0/1), (n,)
-    which points the part can cover, and the parent joint the first point hangs from: (T, 3) positions, (T,) trust,
-    and the bone's length (m)."""
+    """The usable frames of one or more parts of n points each, one part's after the other's (F frames in all): (F, n,
+    3) measured points and unit rays, (F, n) ray and depth trust (0/1), (n,) which points the parts can cover, and
+    the parent joint the first point hangs from: (F, 3) positions, (F,) trust and the bone's length (m). ``part``
+    (F,) is each frame's part, ``first`` / ``last`` (F,) its part's first and last frame, ``before`` / ``after``
+    (F,) its neighbours in its part (the one neighbour at the ends), and ``bounds`` (P + 1,) where each part's frames
+    begin, then the end."""
 
     measured: np.ndarray
     rays: np.ndarray
@@ -123,28 +127,34 @@ class _Track:
     coverable: np.ndarray
     anchor: np.ndarray
     anchor_ok: np.ndarray
-    length: float
+    length: np.ndarray
+    part: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    before: np.ndarray
+    after: np.ndarray
+    bounds: np.ndarray
 
 
 def _place(shape: np.ndarray, rot: np.ndarray, trans: np.ndarray) -> np.ndarray:
-    return shape @ np.swapaxes(rot, -1, -2) + trans[:, None]
+    """(..., F, n, 3) each frame's (F, n, 3) shape at the (..., F) poses."""
+    return shape @ np.swapaxes(rot, -1, -2) + trans[..., None, :]
 
 
-def _between(fitted: np.ndarray) -> np.ndarray:
-    """(T, n, 3) the mid-point of each point's places in the frames either side (the one neighbour at the ends)."""
-    before = np.concatenate([fitted[1:2], fitted[:-1]])
-    after = np.concatenate([fitted[1:], fitted[-2:-1]])
-    return 0.5 * (before + after)
+def _between(fitted: np.ndarray, track: _Track) -> np.ndarray:
+    """(F, n, 3) the mid-point of each point's places in the frames either side (the one neighbour at the ends)."""
+    return 0.5 * (fitted[track.before] + fitted[track.after])
 
 
 def _residuals(fitted: np.ndarray, track: _Track, between: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(T, n) how far each fitted point lies off its ray; (T, n) how far along it beyond the measured point (> 0:
-    the measured point is nearer the camera than the fit); (T,) how far the first point is off its bone's length;
-    (T, n) how far each point is from ``between``."""
+    """(..., F, n) how far each fitted point lies off its ray; (..., F, n) how far along it beyond the measured point
+    (> 0: the measured point is nearer the camera than the fit); (..., F) how far the first point is off its bone's
+    length; (..., F, n) how far each point is from ``between``. ``fitted`` (..., F, n, 3): leading axes are other
+    fits of the same track (``_best_poses``' starts)."""
     off = fitted - track.measured
-    along = np.einsum("tnc,tnc->tn", off, track.rays)
+    along = np.einsum("...nc,...nc->...n", off, track.rays)
     miss = np.linalg.norm(off - along[..., None] * track.rays, axis=-1)
-    reach = np.linalg.norm(fitted[:, 0] - track.anchor, axis=-1) - track.length
+    reach = np.linalg.norm(fitted[..., 0, :] - track.anchor, axis=-1) - track.length
     return miss, along, reach, np.linalg.norm(fitted - between, axis=-1)
 
 
@@ -168,11 +178,11 @@ def _weights(fitted: np.ndarray, track: _Track, between: np.ndarray, opts: Rigid
 
 
 def _cost(fitted: np.ndarray, track: _Track, between: np.ndarray, opts: RigidFitOptions) -> np.ndarray:
-    """(T,) each frame's robust cost, the one ``_weights`` reweights."""
-    total = np.zeros(len(fitted))
+    """(..., T) each frame's robust cost, the one ``_weights`` reweights."""
+    total = np.zeros(fitted.shape[:-2])
     for weight, scale, residual in _terms(fitted, track, between, opts):
         cost = weight * scale**2 * np.log1p((residual / scale) ** 2)
-        total += cost.reshape(len(fitted), -1).sum(1)
+        total += cost if cost.ndim == total.ndim else cost.sum(-1)  # per point, or per frame (the anchor)
     return total
 
 
@@ -185,73 +195,88 @@ def _metrics(rays: np.ndarray, ray_w: np.ndarray, depth_w: np.ndarray) -> np.nda
 def _poses(shape: np.ndarray, track: _Track, between: np.ndarray, weights: list[np.ndarray], rot: np.ndarray,
            trans: np.ndarray, iterations: int = 3) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Gauss-Newton on each frame's pose (R, p), the weights held: the points R s + p near their rays, trusted
-    depths and ``between``, the first one at its bone's length from the anchor."""
+    depths and ``between``, the first one at its bone's length from the anchor. ``rot`` (..., T, 3, 3) and ``trans``
+    (..., T, 3): leading axes are other starts of the same frames, all frames and starts stepped at once (their
+    (6, 6) normal equations solved as one stack)."""
     ray_w, depth_w, anchor_w, time_w = weights
     # the ray/depth form about the measured point plus time_w |x - between|^2 is one form about a blended target
     metric = _metrics(track.rays, ray_w, depth_w)
     pull = (np.broadcast_to(time_w, ray_w.shape)[..., None, None] + 1e-9) * np.eye(3)
     target = np.linalg.solve(metric + pull, (metric @ track.measured[..., None] + pull @ between[..., None]))[..., 0]
-    metric = metric + pull
-    eye = np.broadcast_to(np.eye(3), (len(rot), len(shape), 3, 3))
+    metric = metric + pull  # (T, n, 3, 3) M
+    # d(R s + p) / d(rotation, translation) = [-[R s]x, I] =: [A, I]: the normal equations by blocks, sum_n A^T M A,
+    # sum_n M A (its transpose above the diagonal) and sum_n M, which the iterations do not change
+    hess = np.empty(rot.shape[:-2] + (6, 6))
+    hess[..., 3:, 3:] = metric.sum(-3) + 1e-9 * np.eye(3)
+    grad = np.empty(rot.shape[:-2] + (6,))
     for _ in range(iterations):
-        arm = shape @ np.swapaxes(rot, -1, -2)  # (T, n, 3) R s_k
-        error = arm + trans[:, None] - target
-        jac = np.concatenate([-_skew(arm), eye], -1)  # (T, n, 3, 6): d(R s + p) / d(rotation, translation)
-        jac_t = np.swapaxes(jac, -1, -2)
-        hess = (jac_t @ (metric @ jac)).sum(1) + 1e-9 * np.eye(6)
-        grad = (jac_t @ (metric @ error[..., None]))[..., 0].sum(1)
-        # the first point at the bone's length from the anchor: residual |x0 - a| - L along their direction
-        towards = arm[:, 0] + trans - track.anchor
+        arm = shape @ np.swapaxes(rot, -1, -2)  # (..., T, n, 3) R s_k
+        error = arm + trans[..., None, :] - target
+        turn = -_skew(arm)  # (..., T, n, 3, 3) A
+        metric_turn = metric @ turn
+        metric_error = metric @ error[..., None]  # (..., T, n, 3, 1)
+        # the sums over the points as one product: (..., T, n, 3, k) -> (..., T, 3n, k)
+        turn_t = np.swapaxes(turn.reshape(turn.shape[:-3] + (-1, 3)), -1, -2)  # (..., T, 3, 3n)
+        hess[..., :3, :3] = turn_t @ metric_turn.reshape(turn_t.shape[:-2] + (-1, 3)) + 1e-9 * np.eye(3)
+        hess[..., 3:, :3] = metric_turn.sum(-3)
+        hess[..., :3, 3:] = np.swapaxes(hess[..., 3:, :3], -1, -2)
+        grad[..., :3] = (turn_t @ metric_error.reshape(turn_t.shape[:-2] + (-1, 1)))[..., 0]
+        grad[..., 3:] = metric_error.sum(-3)[..., 0]
+        # the first point at the bone's length from the anchor: residual |x0 - a| - L along their direction d, whose
+        # row of the Jacobian is d^T [A_0, I] = [(A_0^T d)^T, d^T]
+        towards = arm[..., 0, :] + trans - track.anchor
         distance = np.linalg.norm(towards, axis=-1)
-        row = ((towards / np.maximum(distance, 1e-9)[:, None])[:, None] @ jac[:, 0])[:, 0]
-        hess += anchor_w[:, None, None] * row[:, :, None] * row[:, None, :]
-        grad += (anchor_w * (distance - track.length))[:, None] * row
-        step = -np.linalg.solve(hess, grad[..., None])[..., 0]
-        rot = _exp(step[:, :3]) @ rot
-        trans = trans + step[:, 3:]
+        direction = towards / np.maximum(distance, 1e-9)[..., None]
+        row = np.concatenate([(np.swapaxes(turn[..., 0, :, :], -1, -2) @ direction[..., None])[..., 0], direction], -1)
+        system = hess + anchor_w[:, None, None] * row[..., :, None] * row[..., None, :]
+        step = -np.linalg.solve(system, (grad + (anchor_w * (distance - track.length))[..., None] * row)[..., None])
+        rot = _exp(step[..., :3, 0]) @ rot
+        trans = trans + step[..., 3:, 0]
     return rot, trans
 
 
 def _best_poses(shape: np.ndarray, track: _Track, between: np.ndarray, weights: list[np.ndarray], rot: np.ndarray,
                 trans: np.ndarray, opts: RigidFitOptions) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Gauss-Newton from each frame's own pose and from its neighbours' (a mirrored pose fits the rays of a flat part
-    about as well; time tells them apart): per frame the start that ends with the least robust cost."""
-    best_rot, best_trans, best = rot, trans, np.full(len(rot), np.inf)
-    for shift in (0, -1, 1):
-        start = np.clip(np.arange(len(rot)) + shift, 0, len(rot) - 1)
-        r, p = _poses(shape, track, between, weights, rot[start], trans[start])
-        cost = _cost(_place(shape, r, p), track, between, opts)
-        better = cost < best
-        best_rot = np.where(better[:, None, None], r, best_rot)
-        best_trans = np.where(better[:, None], p, best_trans)
-        best = np.minimum(best, cost)
-    return best_rot, best_trans
+    about as well; time tells them apart), the three starts at once: per frame the start that ends with the least
+    robust cost (the first of equals; a frame where none has a finite cost keeps its pose)."""
+    frames = np.arange(len(rot))
+    starts = np.stack([np.clip(frames + shift, track.first, track.last) for shift in (0, -1, 1)])  # (3, F)
+    r, p = _poses(shape, track, between, weights, rot[starts], trans[starts])  # (3, F, 3, 3), (3, F, 3)
+    cost = _cost(_place(shape, r, p), track, between, opts)  # (3, F)
+    cost = np.where(np.isnan(cost), np.inf, cost)
+    pick = np.argmin(cost, axis=0)
+    found = cost[pick, frames] < np.inf
+    return np.where(found[:, None, None], r[pick, frames], rot), np.where(found[:, None], p[pick, frames], trans)
 
 
 def _shape(shape: np.ndarray, track: _Track, ray_w: np.ndarray, depth_w: np.ndarray, rot: np.ndarray,
            trans: np.ndarray) -> np.ndarray:  # fmt: skip
-    """Each point in the part's frame: least squares over the frames of its rays and depths (rotated into it), the
-    way ``solve`` triangulates markers."""
+    """(P, n, 3) each part's points in its frame: least squares over its frames of their rays and depths (rotated
+    into it), the way ``solve`` triangulates markers."""
     metric = _metrics(track.rays, ray_w, depth_w)
-    local = np.einsum("tba,tnb->tna", rot, track.measured - trans[:, None])  # R^T (m - p)
-    local_metric = np.einsum("tba,tnbc,tcd->tnad", rot, metric, rot)  # R^T M R
-    a = local_metric.sum(0) + 1e-9 * np.eye(3)
-    b = np.einsum("tnab,tnb->na", local_metric, local)
+    rot_t = np.swapaxes(rot, -1, -2)[:, None]  # (F, 1, 3, 3)
+    local = rot_t @ (track.measured - trans[:, None])[..., None]  # (F, n, 3, 1) R^T (m - p)
+    local_metric = rot_t @ metric @ rot[:, None]  # (F, n, 3, 3) R^T M R
+    starts = track.bounds[:-1]
+    a = np.add.reduceat(local_metric, starts, axis=0) + 1e-9 * np.eye(3)  # (P, n, 3, 3): sums over each part's frames
+    b = np.add.reduceat(local_metric @ local, starts, axis=0)[..., 0]
     solved = np.linalg.solve(a, b[..., None])[..., 0]
-    enough = np.linalg.eigvalsh(a)[:, 0] > 1e-6
-    return np.where(enough[:, None], solved, shape)
+    enough = np.linalg.eigvalsh(a)[..., 0] > 1e-6
+    return np.where(enough[..., None], solved, shape)
 
 
-def _start(track: _Track) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A first shape and poses: generalised Procrustes over the trusted measured points, from the frame with most."""
-    weight = track.depth_ok + 1e-3
-    shape = track.measured[np.argmax(track.depth_ok.sum(1))]
+def _start(measured: np.ndarray, depth_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A first shape and poses of one part, (T, n, 3) ``measured`` and (T, n) ``depth_ok``: generalised Procrustes
+    over the trusted measured points, from the frame with most."""
+    weight = depth_ok + 1e-3
+    shape = measured[np.argmax(depth_ok.sum(1))]
     shape = shape - shape.mean(0)
     for _ in range(3):
-        rot, trans = _kabsch(shape, track.measured, weight)
-        local = np.einsum("tba,tnb->tna", rot, track.measured - trans[:, None])
+        rot, trans = _kabsch(shape, measured, weight)
+        local = np.einsum("tba,tnb->tna", rot, measured - trans[:, None])
         shape = (weight[..., None] * local).sum(0) / weight.sum(0)[:, None]
-    rot, trans = _kabsch(shape, track.measured, weight)
+    rot, trans = _kabsch(shape, measured, weight)
     return shape, rot, trans
 
 
@@ -275,43 +300,99 @@ def fit_rigid_part(measured: np.ndarray, ray_ok: np.ndarray, depth_ok: np.ndarra
         holds (enough trusted rays and depths, the points near their rays, the first one near its bone's length
         from the anchor); the other frames keep ``measured``.
     """
+    return fit_rigid_parts([measured], [ray_ok], [depth_ok], [anchor], [anchor_ok], [length], coverable, options)[0]
+
+
+def fit_rigid_parts(measured: Sequence[np.ndarray], ray_ok: Sequence[np.ndarray], depth_ok: Sequence[np.ndarray],
+                    anchor: Sequence[np.ndarray | None], anchor_ok: Sequence[np.ndarray | None],
+                    length: Sequence[float], coverable: np.ndarray | None = None,
+                    options: RigidFitOptions | None = None) -> list[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
+    """Fit several rigid parts with the same number n of points (the two palms, the two feet) at once: one part's
+    fit each, as :func:`fit_rigid_part` gives it, but the frames of all of them in each step's arrays (a part's fit
+    is a few hundred small array operations whatever its length, so fitting them together costs little more than
+    one). Each argument but ``coverable`` and ``options`` has one entry per part, as :func:`fit_rigid_part` takes
+    it; tracks may differ in length.
+
+    Returns:
+        Per part, (T, n, 3) the fitted points and (T,) bool the frames whose fit holds.
+
+    Raises:
+        ValueError: the parts have different numbers of points.
+    """
     opts = options or RigidFitOptions()
-    frames = len(measured)
-    measured = np.where(np.isfinite(measured), measured, 0.0)
-    ray_ok = ray_ok & (np.linalg.norm(measured, axis=-1) > 1e-6)
-    depth_ok = depth_ok & ray_ok
-    if anchor is None or anchor_ok is None:
-        anchor, anchor_ok = np.zeros((frames, 3)), np.zeros(frames, bool)
-    anchor_ok = anchor_ok & np.isfinite(anchor).all(1)
-    min_depths = max(1, round(opts.min_depth_share * measured.shape[1]))
-    usable = (ray_ok.sum(1) >= opts.min_rays) & (depth_ok.sum(1) >= min_depths)
-    if usable.sum() < 3:
-        return measured, np.zeros(frames, bool)
-    rays = measured / np.maximum(np.linalg.norm(measured, axis=-1, keepdims=True), 1e-12)
-    coverable = np.ones(measured.shape[1], bool) if coverable is None else np.asarray(coverable, bool)
-    track = _Track(measured[usable], rays[usable], ray_ok[usable].astype(np.float64),
-                   depth_ok[usable].astype(np.float64), coverable, np.nan_to_num(anchor[usable]),
-                   anchor_ok[usable].astype(np.float64), float(length))  # fmt: skip
-    shape, rot, trans = _start(track)
-    between = _between(_place(shape, rot, trans))
-    weights = _weights(_place(shape, rot, trans), track, between, opts)
+    if len({np.shape(m)[1] for m in measured}) > 1:
+        raise ValueError(f"fit_rigid_parts: parts of different sizes {[np.shape(m)[1] for m in measured]}")
+    outputs, kept = [], []  # kept: (part, usable frames, rays) of the parts with enough frames to fit
+    for number, points in enumerate(measured):
+        frames = len(points)
+        points = np.where(np.isfinite(points), points, 0.0)
+        rays_ok = ray_ok[number] & (np.linalg.norm(points, axis=-1) > 1e-6)
+        depths_ok = depth_ok[number] & rays_ok
+        min_depths = max(1, round(opts.min_depth_share * points.shape[1]))
+        usable = (rays_ok.sum(1) >= opts.min_rays) & (depths_ok.sum(1) >= min_depths)
+        outputs.append((points, np.zeros(frames, bool)))
+        if usable.sum() >= 3:
+            kept.append((number, usable, rays_ok, depths_ok))
+    if not kept:
+        return outputs
+    columns: dict[str, list[np.ndarray]] = {name: [] for name in ("measured", "ray_ok", "depth_ok", "anchor",
+                                                                  "anchor_ok", "length")}  # fmt: skip
+    for number, usable, rays_ok, depths_ok in kept:
+        points, frames = outputs[number][0], len(outputs[number][0])
+        joint, joint_ok = anchor[number], anchor_ok[number]
+        if joint is None or joint_ok is None:
+            joint, joint_ok = np.zeros((frames, 3)), np.zeros(frames, bool)
+        joint_ok = joint_ok & np.isfinite(joint).all(1)
+        columns["measured"].append(points[usable])
+        columns["ray_ok"].append(rays_ok[usable].astype(np.float64))
+        columns["depth_ok"].append(depths_ok[usable].astype(np.float64))
+        columns["anchor"].append(np.nan_to_num(joint[usable]))
+        columns["anchor_ok"].append(joint_ok[usable].astype(np.float64))
+        columns["length"].append(np.full(int(usable.sum()), float(length[number])))
+    track = _make_track(columns, coverable)
+    starts = [_start(m, d) for m, d in zip(columns["measured"], columns["depth_ok"], strict=True)]
+    shape = np.stack([start[0] for start in starts])  # (P, n, 3)
+    rot, trans = np.concatenate([start[1] for start in starts]), np.concatenate([start[2] for start in starts])
+    framed = shape[track.part]  # (F, n, 3) each frame's part's shape
+    between = _between(_place(framed, rot, trans), track)
+    weights = _weights(_place(framed, rot, trans), track, between, opts)
     for _ in range(opts.rounds):
-        rot, trans = _best_poses(shape, track, between, weights, rot, trans, opts)
+        rot, trans = _best_poses(framed, track, between, weights, rot, trans, opts)
         # the shape rests on the rays of all frames: a depth wrong in many of them (a knuckle behind the index one)
         # pulls it only weakly, while each frame's pose needs the depths to know how far away it is
         ray_w, depth_w = weights[:2]
         shape = _shape(shape, track, ray_w, depth_w * (opts.shape_depth_weight / opts.depth_weight), rot, trans)
-        fitted = _place(shape, rot, trans)
-        between = _between(fitted)
+        framed = shape[track.part]
+        fitted = _place(framed, rot, trans)
+        between = _between(fitted, track)
         weights = _weights(fitted, track, between, opts)
-    rot, trans = _poses(shape, track, between, weights, rot, trans)
-    fitted = _place(shape, rot, trans)
+    rot, trans = _poses(framed, track, between, weights, rot, trans)
+    fitted = _place(framed, rot, trans)
     miss, _, reach, _ = _residuals(fitted, track, between)
     holds = (miss * track.ray_ok).sum(1) / np.maximum(track.ray_ok.sum(1), 1) < opts.max_miss
     holds &= (np.abs(reach) <= opts.max_reach) | (track.anchor_ok == 0)
-    out = measured.copy()
-    index = np.flatnonzero(usable)[holds]
-    out[index] = fitted[holds]
-    good = np.zeros(frames, bool)
-    good[index] = True
-    return out, good
+    for (number, usable, _, _), begin, end in zip(kept, track.bounds[:-1], track.bounds[1:], strict=True):
+        points, good = outputs[number][0].copy(), outputs[number][1]
+        index = np.flatnonzero(usable)[holds[begin:end]]
+        points[index] = fitted[begin:end][holds[begin:end]]
+        good[index] = True
+        outputs[number] = (points, good)
+    return outputs
+
+
+def _make_track(columns: dict[str, list[np.ndarray]], coverable: np.ndarray | None) -> _Track:
+    """The parts' usable frames (``columns``: per field, one array per part) one after the other, with where each
+    part begins and each frame's neighbours in its part."""
+    sizes = np.array([len(m) for m in columns["measured"]])
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    part = np.repeat(np.arange(len(sizes)), sizes)
+    first, last = bounds[:-1][part], bounds[1:][part] - 1
+    frames = np.arange(bounds[-1])
+    before = np.where(frames > first, frames - 1, frames + 1)  # the first frame's only neighbour is the next one
+    after = np.where(frames < last, frames + 1, frames - 1)
+    measured = np.concatenate(columns["measured"])
+    rays = measured / np.maximum(np.linalg.norm(measured, axis=-1, keepdims=True), 1e-12)
+    coverable = np.ones(measured.shape[1], bool) if coverable is None else np.asarray(coverable, bool)
+    return _Track(measured, rays, np.concatenate(columns["ray_ok"]), np.concatenate(columns["depth_ok"]), coverable,
+                  np.concatenate(columns["anchor"]), np.concatenate(columns["anchor_ok"]),
+                  np.concatenate(columns["length"]), part, first, last, before, after, bounds)  # fmt: skip

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -126,8 +127,8 @@ class MocapReport:
 
 
 def _encode(values: np.ndarray, digits: int = DIGITS) -> list[float | None]:
-    flat = np.round(np.asarray(values, np.float64), digits).reshape(-1)
-    return [float(v) if np.isfinite(v) else None for v in flat]
+    flat = np.round(np.asarray(values, np.float64), digits).reshape(-1).tolist()  # Python floats: a frame has ~1,100
+    return [v if math.isfinite(v) else None for v in flat]
 
 
 def _decode(values: list[float | None], width: int) -> np.ndarray:

@@ -13,7 +13,7 @@ Per track, in order:
    than in the frames around it by more than ``bone_tolerance`` (a chin over the neck: a body does not move so fast).
    Measured ankles, which their own foot covers by a few centimetres, are put on their ray where they keep their
    usual distances to the knee and the toe (``_depth_from_bones``). The palms (wrist + knuckles) and feet (ankle +
-   toes) are then fitted as rigid parts to their keypoints' rays (``rigid.fit_rigid_part``: shape per track, pose per
+   toes) are then fitted as rigid parts to their keypoints' rays (``rigid.fit_rigid_parts``: shape per track, pose per
    frame), which places their joints where the pointmap saw something in front of them; those joints keep their
    flags but are not filled.
 3. **Filling**: an occluded joint whose 2D keypoint is still confident is put where its camera ray meets the sphere of
@@ -53,7 +53,7 @@ import numpy as np
 from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
 from sapiens2.mocap import rig
 from sapiens2.mocap.lift import Lifted3D
-from sapiens2.mocap.rigid import RIGID_PARTS, UNCOVERED, fit_rigid_part
+from sapiens2.mocap.rigid import RIGID_PARTS, UNCOVERED, fit_rigid_parts
 from sapiens2.mocap.skeleton import MocapSkeleton, mocap_skeleton
 from sapiens2.video.smooth import OneEuroFilter
 
@@ -125,14 +125,15 @@ def bone_lengths(joints: np.ndarray, filled: np.ndarray, skel: MocapSkeleton | N
     both finite, else the skeleton's prior); 0 for the root. ``joints`` (T, J, 3), ``filled`` (T, J) bool."""
     skel = skel or mocap_skeleton()
     out = np.zeros(skel.num_joints)
-    for j, p in enumerate(skel.parents):
-        if p < 0:
-            continue
-        d = np.linalg.norm(joints[:, j] - joints[:, p], axis=-1)
-        good = np.isfinite(d) & ~filled[:, j] & ~filled[:, p]
-        if not good.any():
-            good = np.isfinite(d)
-        out[j] = float(np.median(d[good])) if good.any() else skel.prior_lengths[j]
+    child = np.flatnonzero(skel.parents >= 0)
+    parent = skel.parents[child]
+    d = np.linalg.norm(joints[:, child] - joints[:, parent], axis=-1)  # (T, bones)
+    good = np.isfinite(d) & ~filled[:, child] & ~filled[:, parent]
+    good = np.where(good.any(0), good, np.isfinite(d))  # no frame with both ends measured: every finite one
+    with warnings.catch_warnings():  # a bone never finite: its prior
+        warnings.simplefilter("ignore", RuntimeWarning)
+        median = np.nanmedian(np.where(good, d, np.nan), axis=0)
+    out[child] = np.where(good.any(0), median, skel.prior_lengths[child])
     return out
 
 
@@ -207,7 +208,7 @@ def _depth_from_bones(skel: MocapSkeleton, joints: np.ndarray, rays: np.ndarray,
 
 def _fit_rigid_parts(skel: MocapSkeleton, joints: np.ndarray, keypoints: np.ndarray, aimed: np.ndarray,
                      seen: np.ndarray, filled: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """The palms and feet fitted as rigid parts to their keypoints' rays (``rigid.fit_rigid_part``): (T, J, 3)
+    """The palms and feet fitted as rigid parts to their keypoints' rays (``rigid.fit_rigid_parts``): (T, J, 3)
     joints and (T, 308, 3) keypoints with the parts' points moved to the fit, and (T, J) bool, the joints placed so.
     A keypoint's depth is trusted where it was ``seen`` (lifted, not filled) and no joint it marks is ``filled``."""
     names = keypoint_metadata().names
@@ -220,13 +221,27 @@ def _fit_rigid_parts(skel: MocapSkeleton, joints: np.ndarray, keypoints: np.ndar
     joints, keypoints = joints.copy(), keypoints.copy()
     fitted = np.zeros(filled.shape, bool)
     lengths = bone_lengths(joints, filled, skel)
+    parts, arguments, coverable = [], [], []  # per part: its keypoints, its rigid.fit_rigid_parts arguments
     for members in RIGID_PARTS.values():
         ks = np.array([names.index(name) for name in members])
         first = int(skel.keypoint_joint[ks[0]])  # the wrist / ankle joint; its parent is the anchor
         parent = int(skel.parents[first])
-        coverable = np.array([name not in UNCOVERED for name in members])
-        points, good = fit_rigid_part(centres[:, ks], aimed[:, ks], seen[:, ks] & ~flagged[:, ks],
-                                      joints[:, parent], ~filled[:, parent], lengths[first], coverable)  # fmt: skip
+        parts.append(ks)
+        arguments.append((centres[:, ks], aimed[:, ks], seen[:, ks] & ~flagged[:, ks], joints[:, parent],
+                          ~filled[:, parent], lengths[first]))  # fmt: skip
+        coverable.append(np.array([name not in UNCOVERED for name in members]))  # the same for both sides
+    # the parts of one size (the palms, the feet) fitted in one batch, the same fits in fewer array operations (the
+    # four of the synthetic walk: 0.40 -> 0.34 s on 96 frames, 0.17 -> 0.13 s on 24)
+    groups: dict[int, list[int]] = {}  # number of points -> the parts of that size
+    for number, ks in enumerate(parts):
+        groups.setdefault(len(ks), []).append(number)
+    results = {}
+    for numbers in groups.values():
+        columns = zip(*(arguments[n] for n in numbers), strict=True)
+        batch = fit_rigid_parts(*(list(column) for column in columns), coverable=coverable[numbers[0]])
+        results.update(zip(numbers, batch, strict=True))
+    for number, ks in enumerate(parts):
+        points, good = results[number]
         centres[np.ix_(good, ks)] = points[good]
         keypoints[np.ix_(good, ks)] = points[good] - depth[ks][None, :, None] * units[np.ix_(good, ks)]
         inside = marks[:, ks].any(1) & ~marks[:, np.setdiff1d(ids, ks)].any(1)  # joints marked only by the part
@@ -626,17 +641,20 @@ def _marker_offsets(skel: MocapSkeleton, keypoints: np.ndarray, seen: np.ndarray
         warnings.simplefilter("ignore", RuntimeWarning)
         offsets = np.nan_to_num(np.nanmedian(np.where(pulled[..., None], local, np.nan), axis=0))
     local, ray = np.where(finite[..., None], local, 0.0), np.where(aimed[..., None], ray, 0.0)
-    eye = np.eye(3)
-    across = eye - ray[..., :, None] * ray[..., None, :]  # (T, 308, 3, 3) projection off each ray
-    across = across * aimed[..., None, None]
+    # each frame's form w (aimed (I - r r^T) + MARKER_PULL pulled I) (off its ray, and the pull) as its two weights
+    # of I and of r r^T: the sums over frames are then sums of (T, 308, 3) vectors, not of (T, 308, 3, 3) matrices
+    aimed_f, pulled_f = aimed.astype(np.float64), MARKER_PULL * pulled
+    ray_t = ray.transpose(1, 2, 0)  # (308, 3, T)
+    ray_local = (ray * local).sum(-1)  # (T, 308) r . local
     weights = np.ones(aimed.shape)
     for _ in range(iterations):
-        metric = weights[..., None, None] * (across + MARKER_PULL * pulled[..., None, None] * eye)  # (T, 308, 3, 3)
-        a = metric.sum(0) + 1e-9 * eye
-        b = np.einsum("tkab,tkb->ka", metric, local)
-        solved = np.linalg.solve(a, b[..., None])[..., 0]
+        iso, along = weights * (aimed_f + pulled_f), weights * aimed_f
+        a = iso.sum(0)[:, None, None] * np.eye(3) - (ray_t * along.T[:, None]) @ ray.transpose(1, 0, 2)
+        b = (iso[..., None] * local - (along * ray_local)[..., None] * ray).sum(0)
+        solved = np.linalg.solve(a + 1e-9 * np.eye(3), b[..., None])[..., 0]
         offsets = np.where(pulled.any(0)[:, None], solved, offsets)
-        miss = np.linalg.norm(np.einsum("tkab,tkb->tka", across, local - offsets), axis=-1)
+        off = local - offsets
+        miss = np.linalg.norm((off - (ray * off).sum(-1)[..., None] * ray) * aimed_f[..., None], axis=-1)
         weights = 1.0 / np.maximum(miss / 0.01, 1.0)  # frames more than 1 cm off the common point weigh less
     return offsets
 

@@ -74,21 +74,22 @@ def trajectory_table(motion: Motion) -> dict[str, np.ndarray]:
 
 
 def _write_csv(path: str | os.PathLike, table: dict[str, np.ndarray], digits: int) -> Path:
+    """One row per frame: integers and bools as integers, floats with ``digits`` decimals, non-finite ones empty.
+    A row of finite numbers is formatted in one ``%`` operation (a frame has about 1,100 cells)."""
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(table)
     columns = list(table.values())
-    for row in range(len(columns[0]) if columns else 0):
-        cells = []
-        for column in columns:
-            value = column[row]
-            if column.dtype == bool:
-                cells.append(int(value))
-            elif np.issubdtype(column.dtype, np.integer):
-                cells.append(int(value))
-            else:
-                cells.append("" if not np.isfinite(value) else f"{value:.{digits}f}")
-        writer.writerow(cells)
+    whole = [column.dtype == bool or np.issubdtype(column.dtype, np.integer) for column in columns]
+    row_format = ",".join("%d" if integer else f"%.{digits}f" for integer in whole) + "\n"
+    floats = [column for column, integer in zip(columns, whole, strict=True) if not integer]
+    finite = np.isfinite(np.stack(floats, 1)).all(1) if floats else None
+    for row, values in enumerate(zip(*(column.tolist() for column in columns), strict=True)):
+        if finite is None or finite[row]:
+            text.write(row_format % values)
+        else:  # empty cells for NaN and inf
+            writer.writerow([int(v) if integer else (f"{v:.{digits}f}" if np.isfinite(v) else "")
+                             for v, integer in zip(values, whole, strict=True)])  # fmt: skip
     return atomic_write(path, text.getvalue().encode())
 
 
@@ -111,7 +112,8 @@ def write_trajectories(motion: Motion, path: str | os.PathLike) -> Path:
     except ImportError:
         raise ImportError("Parquet trajectories need pyarrow: pip install sapiens2[mocap]") from None
     arrow = pa.table({name: pa.array(values) for name, values in table.items()})
-    return atomic_write(path, lambda temporary: pq.write_table(arrow, str(temporary)))
+    # no dictionary pages: trajectories hardly repeat a value, and trying costs a quarter of the write
+    return atomic_write(path, lambda temporary: pq.write_table(arrow, str(temporary), use_dictionary=False))
 
 
 # --------------------------------------------------------------------------------------------------- joint angles
@@ -247,11 +249,13 @@ def _panel(canvas: np.ndarray, top: int, title: str, times: np.ndarray, series: 
         colour = _LINES[number % len(_LINES)]
         x = left + times / duration * (right - left)
         y = bottom - (value - low) / (high - low) * height
-        finite = np.isfinite(y)
-        for start in range(len(x) - 1):
+        finite = np.isfinite(y).tolist()
+        # whole pixels, rounded half to even as round() does
+        points = list(zip(np.round(x).astype(np.int64).tolist(), np.round(np.where(np.isfinite(y), y, 0.0))
+                          .astype(np.int64).tolist(), strict=True))  # fmt: skip
+        for start in range(len(points) - 1):
             if finite[start] and finite[start + 1]:
-                cv2.line(canvas, (int(round(x[start])), int(round(y[start]))),
-                         (int(round(x[start + 1])), int(round(y[start + 1]))), colour, 2, cv2.LINE_AA)  # fmt: skip
+                cv2.line(canvas, points[start], points[start + 1], colour, 2, cv2.LINE_AA)
         cv2.putText(canvas, label, (right - 200 + 70 * number, top - 8), _FONT, 0.42, colour, 1, cv2.LINE_AA)
 
 

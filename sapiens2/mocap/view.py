@@ -35,11 +35,13 @@ class SkeletonView:
         self.size = int(height)
         if parents is None:
             layout = skeleton_layout("sapiens308")
-            self.links, self.link_colors, self.drawable = layout.links, layout.link_colors, layout.drawable
+            self.links, self.drawable = layout.links, layout.drawable
+            self.link_colors = [tuple(int(c) for c in color) for color in layout.link_colors.tolist()]
         else:
             self.links = np.array([(j, p) for j, p in enumerate(parents) if p >= 0], np.int64).reshape(-1, 2)
             self.link_colors = None  # the track's colour
             self.drawable = np.ones(len(parents), bool)
+        self._link_list = self.links.tolist()  # drawn point by point: Python ints, not numpy scalars, per cv2 call
         yaw, pitch = np.radians(azimuth), np.radians(elevation)
         turn = np.array([[np.cos(yaw), 0, -np.sin(yaw)], [0, 1, 0], [np.sin(yaw), 0, np.cos(yaw)]])
         tilt = np.array([[1, 0, 0], [0, np.cos(pitch), np.sin(pitch)], [0, -np.sin(pitch), np.cos(pitch)]])
@@ -91,17 +93,17 @@ class SkeletonView:
             finite = np.isfinite(points).all(axis=1)
             pixels = np.zeros((len(points), 2))
             pixels[finite] = self.project(points[finite])
-            fixed = np.round(pixels * (1 << shift)).astype(np.int64)
+            fixed = [tuple(xy) for xy in np.round(pixels * (1 << shift)).astype(np.int64).tolist()]
+            known = finite.tolist()
             thickness = max(1, self.size // 240)
             color = id_color(track)
             colors = self.link_colors if self.link_colors is not None else [color] * len(self.links)
-            for (a, b), link_color in zip(self.links.tolist(), colors, strict=True):
-                if finite[a] and finite[b]:
-                    cv2.line(canvas, tuple(fixed[a]), tuple(fixed[b]), tuple(int(c) for c in link_color), thickness,
-                             cv2.LINE_AA, shift)  # fmt: skip
-            radius = max(1, self.size // 320)
-            for n in np.flatnonzero(finite & self.drawable):
-                cv2.circle(canvas, tuple(fixed[n]), radius << shift, color, -1, cv2.LINE_AA, shift)
+            for (a, b), link_color in zip(self._link_list, colors, strict=True):
+                if known[a] and known[b]:
+                    cv2.line(canvas, fixed[a], fixed[b], link_color, thickness, cv2.LINE_AA, shift)
+            radius = max(1, self.size // 320) << shift
+            for n in np.flatnonzero(finite & self.drawable).tolist():
+                cv2.circle(canvas, fixed[n], radius, color, -1, cv2.LINE_AA, shift)
             if finite.any():
                 top = pixels[finite][np.argmin(pixels[finite][:, 1])]
                 cv2.putText(canvas, f"#{track}", (int(top[0]) - 10, max(int(top[1]) - 8, 12)), cv2.FONT_HERSHEY_SIMPLEX,
