@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from mocap_overhead import HEADS as TINY_HEADS  # the tiny networks of the overhead benchmark
+from mocap_overhead import TINY_ARCH
 
 from sapiens2 import Predictor, build_model
 from sapiens2.mocap.run import MocapOptions, run_mocap
@@ -33,13 +35,6 @@ from sapiens2.video import VideoOptions, predict_video
 
 HEIGHT, WIDTH = 1080, 1920
 STAGES = ("mocap", "solve", "export")  # run_mocap's own stages in its report: per-frame hook, solve, exports
-TINY_ARCH = {"embed_dims": 32, "num_layers": 2, "num_heads": 2, "feedforward_channels": 64, "num_tokenizer_layers": 0}
-TINY_HEADS = {
-    "pose": {"deconv_out_channels": (16, 16), "deconv_kernel_sizes": (4, 4), "conv_out_channels": (16,),
-             "conv_kernel_sizes": (1,)},
-    "pointmap": {"upsample_channels": (16, 8, 8, 8), "conv_out_channels": (8,), "conv_kernel_sizes": (3,),
-                 "scale_conv_out_channels": (16, 8, 4), "scale_final_layer": (16, 8, 1)},
-}  # fmt: skip
 
 
 @dataclasses.dataclass

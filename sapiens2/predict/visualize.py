@@ -288,11 +288,10 @@ def colorize_depth(
     if depth.ndim != 2:
         raise ValueError(f"depth must be (H, W), got shape {depth.shape}")
     valid = _valid_depth(depth, _check_mask(mask, depth.shape))
-    picture = np.zeros((*depth.shape, 3), dtype=np.uint8)
     if value_range is None:
         value_range = depth_range(depth, mask, percentiles)
-        if value_range is None:
-            return picture
+        if value_range is None:  # nothing valid: all black
+            return np.zeros((*depth.shape, 3), dtype=np.uint8)
     near, far = (float(v) for v in value_range)
     if not (np.isfinite(near) and np.isfinite(far) and 0 < near <= far):
         raise ValueError(f"value_range must be finite (near, far) metres with 0 < near <= far, got {value_range}")
