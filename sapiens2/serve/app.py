@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import ctypes
+import ctypes.util
 import hmac
 import json
 import math
@@ -23,6 +25,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -82,6 +85,9 @@ class ModelReplica:
         )  # fmt: skip
         self.predictors = make_predictors(predict_options, list(o.tasks), python_option)
         self.device = device
+        # Every batch on one thread: the Predictors are not shared between threads, and the C heap keeps one arena
+        # instead of one per worker of asyncio's default pool (whose free pages made the resident memory wander).
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="sapiens2-infer")
         self._batched.set_max_batch_size(o.max_batch)
         self._batched.set_batch_wait_timeout_s(o.max_wait_ms / 1000.0)
 
@@ -95,7 +101,7 @@ class ModelReplica:
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
     async def _batched(self, tasks: list[str], images: list[np.ndarray]) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self._run, tasks, images)
+        return await asyncio.get_running_loop().run_in_executor(self._worker, self._run, tasks, images)
 
     def _run(self, tasks: list[str], images: list[np.ndarray]) -> list[dict[str, Any]]:
         from ..predict.batch import run_tasks
@@ -109,7 +115,29 @@ class ModelReplica:
                 replies[index] = {"error": f"{task} failed: {type(result).__name__}: {result}"}
             else:
                 replies[index] = {"result": result, "batch": sizes[task]}
+        if self.device == "cpu":  # a batch's activations are freed now: give their pages back
+            release_free_memory()
         return replies
+
+
+def release_free_memory() -> None:
+    """Return the C heap's free pages to the system (glibc's ``malloc_trim``; nothing elsewhere), so that a CPU
+    replica's resident memory is its working set, not the high-water mark of its largest batch: what a container's
+    memory limit and the load test see. Memory still referenced, a leak included, stays."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+_LIBC = _glibc()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -468,10 +496,14 @@ def build_app(options: ServeOptions) -> Any:
         graceful_shutdown_timeout_s=options.drain_s,
         health_check_period_s=2.0,
     ).bind(data, devices[0], threads)
+    # The gateway answers the overflow itself (503 with Retry-After), so Serve's proxy must pass it on: room for
+    # every request in flight, and as much again queued at the proxy for the moments its probe of the gateway's
+    # queue length is late on a busy host (Serve's own 503 carries no Retry-After). Both bounds stay finite.
+    gateway_room = 4 * options.max_queue + 64
     return Gateway.options(
         ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=4 * options.max_queue + 64,  # room to answer the overflow 503 ourselves, with Retry-After
-        max_queued_requests=options.max_queue,
+        max_ongoing_requests=gateway_room,
+        max_queued_requests=gateway_room,
         graceful_shutdown_timeout_s=options.drain_s,
     ).bind(model, data, options.token)
 
