@@ -151,6 +151,9 @@ def main() -> None:
     print("|---|---|---|---|")
     print(f"| wall (s) | {b_wall:.2f} | {m_wall:.2f} | {100 * (m_wall - b_wall) / b_wall:+.1f} % |")
     print(f"| CPU, all threads (s) | {b_cpu:.2f} | {m_cpu:.2f} | {100 * (m_cpu - b_cpu) / b_cpu:+.1f} % |")
+    pairs = [(100 * (m[0] - b[0]) / b[0], 100 * (m[1] - b[1]) / b[1]) for b, m in zip(base, mine, strict=True)]
+    print(f"added per alternating pair: wall {min(p[0] for p in pairs):+.1f} to {max(p[0] for p in pairs):+.1f} %, "
+          f"CPU {min(p[1] for p in pairs):+.1f} to {max(p[1] for p in pairs):+.1f} %")
     hook = statistics.median(s.get("mocap", 0.0) for s in stages)
     solve = statistics.median(s.get("solve", 0.0) for s in stages)
     export = statistics.median(s.get("export", 0.0) for s in stages)
