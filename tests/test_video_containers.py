@@ -159,6 +159,29 @@ def test_the_overlay_encoder_keeps_any_input_time_base(codec, time_base, tmp_pat
     np.testing.assert_allclose(written[:39], times[:39], atol=float(time_base) / 2 + 1e-4)
 
 
+@pytest.mark.parametrize("codec", ["libx264", "mpeg4"])
+def test_the_overlay_encoder_keeps_colours(codec, tmp_path):
+    """The overlay's colours come back from a decoder as drawn: flat patches of the primaries, greys and skeleton
+    colours within a few levels (swapped chroma planes, a full- vs limited-range mix-up or another colour matrix
+    move them by tens of levels), and an odd-sized frame keeps its size."""
+    colours = np.array([[255, 0, 0], [0, 255, 0], [0, 0, 255], [255, 255, 255], [128, 128, 128], [20, 20, 20],
+                        [255, 128, 0], [0, 200, 255], [180, 60, 200], [40, 120, 60]], np.uint8)  # fmt: skip
+    image = np.zeros((97, 321, 3), np.uint8)  # odd sides: padded to even for 4:2:0
+    for i, colour in enumerate(colours):
+        image[:, i * 32 : (i + 1) * 32] = colour
+    encoder = write.VideoEncoder(tmp_path / "o.mp4", 25.0, Fraction(1, 25), codec)
+    for i in range(5):
+        encoder.write(image, i)
+    encoder.close()
+    with av.open(str(tmp_path / "o.mp4")) as container:
+        decoded = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    assert len(decoded) == 5 and decoded[-1].shape == (98, 322, 3)
+    for i, colour in enumerate(colours):
+        patch = decoded[-1][8:-8, i * 32 + 8 : (i + 1) * 32 - 8].reshape(-1, 3).astype(int)  # away from the edges
+        error = np.abs(np.median(patch, axis=0) - colour.astype(int)).max()
+        assert error <= 6, f"colour {colour.tolist()} came back as {np.median(patch, axis=0).tolist()}"
+
+
 def test_audio_that_cannot_be_decoded_is_left_out_with_one_warning(tiny_checkpoints, tmp_path, caplog):
     """A Vorbis track of garbage packets (a damaged file): the overlay is still written, without sound."""
     clip = tmp_path / "damaged.mkv"
