@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
-from mocap_overhead import HEADS as TINY_HEADS  # the tiny networks of the overhead benchmark
-from mocap_overhead import TINY_ARCH
+from mocap_overhead import HEADS as TINY_HEADS  # the tiny networks of the overhead benchmark (it imports sapiens2
+from mocap_overhead import TINY_ARCH  # first, so torch's idle OpenMP threads sleep on the CPU, as under the CLI)
 
 from sapiens2 import Predictor, build_model
 from sapiens2.mocap.run import MocapOptions, run_mocap
@@ -109,6 +108,8 @@ class WithScene:
 
 
 def predictors(arch: str, device: str, boxes: np.ndarray) -> dict[str, Predictor]:
+    import torch
+
     out = {}
     for task in ("pose", "pointmap"):
         torch.manual_seed(0)
@@ -123,6 +124,8 @@ def predictors(arch: str, device: str, boxes: np.ndarray) -> dict[str, Predictor
 
 
 def main() -> None:
+    import torch  # loaded by sapiens2 above, with its OpenMP wait policy
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archs", nargs="+", default=["sapiens2_0.4b", "sapiens2_1b"], help="zoo names or tiny")
     parser.add_argument("--people", type=int, nargs="+", default=[1, 3])
