@@ -263,4 +263,3 @@ def test_rigid_parts_fitted_together_equal_each_alone():
     with pytest.raises(ValueError, match="different sizes"):
         fit_rigid_parts([parts[0][0], parts[0][0][:, :3]], *([[p, p[:, :3]] for p in parts[0][1:3]]), [None, None],
                         [None, None], [0.0, 0.0])  # fmt: skip
-
