@@ -24,7 +24,7 @@ from torch import nn
 
 from .checkpoints import load_backbone, load_model
 from .models import Sapiens2
-from .models.fast import CompiledBuckets, attention_backends, make_fast
+from .models.fast import LINEAR_PATHS, CompiledBuckets, attention_backends, linear_path_of, make_fast
 from .models.input_size import model_input_size
 from .models.lowp import QUANTIZATIONS, quantize
 from .models.task_model import build_model
@@ -277,6 +277,7 @@ class BenchmarkReport:
     peak_tflops: float | None
     cpu: CpuInfo | None = None
     peak_note: str = ""
+    linear_path: str = ""
 
     def percentile(self, q: float) -> float:
         """Latency per forward (ms) at percentile ``q`` in [0, 100] (nearest rank)."""
@@ -310,6 +311,8 @@ class BenchmarkReport:
             cpu = self.cpu
             lines.insert(1, f"cpu               {cpu.model}, {cpu.cores} cores / {cpu.logical} threads; ISA "
                             f"{' '.join(cpu.features) or 'no AVX2'}; torch kernels {cpu.capability or 'unknown'}")
+        if self.linear_path:
+            lines.insert(2, f"block linears     {self.linear_path}")
         return "\n".join(lines)
 
 
@@ -424,10 +427,13 @@ def run_benchmark(options: BenchmarkOptions) -> BenchmarkReport:
             latencies.append(1000 * (time.perf_counter() - start))
     peak_memory, memory_kind = _peak_memory_gib(device)
     dtype_name = {v: k for k, v in DTYPES.items()}[dtype]
-    peak, note, cpu = options.peak_tflops or device_peak_tflops(device, dtype), "", None
+    peak, note, cpu, path = options.peak_tflops or device_peak_tflops(device, dtype), "", None, ""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
+        path = (f"{options.quantize} through torchao" if options.quantize
+                else "compiled (Inductor packs them)" if options.compile else linear_path_of(model))  # fmt: skip
+        path = f"{path}: {LINEAR_PATHS[path]}" if path in LINEAR_PATHS else path
         cpu, threads = cpu_info(), torch.get_num_threads()
         name = f"cpu ({threads} threads, OpenMP wait policy {wait_policy()})"
         if peak is None:
@@ -446,6 +452,7 @@ def run_benchmark(options: BenchmarkOptions) -> BenchmarkReport:
         peak_tflops=peak,
         cpu=cpu,
         peak_note=note,
+        linear_path=path,
     )
 
 

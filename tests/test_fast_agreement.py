@@ -2,7 +2,8 @@
 
 Bounds: backbone and head features within 2e-3 of the largest reference value (fp32 fast mode), seg labels >= 99.9 %
 equal, normals within 0.1 degree mean angle, pose keypoints within 0.25 px. CPU runs cover the float32 fast path
-(fused QKV, SDPA GQA, cached RoPE, oneDNN-packed linears, batched flip + torch decode); the bf16 checks need CUDA.
+(fused QKV, SDPA GQA, cached RoPE, oneDNN-packed linears, batched flip + torch decode) and bf16 fast mode through every
+path of the block linears (``LINEAR_PATHS``); the bf16 checks run on CUDA too where there is one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from test_backbone_parity import build_from_case
 from test_predictor_e2e import case_predictor, pose_case_predictor
 
 from sapiens2 import Predictor, load_model
-from sapiens2.models.fast import make_fast
+from sapiens2.models.fast import LINEAR_PATHS, linear_path_of, make_fast, onednn_packs
 
 FEATURE_MAX_REL = 2e-3
 SEG_EQUAL = 0.999
@@ -140,63 +141,118 @@ def test_swapped_q_and_k_fails_the_seg_agreement_check():
     assert agreement < SEG_EQUAL
 
 
-# bf16: the fixtures' tiny random models are far more sensitive to bf16 than trained ones (bf16 against fp32 moves 2 %
-# of their seg labels and their normals by 1.7 degrees, in either mode), so bf16 fast mode is held to the bounds
-# against bf16 reference mode: what the fast mode itself adds. On CPU here; on the GPU with CUDA's kernels.
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+# bf16: the fixtures' tiny random models are far more sensitive to bf16 than trained ones: bf16 reference mode against
+# float32 moves 2 % of their seg labels, their normals by 1.7 degrees and a third of their stable keypoints beyond
+# 0.25 px. A GEMM that sums in another order flips some bf16 roundings of near-ties, and these models amplify each flip
+# to about the same size again: the "onednn-fp32" path (float32 weights, bf16 activations) against bf16 reference mode
+# moves 2 % of the labels too, though its own error against float32 is no larger (0.9806/0.981 of the labels equal
+# against the reference's 0.980/0.981; normals 1.60/1.82 degrees against 1.64/1.82; keypoints median 0.116 against
+# 0.129 px). So bf16 fast mode is held to what it adds to bf16's own error, both measured against float32 reference
+# mode: at most these margins more. Swapping q and k (the negative control) costs 40 % of the labels, 37 degrees and
+# a median of 27 px. On CPU through each of the block linears' paths: every machine runs all three, "onednn" where
+# this CPU's oneDNN packs bf16 and, where it cannot (AVX2 only), checks that forcing it is refused in one line instead
+# of the crash of issue #34; on the GPU with CUDA's kernels.
+SEG_MARGIN, NORMAL_MARGIN_DEG, KEYPOINT_MEDIAN_MARGIN_PX, KEYPOINT_SHARE_MARGIN = 0.005, 0.25, 0.05, 0.05
+VARIANTS = [*(("cpu", path) for path in LINEAR_PATHS),
+            pytest.param("cuda", None, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("task", ["seg", "normal"])
-def test_bf16_fast_mode_agrees_with_bf16_reference(task, device):
-    _, cpu_reference, images, _ = case_predictor(task, mode="reference")
-    model, size = cpu_reference.model, cpu_reference.input_size
-    reference = Predictor(task, model=model, device=device, dtype="bf16", input_size=size, mode="reference")
-    fast_model = case_predictor(task, mode="reference")[1].model  # its own copy: the fast mode rearranges in place
-    fast = Predictor(task, model=fast_model, device=device, dtype="bf16", input_size=size, mode="fast")
+def _bf16_fast(model: torch.nn.Module, device: str, path: str | None, corrupt: bool = False) -> torch.nn.Module | None:
+    """``model`` in bf16 on ``device``, made fast with the block linears' ``path`` (None: the default choice) and q and
+    k swapped if ``corrupt`` (before packing: a packed copy does not see later edits of the weights); None where this
+    CPU's oneDNN cannot pack bf16 and ``path`` asks it to, after checking the refusal."""
+    model = make_fast(model.to(device, torch.bfloat16), pack_linears="plain")  # moved first: packed weights stay
+    if corrupt:
+        swap_q_and_k(model)
+    if path == "onednn" and not onednn_packs(torch.bfloat16):
+        with pytest.raises(ValueError, match="oneDNN cannot pack torch.bfloat16 weights on this CPU"):
+            make_fast(model, pack_linears=path)
+        return None
+    fast = make_fast(model, pack_linears=path if device == "cpu" else None)
+    assert device != "cpu" or linear_path_of(fast) == path
+    return fast
+
+
+def _bf16_dense_errors(task: str, device: str, path: str | None, corrupt: bool = False) -> tuple[list, list] | None:
+    """Per image, (bf16 reference, bf16 fast) against float32 reference: seg labels equal, or normals' mean angle."""
+    def predictor(dtype: str, fast: bool = False) -> Predictor | None:
+        _, loaded, _, _ = case_predictor(task, mode="reference")  # its own copy: the fast mode rearranges in place
+        model, mode = loaded.model, "reference"
+        if fast:
+            model, mode = _bf16_fast(model, device, path, corrupt), "fast"
+        return model and Predictor(task, model=model, device=device, dtype=dtype, input_size=loaded.input_size,
+                                   mode=mode)  # fmt: skip
+
+    fast = predictor("bf16", fast=True)
+    if fast is None:
+        return None
+    images = case_predictor(task, mode="reference")[2]
+    errors: tuple[list, list] = ([], [])
     for image in images.values():
-        want, got = reference(image), fast(image)
-        if task == "seg":
-            assert (got.labels == want.labels).mean() >= SEG_EQUAL
-        else:
-            assert mean_angle_deg(got.normals, want.normals) <= NORMAL_MEAN_DEG
+        want = predictor("fp32")(image)
+        for found, got in zip(errors, (predictor("bf16")(image), fast(image)), strict=True):
+            found.append((got.labels == want.labels).mean() if task == "seg" else mean_angle_deg(got.normals,
+                                                                                                 want.normals))
+    return errors
 
 
-# Pose in bf16: each stable keypoint's movement, bf16 fast mode against bf16 reference mode. On CUDA the fused QKV
-# GEMM rounds its bf16 outputs unlike the three separate GEMMs, and the tiny model's flat heatmaps turn that into a few
-# whole-pixel peak jumps (H100, torch 2.11: 6 of 817 stable keypoints beyond 0.25 px, the largest 1.74 px; 4 with the
-# flip test off, so not the batching of the mirrors; 1 of 817 at 0.2508 px even in float32). The bound is therefore on
-# the share of keypoints beyond 0.25 px; swapping q and k moves far more.
-BF16_POSE_MOVED_SHARE = 0.01
+def _dense_within_margin(task: str, errors: tuple[list, list]) -> bool:
+    reference, fast = np.array(errors[0]), np.array(errors[1])
+    if task == "seg":
+        return bool((fast >= reference - SEG_MARGIN).all())
+    return bool((fast <= reference + NORMAL_MARGIN_DEG).all())
 
 
-def _bf16_pose_movement(device: str, corrupt: bool = False) -> np.ndarray:
-    def predictor(mode: str) -> Predictor:
+@pytest.mark.parametrize(("device", "path"), VARIANTS)
+@pytest.mark.parametrize("task", ["seg", "normal"])
+def test_bf16_fast_mode_adds_nothing_to_bf16_error(task, device, path):
+    errors = _bf16_dense_errors(task, device, path)
+    assert errors is None or _dense_within_margin(task, errors), errors
+
+
+@pytest.mark.parametrize("task", ["seg", "normal"])
+def test_swapped_q_and_k_fails_the_bf16_dense_check(task):
+    errors = _bf16_dense_errors(task, "cpu", "onednn-fp32", corrupt=True)
+    assert not _dense_within_margin(task, errors), errors
+
+
+def _bf16_pose_movement(device: str, path: str | None, corrupt: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each stable keypoint's movement (px) from float32 reference mode: bf16 reference mode's, bf16 fast mode's."""
+    def predictor(dtype: str, fast: bool = False) -> Predictor | None:
         _, loaded, _, _ = pose_case_predictor()
-        size, detector = loaded.input_size, loaded.detector
-        return Predictor("pose", model=loaded.model, device=device, dtype="bf16", input_size=size, detector=detector,
-                         batch_size=2, mode=mode)  # fmt: skip
+        model, mode = loaded.model, "reference"
+        if fast:
+            model, mode = _bf16_fast(model, device, path, corrupt), "fast"
+        return model and Predictor("pose", model=model, device=device, dtype=dtype, input_size=loaded.input_size,
+                                   detector=loaded.detector, batch_size=2, mode=mode)  # fmt: skip
 
+    fast = predictor("bf16", fast=True)
+    if fast is None:
+        return None
     _, _, images, expected = pose_case_predictor()
     arrays = list(images.values())
-    fast = predictor("fast")
-    if corrupt:
-        swap_q_and_k(fast.model)
-    moved = []
-    for name, want, got in zip(images, predictor("reference")(arrays), fast(arrays), strict=True):
+    results = [predictor("fp32")(arrays), predictor("bf16")(arrays), fast(arrays)]
+    moved: tuple[list, list] = ([], [])
+    for index, name in enumerate(images):
         stable = expected[f"{name}__keypoint_stable"].numpy().astype(bool)
-        moved.append(np.abs(got.keypoints - want.keypoints).max(axis=-1)[stable])
-    return np.concatenate(moved)
+        want = results[0][index].keypoints
+        for found, got in zip(moved, (results[1][index], results[2][index]), strict=True):
+            found.append(np.abs(got.keypoints - want).max(axis=-1)[stable])
+    return np.concatenate(moved[0]), np.concatenate(moved[1])
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_bf16_fast_pose_agrees_with_bf16_reference(device):
-    moved = _bf16_pose_movement(device)
-    assert np.median(moved) <= KEYPOINT_PX / 10
-    assert (moved > KEYPOINT_PX).mean() <= BF16_POSE_MOVED_SHARE
+def _pose_within_margin(reference: np.ndarray, fast: np.ndarray) -> bool:
+    return bool(np.median(fast) <= np.median(reference) + KEYPOINT_MEDIAN_MARGIN_PX
+                and (fast > KEYPOINT_PX).mean() <= (reference > KEYPOINT_PX).mean() + KEYPOINT_SHARE_MARGIN)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_swapped_q_and_k_fails_the_bf16_pose_check(device):
-    moved = _bf16_pose_movement(device, corrupt=True)
-    assert np.median(moved) > KEYPOINT_PX / 10 or (moved > KEYPOINT_PX).mean() > BF16_POSE_MOVED_SHARE
+@pytest.mark.parametrize(("device", "path"), VARIANTS)
+def test_bf16_fast_pose_adds_nothing_to_bf16_error(device, path):
+    moved = _bf16_pose_movement(device, path)
+    assert moved is None or _pose_within_margin(*moved)
+
+
+@pytest.mark.parametrize(("device", "path"), VARIANTS)
+def test_swapped_q_and_k_fails_the_bf16_pose_check(device, path):
+    moved = _bf16_pose_movement(device, path, corrupt=True)
+    assert moved is None or not _pose_within_margin(*moved)

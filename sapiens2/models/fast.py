@@ -9,8 +9,9 @@
 - on CPU, glibc's allocator keeps freed blocks up to 32 MiB in the heap instead of unmapping them
   (``keep_freed_host_memory``): otherwise a process that runs another network in between (or frees a large
   buffer) page-faults ~0.4 GB back in per 0.1b forward;
-- on CPU, optionally (``pack_linears``), every linear layer of the blocks runs through oneDNN with its weight
-  reordered once into oneDNN's blocked layout (``PackedLinear``); MKL's ``addmm`` is the default otherwise;
+- on CPU (``pack_linears``), every linear layer of the blocks runs through oneDNN with its weight reordered once
+  into oneDNN's blocked layout (``PackedLinear``), in the model's dtype where this CPU's oneDNN packs it, else (bf16
+  or fp16 on an AVX2-only CPU) in float32 with the activations converted: ``choose_linear_path`` picks the path;
 - on CUDA with Triton installed (``fused_kernels``, issue #25), q/k-norm + RoPE, SiLU(gate) * up and LayerScale +
   residual run as fused ops (``layers/fused.py``: Triton kernels on CUDA, the reference torch ops elsewhere), in
   eager and compiled forwards alike.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import sys
 from collections.abc import Iterator, Sequence
@@ -38,14 +40,18 @@ from .layers.fused import triton_available
 
 __all__ = [
     "BATCH_BUCKETS",
+    "LINEAR_PATHS",
     "CompiledBuckets",
     "PackedLinear",
     "attention_backends",
+    "choose_linear_path",
     "fused_kernels_supported",
     "is_fast",
     "keep_freed_host_memory",
+    "linear_path_of",
     "make_fast",
     "onednn_linear_available",
+    "onednn_packs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -62,38 +68,97 @@ def onednn_linear_available() -> bool:
     )
 
 
+LINEAR_PATHS = {
+    "onednn": "oneDNN, weights packed in the model's dtype",
+    "onednn-fp32": "oneDNN, weights packed in float32, bf16/fp16 activations converted in and out",
+    "plain": "F.linear (MKL or ATen)",
+}
+"""How the blocks' linear layers run on a CPU in fast mode (``choose_linear_path``, ``make_fast(pack_linears=...)``)."""
+
+
+@functools.cache
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs and multiplies ``dtype`` weights on this CPU, found by packing a tiny weight once.
+
+    float32 packs wherever oneDNN is built in; bf16 needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT, fp16 AVX512-FP16
+    or AVX-NE-CONVERT: on a CPU with AVX2 only (AMD Zen 3, most laptops) PyTorch refuses to pack either. The probe
+    asks the very call ``PackedLinear`` makes, so it agrees with it whatever limits the CPU, the torch build or
+    ``ONEDNN_MAX_CPU_ISA`` set.
+    """
+    if not onednn_linear_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), 8)
+    except RuntimeError:
+        return False
+    return True
+
+
+def choose_linear_path(dtype: torch.dtype, *, native: bool | None = None) -> str:
+    """The fastest way (a key of ``LINEAR_PATHS``) for a CPU model of ``dtype`` to run its blocks' linear layers.
+
+    ``"onednn"`` where oneDNN packs ``dtype`` on this CPU (``onednn_packs``); for bf16/fp16 where it does not,
+    ``"onednn-fp32"``: the weights packed in float32 and the activations converted, which multiplies in float32 as
+    oneDNN's bf16 kernels accumulate anyway. On an AVX2-only CPU (emulated with ``ONEDNN_MAX_CPU_ISA=AVX2``,
+    2 threads, docs/benchmarks.md) the 0.1b block linears took 19 ms that way against 87 ms through ``F.linear``
+    in bf16 (192 rows; 75 against 357 ms at 768), whose bf16 GEMM falls back to ATen's own loops there. ``"plain"``
+    only without oneDNN. ``native`` overrides the probe (tests force either answer on any machine).
+    """
+    if not onednn_linear_available():
+        return "plain"
+    if dtype == torch.float32 or (onednn_packs(dtype) if native is None else native):
+        return "onednn"
+    return "onednn-fp32"
+
+
+def linear_path_of(model: nn.Module) -> str:
+    """The ``LINEAR_PATHS`` key ``model``'s block linears took in ``make_fast`` (``"plain"`` when none is packed)."""
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            return "onednn" if module.packed.dtype == module.weight.dtype else "onednn-fp32"
+    return "plain"
+
+
 class PackedLinear(nn.Module):
     """A CPU ``nn.Linear`` that multiplies through oneDNN's brgemm with a weight reordered once (inference only).
 
-    ``weight``/``bias`` stay the ordinary parameters (same state-dict keys and values); ``packed`` is a non-persistent
-    copy of the weight in oneDNN's blocked layout, so the layer holds its weight twice. A float32 ``addmm`` goes
-    through MKL and runs below oneDNN's AVX-512 brgemm on the same shapes; bf16 skips a weight reorder per call.
+    ``weight``/``bias`` stay the ordinary parameters (same state-dict keys and values); ``packed`` is a copy of the
+    weight in oneDNN's blocked layout (neither saved nor moved by ``.to``), so the layer holds its weight twice. A
+    float32 ``addmm`` goes through MKL and runs below oneDNN's AVX-512 brgemm on the same shapes; bf16 skips a weight
+    reorder per call.
     The packed copy is made for ``batch_hint`` rows and serves any row count.
+
+    ``packed_dtype`` float32 for a bf16/fp16 layer is the ``"onednn-fp32"`` path of CPUs whose oneDNN cannot pack the
+    layer's dtype: the packed copy (and bias) in float32, inputs converted to it and outputs back to the layer's dtype
+    (a float32 copy of a bf16 weight costs twice the weight's own memory).
     """
 
-    def __init__(self, linear: nn.Linear, batch_hint: int = 1024) -> None:
+    def __init__(self, linear: nn.Linear, batch_hint: int = 1024, packed_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         if linear.weight.device.type != "cpu":
             raise ValueError(f"PackedLinear runs on CPU only; this weight is on {linear.weight.device}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
+        packed_dtype = packed_dtype or self.weight.dtype
         with torch.no_grad():
-            packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), batch_hint)
-        self.register_buffer("packed", packed, persistent=False)
+            packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().to(packed_dtype), batch_hint)
+            bias = None if self.bias is None else self.bias.detach().to(packed_dtype)
+        # Plain attributes, not buffers: ``module.to(...)`` must not convert oneDNN's opaque layout (it cannot).
+        self.packed, self.packed_bias = packed, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or x.dtype != self.packed.dtype:
-            return F.linear(x, self.weight, self.bias)  # training or a dtype change: the plain path
+        if torch.is_grad_enabled() or x.dtype != self.weight.dtype or x.device.type != "cpu":
+            return F.linear(x, self.weight, self.bias)  # training, or moved since packing: the plain path
         leading = x.shape[:-1]
         # oneDNN takes a 2-D row-major input: (..., in) -> (rows, in) -> (rows, out) -> (..., out)
-        out = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(-1, self.in_features).contiguous(), self.packed, self.bias, "none", [], ""
-        )
-        return out.reshape(*leading, self.out_features)
+        rows = x.reshape(-1, self.in_features).to(self.packed.dtype).contiguous()
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.packed_bias, "none", [], "")
+        return out.to(x.dtype).reshape(*leading, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
+        path = "oneDNN packed" if self.packed.dtype == self.weight.dtype else f"oneDNN packed in {self.packed.dtype}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {path}"
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (glibc malloc.h)
@@ -153,7 +218,7 @@ def fused_kernels_supported(device: torch.device | str) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def _pack_block_linears(model: nn.Module) -> int:
+def _pack_block_linears(model: nn.Module, packed_dtype: torch.dtype | None) -> int:
     """Swap the linear layers inside attention and FFN modules for ``PackedLinear``; returns how many."""
     count = 0
     for module in list(model.modules()):
@@ -161,7 +226,7 @@ def _pack_block_linears(model: nn.Module) -> int:
             continue
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
-                setattr(module, name, PackedLinear(child))
+                setattr(module, name, PackedLinear(child, packed_dtype=packed_dtype))
                 count += 1
     return count
 
@@ -170,7 +235,7 @@ def _pack_block_linears(model: nn.Module) -> int:
 def make_fast(
     model: nn.Module,
     *,
-    pack_linears: bool | None = None,
+    pack_linears: bool | str | None = None,
     tune_allocator: bool | None = None,
     fused_kernels: bool | None = None,
 ) -> nn.Module:
@@ -178,8 +243,12 @@ def make_fast(
 
     Args:
         model: the loaded network, on its final device and dtype (move it first: packed weights do not move).
-        pack_linears: route the blocks' linear layers through oneDNN with prepacked weights (``PackedLinear``).
-            None: on when the model is on the CPU and oneDNN is available. Costs a second copy of those weights.
+        pack_linears: how the blocks' linear layers run on the CPU, a key of ``LINEAR_PATHS``: ``"onednn"``
+            (through oneDNN with prepacked weights, ``PackedLinear``), ``"onednn-fp32"`` (the same with float32
+            weights, for bf16/fp16 where this CPU's oneDNN cannot pack them) or ``"plain"``. None: on a CPU,
+            ``choose_linear_path`` for the model's dtype (on a model made fast before, the path it took then); True:
+            ``choose_linear_path``, required; False: ``"plain"``. A packed
+            path costs a second copy of those weights (``linear_path_of`` tells which path a model took).
         tune_allocator: call ``keep_freed_host_memory`` (process-wide). None: when the model is on the CPU.
         fused_kernels: run q/k-norm + RoPE, SiLU(gate) * up and LayerScale + residual as the fused ops of
             ``layers/fused.py`` (Triton kernels on CUDA; on other devices their reference torch ops, the same
@@ -189,7 +258,8 @@ def make_fast(
             (docs/benchmarks.md, "Fused GPU kernels"). False turns them off again.
 
     Raises:
-        ValueError: ``pack_linears`` without a CPU model and oneDNN; ``fused_kernels=True`` for a CUDA model without
+        ValueError: a packed path without a CPU model and oneDNN, ``"onednn"`` for a dtype this CPU's oneDNN does not
+            pack (bf16 on an AVX2-only CPU); ``fused_kernels=True`` for a CUDA model without
             Triton installed.
 
     Returns:
@@ -199,6 +269,7 @@ def make_fast(
         >>> model = make_fast(load_model("seg", "1b").eval())
         >>> logits = model(images)  # same keys in model.state_dict(), last-bit differences in the outputs
     """
+    made_fast = any(isinstance(module, Attention) and module.fused for module in model.modules())
     for module in model.modules():
         if isinstance(module, Attention):
             module.fuse_qkv()
@@ -215,12 +286,24 @@ def make_fast(
             module.fused_kernels = bool(fused_kernels)
     if tune_allocator if tune_allocator is not None else on_cpu:
         keep_freed_host_memory()
-    if pack_linears is None:
-        pack_linears = on_cpu and onednn_linear_available()
-    if pack_linears:
+    dtype = parameter.dtype if parameter is not None else torch.float32
+    if pack_linears is None and made_fast:  # a second call keeps the path the first one took
+        pack_linears = linear_path_of(model)
+    elif pack_linears is None:
+        pack_linears = choose_linear_path(dtype) if on_cpu else "plain"
+    elif pack_linears is True or pack_linears is False:
+        pack_linears = choose_linear_path(dtype) if pack_linears else "plain"
+    if pack_linears not in LINEAR_PATHS:
+        raise ValueError(f"pack_linears must be one of {', '.join(map(repr, LINEAR_PATHS))}, True, False or None, "
+                         f"got {pack_linears!r}")  # fmt: skip
+    if pack_linears != "plain" and linear_path_of(model) == "plain":  # a second call leaves the packing as it is
         if not on_cpu or not onednn_linear_available():
             raise ValueError("pack_linears needs a CPU model and a torch build with oneDNN")
-        logger.debug("packed %d linear layers for oneDNN", _pack_block_linears(model))
+        if pack_linears == "onednn" and not onednn_packs(dtype):
+            raise ValueError(f"pack_linears='onednn': oneDNN cannot pack {dtype} weights on this CPU (it needs "
+                             "AVX-512 or AVX-NE-CONVERT); use 'onednn-fp32' or leave pack_linears unset")  # fmt: skip
+        packed_dtype = torch.float32 if pack_linears == "onednn-fp32" else dtype
+        logger.debug("packed %d linear layers for oneDNN (%s)", _pack_block_linears(model, packed_dtype), pack_linears)
     return model
 
 
