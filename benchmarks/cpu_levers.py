@@ -9,6 +9,8 @@ cosine similarity of the feature maps). ``--profile VARIANT`` prints where one v
     python benchmarks/cpu_levers.py --batch 1 --repeats 3
     python benchmarks/cpu_levers.py --batch 4 --repeats 2 --variants ref-fp32 fast-bf16 int8
     python benchmarks/cpu_levers.py --profile fast-fp32
+    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/cpu_levers.py \
+        --threads 2 --variants fast-fp32 ref-bf16 fast-bf16-plain fast-bf16-onednn-fp32   # an AVX2-only CPU
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ import torch
 from sapiens2 import Sapiens2, save_transformers
 from sapiens2.benchmark import cpu_info
 from sapiens2.data.io import read_image
-from sapiens2.models.fast import CompiledBuckets, make_fast
+from sapiens2.models.fast import LINEAR_PATHS, CompiledBuckets, make_fast
 from sapiens2.models.lowp import quantize
 from sapiens2.models.threads import wait_policy
 
 PHOTO = Path(__file__).resolve().parent.parent / "tests" / "data" / "astronaut.png"
 VARIANTS = ("ref-fp32", "fast-fp32", "fast-fp32-compiled", "fast-bf16", "fast-bf16-compiled", "transformers-fp32",
             "transformers-bf16", "int8", "int8-compiled", "int8-weight")  # fmt: skip
+PATH_VARIANTS = ("ref-bf16", "fast-bf16-onednn", "fast-bf16-onednn-fp32", "fast-bf16-plain")
+# fast-bf16-PATH: the block linears forced onto one of models.fast.LINEAR_PATHS (fast-bf16: choose_linear_path's pick);
+# on an AVX2-only CPU (or under ONEDNN_MAX_CPU_ISA=AVX2) fast-bf16-onednn is refused, so leave it out there.
 
 
 def build(variant: str, arch: str, size: tuple[int, int], state: dict, folder: Path) -> Callable:
@@ -50,11 +55,12 @@ def build(variant: str, arch: str, size: tuple[int, int], state: dict, folder: P
     model = Sapiens2(arch, img_size=size, out_type="featmap", dtype=dtype)
     model.load_state_dict(state)
     model.eval()
-    if variant == "ref-fp32":
+    if variant.startswith("ref-"):
         return model
     compiled = variant.endswith("compiled")
     quantized = variant.startswith("int8")
-    model = make_fast(model, pack_linears=False if compiled or quantized else None)
+    path = next((p for p in LINEAR_PATHS if variant == f"fast-bf16-{p}"), None)
+    model = make_fast(model, pack_linears=False if compiled or quantized else path)
     if quantized:
         model = quantize(model, "int8-weight" if variant == "int8-weight" else "int8")
     return CompiledBuckets(model) if compiled else model
@@ -73,8 +79,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
-    parser.add_argument("--profile", choices=VARIANTS, default=None, help="profile one variant instead")
+    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS + PATH_VARIANTS)
+    parser.add_argument("--profile", choices=VARIANTS + PATH_VARIANTS, default=None, help="profile one variant instead")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
