@@ -4,16 +4,17 @@ for ``sapiens2.vfx.run.relight_files``."""
 from __future__ import annotations
 
 import argparse
-import sys
+import math
+from collections.abc import Callable
 from pathlib import Path
 
+from ..messages import report_error
 from .predict import (
     add_frame_range_flags,
     add_max_megapixels_flag,
     add_model_flags,
     cli_option,
     model_options,
-    positive_float,
 )
 
 LIGHT_HELP = (
@@ -25,6 +26,7 @@ LIGHT_HELP = (
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     from ..vfx.lights import PRESETS
+    from ..vfx.relight import MAX_EXPOSURE
     from ..vfx.run import MATTES
 
     parser = commands.add_parser(
@@ -43,21 +45,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     light.add_argument("--env", default=None, metavar="NAME|FILE",
                        help="an environment: a preset (" + ", ".join(PRESETS) + ") or an equirectangular .hdr/.exr "
                        "panorama (centre: where the camera looks; .exr needs pip install 'sapiens2[exr]')")  # fmt: skip
-    light.add_argument("--env-rotate", type=float, default=0.0, metavar="DEG",
+    light.add_argument("--env-rotate", type=_finite, default=0.0, metavar="DEG",
                        help="turn the environment about the vertical axis (positive: to the right)")  # fmt: skip
     light.add_argument("--env-intensity", type=_non_negative, default=1.0, help="scale the environment")
     light.add_argument("--specular", type=_non_negative, default=None,
                        help="Blinn-Phong highlight strength of the lights (default: the preset's, else 0)")  # fmt: skip
-    light.add_argument("--shininess", type=positive_float, default=None, help="highlight exponent (default 32)")
+    light.add_argument("--shininess", type=_positive, default=None, help="highlight exponent (default 32)")
     light.add_argument("--matte", default="matting", choices=MATTES,
                        help="where the relit person replaces the plate: the matting model's alpha (default), the seg "
                        "model's foreground, or none (every pixel)")  # fmt: skip
     light.add_argument("--keep-shading", action="store_true",
                        help="keep the original's shading detail: plate / (albedo x its estimated shading)")  # fmt: skip
-    light.add_argument("--exposure", type=float, default=0.0, metavar="STOPS", help="brighten (+) or darken (-)")
-    light.add_argument("--distance", type=positive_float, default=3.0, metavar="M",
+    stops = f"from -{MAX_EXPOSURE:g} to {MAX_EXPOSURE:g}"
+    exposure = _number(f"a number of stops {stops}", lambda value: abs(value) <= MAX_EXPOSURE)
+    light.add_argument("--exposure", type=exposure, default=0.0, metavar="STOPS",
+                       help=f"brighten (+) or darken (-), {stops} stops")  # fmt: skip
+    light.add_argument("--distance", type=_positive, default=3.0, metavar="M",
                        help="metres from the camera to the person, for point lights and highlights (default 3)")
-    light.add_argument("--focal", type=positive_float, default=None, metavar="PX",
+    light.add_argument("--focal", type=_positive, default=None, metavar="PX",
                        help="focal length in pixels (default: the longer image side)")  # fmt: skip
     model = parser.add_argument_group("model")
     add_model_flags(model, batch_help="images per forward pass")
@@ -71,14 +76,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
+def _number(want: str, ok: Callable[[float], bool]) -> Callable[[str], float]:
+    """An argparse type: a finite number for which ``ok`` holds (NaN and inf never light anything)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and ok(value)):
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}")
+        return value
+
+    return parse
+
+
+_finite = _number("a finite number", lambda value: True)
+_non_negative = _number("a finite number >= 0", lambda value: value >= 0)
+_positive = _number("a finite number > 0", lambda value: value > 0)
 
 
 def lighting_from_args(args: argparse.Namespace):
@@ -95,7 +110,8 @@ def lighting_from_args(args: argparse.Namespace):
     base = None
     if args.env is not None:
         try:
-            base = load_environment(args.env, rotate=args.env_rotate, intensity=args.env_intensity)
+            base = load_environment(args.env, rotate=args.env_rotate, intensity=args.env_intensity,
+                                    max_megapixels=args.max_megapixels)  # fmt: skip
         except (ValueError, OSError, ImportError) as error:
             raise ValueError(f"--env {args.env}: {str(error).removeprefix(args.env + ': ')}") from None
     if not lights and base is None:
@@ -119,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         message = str(error)
         if not message.startswith("--") and not message.startswith("give"):  # VideoOptions: "start must be ..."
             message = "--" + message.replace("_", "-")
-        print(f"error: {message}", file=sys.stderr)
+        report_error(message)
         return 2
     options = PredictOptions(tasks=(), output=args.output, inputs=args.inputs, sample=args.sample,
                              **model_options(args), skip_existing=args.skip_existing,

@@ -31,6 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.io import DEFAULT_MAX_MEGAPIXELS, read_image
+from ..messages import report_warning
+
 __all__ = [
     "DirectionalLight",
     "EnvironmentMap",
@@ -49,12 +52,20 @@ __all__ = [
 SH_BAND_WEIGHTS = np.array([1.0, 2 / 3, 2 / 3, 2 / 3, 1 / 4, 1 / 4, 1 / 4, 1 / 4, 1 / 4], dtype=np.float64)
 """Per coefficient, the clamped-cosine convolution (pi, 2pi/3, pi/4 per band) divided by pi: radiance SH -> the
 shading (irradiance / pi) of a Lambertian surface."""
+PANORAMA_BAND_PIXELS = 1 << 18
+"""``EnvironmentMap.from_equirect`` projects a panorama in bands of about this many pixels (memory: ~20 MB each)."""
 
 
 def direction_from_angles(az: float, el: float) -> np.ndarray:
     """Unit vector toward a light at azimuth ``az`` and elevation ``el`` (degrees), camera frame (see the module)."""
     a, e = math.radians(az), math.radians(el)
     return np.array([math.sin(a) * math.cos(e), -math.sin(e), -math.cos(a) * math.cos(e)], dtype=np.float64)
+
+
+def _non_negative(name: str, value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 def _colour(value: Sequence[float] | float) -> np.ndarray:
@@ -79,8 +90,7 @@ class DirectionalLight:
             raise ValueError(f"direction must be a non-zero 3-vector, got {self.direction!r}")
         object.__setattr__(self, "direction", direction / norm)
         object.__setattr__(self, "color", _colour(self.color))
-        if not self.intensity >= 0:
-            raise ValueError(f"intensity must be >= 0, got {self.intensity!r}")
+        _non_negative("intensity", self.intensity)
 
     @classmethod
     def from_angles(cls, az: float, el: float, color: Sequence[float] | float = 1.0, intensity: float = 1.0):
@@ -106,8 +116,7 @@ class PointLight:
             raise ValueError(f"position must be 3 finite numbers, got {self.position!r}")
         object.__setattr__(self, "position", position)
         object.__setattr__(self, "color", _colour(self.color))
-        if not self.intensity >= 0:
-            raise ValueError(f"intensity must be >= 0, got {self.intensity!r}")
+        _non_negative("intensity", self.intensity)
 
     @property
     def radiance(self) -> np.ndarray:
@@ -149,10 +158,11 @@ def sh_irradiance(coefficients: np.ndarray, normals: np.ndarray, axis: int = -1)
     return np.moveaxis(np.maximum(shading, np.float32(0), out=shading), 0, axis)
 
 
-def equirect_directions(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+def equirect_directions(height: int, width: int, rows: range | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Unit directions (H, W, 3) at the centres of an equirectangular panorama's pixels (centre column: +z, top:
-    -y, columns to the right of the centre: +x) and each pixel's solid angle (H, 1) in steradians."""
-    lat = (0.5 - (np.arange(height) + 0.5) / height) * math.pi  # +pi/2 at the top
+    -y, columns to the right of the centre: +x) and each pixel's solid angle (H, 1) in steradians; only the
+    ``rows`` given (a band of the panorama), if given."""
+    lat = (0.5 - (np.asarray(rows if rows is not None else range(height)) + 0.5) / height) * math.pi  # top: +pi/2
     lon = ((np.arange(width) + 0.5) / width - 0.5) * 2.0 * math.pi  # 0 at the centre column
     cos_lat = np.cos(lat)[:, None]
     directions = np.stack(
@@ -176,8 +186,10 @@ class EnvironmentMap:
 
     def __post_init__(self) -> None:
         coefficients = np.asarray(self.coefficients, dtype=np.float64)
-        if coefficients.shape != (9, 3) or not np.all(np.isfinite(coefficients)):
-            raise ValueError(f"coefficients must be a finite (9, 3) array, got shape {coefficients.shape}")
+        if coefficients.shape != (9, 3):
+            raise ValueError(f"coefficients must be a (9, 3) array, got shape {coefficients.shape}")
+        if not np.all(np.isfinite(coefficients)):
+            raise ValueError("coefficients must be finite, got NaN or inf (an overflow of the light?)")
         object.__setattr__(self, "coefficients", coefficients)
 
     @classmethod
@@ -186,22 +198,35 @@ class EnvironmentMap:
         """Project an equirectangular panorama (H, W, 3) of linear radiance onto 9 SH coefficients.
 
         ``rotate`` turns the panorama about the vertical axis by that many degrees (positive: what was at the
-        centre moves to the right); ``intensity`` scales it.
+        centre moves to the right); ``intensity`` scales it. Negative values (the ringing a filtered or compressed
+        HDR keeps around bright lights) are read as 0, with one warning line giving their share; a panorama whose
+        values are mostly negative is no radiance and is refused.
         """
-        image = np.asarray(image, dtype=np.float64)
+        _check_turn(rotate, intensity)
+        image = np.asarray(image)
         if image.ndim != 3 or image.shape[2] < 3 or image.shape[0] < 2 or image.shape[1] < 2:
             raise ValueError(f"an environment map must be an (H, W, 3) panorama, got shape {image.shape}")
-        image = image[..., :3]
-        if not np.all(np.isfinite(image)):
-            raise ValueError("the environment map has non-finite pixels (NaN or inf)")
-        directions, solid_angle = equirect_directions(*image.shape[:2])
-        if rotate:
-            a = math.radians(rotate)  # about the y axis: +z turns toward +x
-            turn = np.array([[math.cos(a), 0, math.sin(a)], [0, 1, 0], [-math.sin(a), 0, math.cos(a)]])
-            directions = directions @ turn.T
-        basis = sh_basis(directions) * solid_angle[..., None]  # (H, W, 9)
-        coefficients = np.einsum("hwk,hwc->kc", basis, np.maximum(image, 0.0)) * intensity
-        return cls(coefficients, name)
+        height, width = image.shape[:2]
+        turn = _turn_matrix(rotate)  # about the y axis: +z turns toward +x
+        coefficients, negative, lowest = np.zeros((9, 3)), 0, 0.0
+        rows = max(1, PANORAMA_BAND_PIXELS // width)
+        for top in range(0, height, rows):  # a band at a time: the (H, W, 9) basis of a 16k panorama is ~10 GB
+            band = np.asarray(image[top : top + rows, :, :3], dtype=np.float64)
+            if not np.all(np.isfinite(band)):
+                raise ValueError("the environment map has non-finite pixels (NaN or inf)")
+            negative += int(np.count_nonzero(band < 0))
+            lowest = min(lowest, float(band.min()))
+            directions, solid_angle = equirect_directions(height, width, range(top, min(top + rows, height)))
+            basis = sh_basis(directions @ turn.T) * solid_angle[..., None]  # (rows, W, 9)
+            coefficients += np.einsum("hwk,hwc->kc", basis, np.maximum(band, 0.0))
+        if negative:
+            share = 100 * negative / (height * width * 3)
+            if share > 50:
+                raise ValueError(f"{share:.0f} % of its values are negative (down to {lowest:.3g}): not linear "
+                                 "radiance (a log-encoded or difference image?); give a linear panorama")  # fmt: skip
+            report_warning(f"{name}: {share:.2g} % of the environment map's values are negative (down to "
+                           f"{lowest:.3g}); read as 0")  # fmt: skip
+        return cls(coefficients * intensity, name)
 
     def shading(self, normals: np.ndarray, axis: int = -1) -> np.ndarray:
         """Lambertian shading (RGB along ``axis``) at unit ``normals`` (x, y, z along ``axis``)."""
@@ -224,10 +249,9 @@ class Lighting:
         object.__setattr__(self, "lights", tuple(self.lights))
         if not self.lights and self.environment is None:
             raise ValueError("no light: give at least one light or an environment map")
-        if not self.specular >= 0:
-            raise ValueError(f"specular must be >= 0, got {self.specular!r}")
-        if not self.shininess > 0:
-            raise ValueError(f"shininess must be > 0, got {self.shininess!r}")
+        _non_negative("specular", self.specular)
+        if not (math.isfinite(self.shininess) and self.shininess > 0):
+            raise ValueError(f"shininess must be a finite number > 0, got {self.shininess!r}")
 
 
 # -------------------------------------------------------------------------------------------------------- presets
@@ -287,39 +311,78 @@ PRESETS = {
 # --------------------------------------------------------------------------------------------------- file and text
 
 
-def read_panorama(path: str | os.PathLike) -> np.ndarray:
+def read_panorama(path: str | os.PathLike, *, max_megapixels: float | None = DEFAULT_MAX_MEGAPIXELS) -> np.ndarray:
     """An equirectangular panorama file as (H, W, 3) float32 linear RGB: ``.hdr`` (Radiance RGBE, OpenCV),
     ``.exr`` (R, G, B channels, or ``layer.R/G/B``, or Y as grey, through the ``OpenEXR`` bindings) or an 8-bit
-    sRGB picture (``.png``, ``.jpg`` ...: no light above white, so a weak stand-in for an HDR)."""
+    sRGB picture (``.png``, ``.jpg`` ...: no light above white, so a weak stand-in for an HDR).
+
+    A panorama of more than ``max_megapixels`` (None: no limit) is refused from its header, before any pixel is
+    decoded. Every problem is a ValueError (FileNotFoundError for a missing file) of one line naming the file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     suffix = path.suffix.lower()
     if suffix == ".exr":
-        return _read_exr(path)
+        return _read_exr(path, max_megapixels)
     if suffix in (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp"):  # an 8/16-bit sRGB panorama: decoded to linear
-        from ..data.io import read_image
-
-        encoded = read_image(path).astype(np.float32) / 255
+        encoded = read_image(path, max_megapixels=max_megapixels).astype(np.float32) / 255
         return np.where(encoded <= 0.04045, encoded / 12.92, ((encoded + 0.055) / 1.055) ** 2.4).astype(np.float32)
     if suffix not in (".hdr", ".pic", ".rgbe"):
         raise ValueError(f"{path}: not an environment map; give a .hdr, .exr (or 8-bit .png/.jpg) panorama or one "
                          f"of {', '.join(PRESETS)}")  # fmt: skip
+    _check_pixels(path, _radiance_size(path), max_megapixels)
     import cv2
 
-    image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED | cv2.IMREAD_ANYDEPTH | cv2.IMREAD_COLOR)
+    level = cv2.utils.logging.getLogLevel()
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)  # we say what went wrong, in one line
+    try:
+        image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED | cv2.IMREAD_ANYDEPTH | cv2.IMREAD_COLOR)
+    except cv2.error as error:  # e.g. over OpenCV's own pixel limit (CV_IO_MAX_IMAGE_PIXELS) with no limit of ours
+        reason = str(error).strip().splitlines()[-1]
+        raise ValueError(f"{path}: cannot read it as a Radiance .hdr image ({reason})") from None
+    finally:
+        cv2.utils.logging.setLogLevel(level)
     if image is None or image.ndim != 3:
-        raise ValueError(f"{path}: cannot read it as a Radiance .hdr image")
+        raise ValueError(f"{path}: cannot read it as a Radiance .hdr image (corrupt, truncated or not RGBE)")
     return np.ascontiguousarray(image[..., ::-1], dtype=np.float32)
 
 
-def _read_exr(path: Path) -> np.ndarray:
+def _radiance_size(path: Path) -> tuple[int, int] | None:
+    """(W, H) from a Radiance file's resolution line (``-Y 1024 +X 2048``: the line after the blank line that ends
+    the header); None when the first 64 KB do not hold one."""
+    with open(path, "rb") as file:
+        head = file.read(1 << 16)
+    end = head.find(b"\n\n")
+    fields = head[end + 2 :].split(b"\n", 1)[0].split() if end >= 0 else []
+    if len(fields) != 4 or not all(f[1:] in (b"X", b"Y") for f in fields[::2]):
+        return None
+    size = {fields[0][1:]: fields[1], fields[2][1:]: fields[3]}
+    try:
+        return int(size[b"X"]), int(size[b"Y"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _check_pixels(path: Path, size: tuple[int, int] | None, max_megapixels: float | None) -> None:
+    if size is not None and max_megapixels is not None and size[0] * size[1] > max_megapixels * 1e6:
+        width, height = size
+        raise ValueError(f"{path}: its header declares {width}x{height} pixels ({width * height / 1e6:.1f} "
+                         f"megapixels), over the limit of {max_megapixels:g} megapixels; give a smaller panorama "
+                         "(2048x1024 holds all the light relighting uses) or raise the limit (--max-megapixels)")
+
+
+def _read_exr(path: Path, max_megapixels: float | None) -> np.ndarray:
     try:
         import OpenEXR
     except ImportError:
         raise ImportError("reading .exr environment maps needs OpenEXR: pip install 'sapiens2[exr]'") from None
     try:
+        with OpenEXR.File(str(path), header_only=True) as file:
+            (left, top), (right, bottom) = file.header()["dataWindow"]
+        _check_pixels(path, (int(right) - int(left) + 1, int(bottom) - int(top) + 1), max_megapixels)
         with OpenEXR.File(str(path)) as file:
+            if not file.parts:  # corrupt pixel data: the bindings print a warning and keep no part
+                raise RuntimeError("corrupt or truncated pixel data")
             channels = file.channels()
             names = list(channels)
             picked = next((group for group in (("R", "G", "B"), ("Y", "Y", "Y"))
@@ -339,9 +402,12 @@ def _read_exr(path: Path) -> np.ndarray:
         raise ValueError(f"{path}: cannot read it as an OpenEXR image ({error})") from None
 
 
-def load_environment(source: str | os.PathLike, *, rotate: float = 0.0, intensity: float = 1.0) -> Lighting:
+def load_environment(source: str | os.PathLike, *, rotate: float = 0.0, intensity: float = 1.0,
+                     max_megapixels: float | None = DEFAULT_MAX_MEGAPIXELS) -> Lighting:  # fmt: skip
     """A preset name (``PRESETS``) or a panorama file (``.hdr``, ``.exr``) as a ``Lighting``; ``rotate`` (degrees
-    about the vertical) and ``intensity`` apply to a file's panorama and to a preset's environment and lights."""
+    about the vertical) and ``intensity`` apply to a file's panorama and to a preset's environment and lights;
+    ``max_megapixels``: the largest panorama read (``read_panorama``)."""
+    _check_turn(rotate, intensity)
     text = os.fspath(source)
     if text in PRESETS:
         lighting = preset(text)
@@ -352,9 +418,15 @@ def load_environment(source: str | os.PathLike, *, rotate: float = 0.0, intensit
         return Lighting(lights, environment, lighting.specular, lighting.shininess, name=text)
     if not Path(text).suffix and not Path(text).exists():
         raise ValueError(f"{text}: neither a lighting preset ({', '.join(PRESETS)}) nor a .hdr/.exr file")
-    panorama = read_panorama(text)
+    panorama = read_panorama(text, max_megapixels=max_megapixels)
     return Lighting((), EnvironmentMap.from_equirect(panorama, rotate=rotate, intensity=intensity, name=text),
                     name=Path(text).name)  # fmt: skip
+
+
+def _check_turn(rotate: float, intensity: float) -> None:
+    if not math.isfinite(rotate):
+        raise ValueError(f"rotate must be a finite number of degrees, got {rotate!r}")
+    _non_negative("intensity", intensity)
 
 
 def _turn_matrix(degrees: float) -> np.ndarray:

@@ -13,6 +13,7 @@ decoded with the sRGB transfer function, and the result encoded again.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ import numpy as np
 from .lights import DirectionalLight, Lighting, PointLight, sh_basis
 
 __all__ = [
+    "MAX_EXPOSURE",
     "RelightResult",
     "camera_rays",
     "estimate_shading",
@@ -33,6 +35,9 @@ __all__ = [
 
 DEFAULT_DISTANCE = 3.0
 """Metres from the camera to the subject when no per-pixel positions are given (point lights, highlights)."""
+MAX_EXPOSURE = 64.0
+"""``exposure`` is refused beyond +-64 stops (a gain of 2**64 ~ 1.8e19): far past any picture, and short of the
+float32 overflow (2**128) that would turn the light into inf and NaN."""
 RESIDUAL_RANGE = (0.0, 4.0)
 """``keep_shading``: the residual plate / (albedo * estimated shading) is clipped to this range."""
 
@@ -265,7 +270,7 @@ def relight(
             the original lighting from this picture, a (9, 3) array of SH coefficients gives it, and a function
             takes this picture's estimate and returns the coefficients to use (a video smooths them over time).
         positions, focal, distance: camera-frame points for point lights and highlights (see ``shade``).
-        exposure: stops applied to the relit subject (``2 ** exposure``).
+        exposure: stops applied to the relit subject (``2 ** exposure``), at most ``MAX_EXPOSURE`` either way.
 
     Returns:
         A ``RelightResult``: the composited picture (uint8 sRGB and linear float), the new shading, the matte.
@@ -278,6 +283,9 @@ def relight(
         >>> normal, albedo = Predictor("normal")(image), Predictor("albedo")(image)
         >>> result = relight(image, normal, albedo, load_environment("neon"), matte=Predictor("matting")(image))
     """
+    if not (math.isfinite(exposure) and abs(exposure) <= MAX_EXPOSURE):
+        raise ValueError(f"exposure must be a finite number of stops from -{MAX_EXPOSURE:g} to {MAX_EXPOSURE:g}, "
+                         f"got {exposure!r}")  # fmt: skip
     plate_array = _image(getattr(plate, "image", plate), "the plate", None)
     shape = plate_array.shape[:2]
     n, valid = _unit_normals(normals)

@@ -9,6 +9,7 @@ and encodes ``<stem>_relit.mp4`` (the source's timestamps; no second decode).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .lights import Lighting
-from .relight import DEFAULT_DISTANCE, relight
+from .relight import DEFAULT_DISTANCE, MAX_EXPOSURE, relight
 
 __all__ = ["MATTES", "RelightOptions", "relight_files"]
 
@@ -56,10 +57,13 @@ class RelightOptions:
     def __post_init__(self) -> None:
         if self.matte not in MATTES:
             raise ValueError(f"matte must be one of {', '.join(MATTES)}, got {self.matte!r}")
-        if not self.distance > 0:
-            raise ValueError(f"distance must be > 0, got {self.distance!r}")
-        if self.focal is not None and not self.focal > 0:
-            raise ValueError(f"focal must be > 0, got {self.focal!r}")
+        if not (math.isfinite(self.distance) and self.distance > 0):
+            raise ValueError(f"distance must be a finite number > 0, got {self.distance!r}")
+        if self.focal is not None and not (math.isfinite(self.focal) and self.focal > 0):
+            raise ValueError(f"focal must be a finite number > 0, got {self.focal!r}")
+        if not (math.isfinite(self.exposure) and abs(self.exposure) <= MAX_EXPOSURE):
+            raise ValueError(f"exposure must be a finite number of stops from -{MAX_EXPOSURE:g} to {MAX_EXPOSURE:g}, "
+                             f"got {self.exposure!r}")  # fmt: skip
 
     def tasks(self) -> list[str]:
         """The Predictor tasks a relight needs."""
