@@ -28,8 +28,8 @@ def predict_job(*tasks: str) -> PredictJob:
 
 def test_a_column_the_first_rows_lack_is_kept_with_its_declared_type(tmp_path):
     sink = make_sink("parquet", tmp_path, predict_job("seg", "pose", "pointmap").parquet_schema())
-    pose = {"pose_boxes": [[1.0, 2.0, 30.0, 40.0]], "pose_box_scores": [0.9],
-            "pose_keypoints": [[[3.0, 4.0]]], "pose_keypoint_scores": [[0.5]]}  # fmt: skip
+    pose = {"pose_bbox_xyxy": [[1.0, 2.0, 30.0, 40.0]], "pose_box_scores": [0.9], "pose_keypoints": [[[3.0, 4.0]]],
+            "pose_keypoint_scores": [[0.5]], "pose_boxes": [[1.0, 2.0, 30.0, 40.0]]}  # fmt: skip
     outcomes = [
         Outcome("0", "0", "0", "s", "failed", error="unreadable"),  # the shard's first item failed
         done("1", {"height": 4, "width": 3}),  # the first row written: no pose, no pointmap, no blob
@@ -42,17 +42,21 @@ def test_a_column_the_first_rows_lack_is_kept_with_its_declared_type(tmp_path):
     assert table.schema.field("pose_keypoints").type == pa.list_(pa.list_(pa.list_(pa.float64())))
     assert table.schema.field("pointmap_focal").type == pa.float64()  # declared, no row has it: typed, all null
     first, second = table.to_pylist()
-    assert first["pose_boxes"] is None and first["seg_png"] is None and first["note"] is None
-    assert second["pose_boxes"] == pose["pose_boxes"] and second["pose_keypoints"] == pose["pose_keypoints"]
+    assert first["pose_bbox_xyxy"] is None and first["seg_png"] is None and first["note"] is None
+    assert second["pose_bbox_xyxy"] == pose["pose_bbox_xyxy"] and second["pose_keypoints"] == pose["pose_keypoints"]
     assert second["seg_png"] == "arrays/2_seg.png" and (tmp_path / "arrays/2_seg.png").read_bytes() == b"png"
 
 
 def test_the_predict_job_declares_only_the_columns_of_its_tasks():
+    """Boxes are named by their layout, as every other output names them (``bbox_xyxy``); ``pose_boxes``, their name
+    in earlier releases, is declared too (deprecated, one more release) so that readers asking for it still work."""
     assert predict_job("seg").parquet_schema().names == ["height", "width"]
-    assert predict_job("pointmap", "pose").parquet_schema().names == [
+    schema = predict_job("pointmap", "pose").parquet_schema()
+    assert schema.names == [
         "height", "width", "pointmap_focal", "pointmap_scale",
-        "pose_boxes", "pose_box_scores", "pose_keypoints", "pose_keypoint_scores",
+        "pose_bbox_xyxy", "pose_box_scores", "pose_keypoints", "pose_keypoint_scores", "pose_boxes",
     ]  # fmt: skip
+    assert schema.field("pose_boxes").type == schema.field("pose_bbox_xyxy").type
 
 
 class EvenOnlyJob(BulkJob):
@@ -99,3 +103,4 @@ def test_predict_parts_agree_on_their_schema_when_a_shard_starts_with_a_failed_i
     rows = [row for part in parts for row in pq.read_table(part).to_pylist()]
     assert [row["key"] for row in rows] == ["in/astronaut.png", "in/sub/camera.png"]
     assert all(row["pose_keypoints"] and row["seg_png"] for row in rows)
+    assert all(row["pose_bbox_xyxy"] and row["pose_boxes"] == row["pose_bbox_xyxy"] for row in rows)  # the alias

@@ -75,7 +75,8 @@ def test_parquet_sink_holds_the_per_image_results(tiny_checkpoints, tmp_path, ca
     for row, name in zip(rows, ["astronaut", "sub/camera"], strict=True):
         pose = json.loads((tmp_path / "files" / f"{name}_pose.json").read_text())
         assert [row["height"], row["width"]] == pose["image_size"]
-        np.testing.assert_allclose(np.array(row["pose_boxes"]), [p["bbox_xyxy"] for p in pose["instances"]])
+        np.testing.assert_allclose(np.array(row["pose_bbox_xyxy"]), [p["bbox_xyxy"] for p in pose["instances"]])
+        assert row["pose_boxes"] == row["pose_bbox_xyxy"]  # the deprecated name, kept for one release
         np.testing.assert_allclose(np.array(row["pose_keypoints"]), [p["keypoints"] for p in pose["instances"]])
         labels = cv2.imread(str(tmp_path / "pq" / row["seg_png"]), cv2.IMREAD_UNCHANGED)
         np.testing.assert_array_equal(labels, cv2.imread(str(tmp_path / "files" / f"{name}_seg.png"), -1))

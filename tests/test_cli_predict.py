@@ -138,6 +138,84 @@ def test_skip_existing_resumes_only_what_is_missing(tiny_checkpoints, tmp_path, 
     assert "2 images skipped" in capsys.readouterr().out
 
 
+def test_skip_existing_redoes_outputs_that_another_input_or_an_edit_now_claims(tiny_checkpoints, tmp_path, capsys):
+    """``--skip-existing`` skips an output only when it was written from the same bytes (``_bulk/sources.jsonl``),
+    as bulk mode's ledger does. Here ``b.jpg`` arrives beside ``b.png``: sorted first, it takes the name ``b`` (and
+    ``b.png`` becomes ``b_png``), so ``b_seg.png`` exists but holds ``b.png``'s labels; and ``c.png`` is edited in
+    place. Both are done again; ``a.png``, unchanged, is skipped."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    photo, camera = cv2.imread(str(PHOTO)), cv2.imread(str(DATA / "camera.png"))
+    for name, image in (("a.png", photo), ("b.png", photo), ("c.png", photo)):
+        cv2.imwrite(str(inputs / name), image)
+    out = tmp_path / "out"
+    assert run(tiny_checkpoints, ["seg"], [inputs], out) == 0
+    stamp = (out / "a_seg.png").stat().st_mtime_ns
+    cv2.imwrite(str(inputs / "b.jpg"), camera)  # a different picture that now owns the name b
+    cv2.imwrite(str(inputs / "c.png"), camera[:, ::-1])  # an edit of c.png
+    capsys.readouterr()
+    assert run(tiny_checkpoints, ["seg"], [inputs], out, "--skip-existing") == 0
+    printed = capsys.readouterr().out
+    assert "1 images skipped" in printed and "2 images done again" in printed, printed
+    fresh = tmp_path / "fresh"  # what a run into an empty folder writes for the same inputs
+    assert run(tiny_checkpoints, ["seg"], [inputs], fresh) == 0
+    for stem in ("a", "b", "b_png", "c"):
+        got, expected = (cv2.imread(str(folder / f"{stem}_seg.png"), cv2.IMREAD_UNCHANGED) for folder in (out, fresh))
+        assert np.array_equal(got, expected), stem
+    assert (out / "a_seg.png").stat().st_mtime_ns == stamp
+    capsys.readouterr()
+    assert run(tiny_checkpoints, ["seg"], [inputs], out, "--skip-existing") == 0
+    assert "4 images skipped" in capsys.readouterr().out  # now every output is recorded with its input
+
+
+def test_a_run_killed_mid_write_leaves_no_temporary_after_the_next_run(tiny_checkpoints, tmp_path):
+    """``sapiens2 predict`` killed with SIGKILL while it writes an output leaves that write's temporary file beside
+    the outputs (``.<name>.<hex>.tmp<suffix>``); the next run into the folder removes it."""
+    import signal
+    import time
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    big = cv2.resize(cv2.imread(str(PHOTO)), (3000, 2250))  # _normal.npy: 81 MB, written and fsync'd
+    for index in range(6):
+        cv2.imwrite(str(inputs / f"{index}.png"), np.roll(big, index * 50, axis=1))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "sapiens2", "predict", "--task", "normal", str(inputs), "-o", str(out),
+               "--device", "cpu", "--input-size", "64", "48", f"--model={tiny_checkpoints['normal']}"]  # fmt: skip
+    for _ in range(3):  # a write caught in the act: seen, then killed before its rename (almost always the first)
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 240
+            while process.poll() is None and time.monotonic() < deadline and not leftovers(out):
+                time.sleep(0.002)
+            process.send_signal(signal.SIGKILL)
+        finally:
+            process.kill()
+            process.wait(timeout=60)
+        if leftovers(out):
+            break
+    assert leftovers(out), "no write was caught in the act"
+    assert run(tiny_checkpoints, ["normal"], [inputs], out, "--skip-existing") == 0
+    assert not leftovers(out)
+    assert sorted(p.name for p in out.glob("*_normal.npy")) == [f"{index}_normal.npy" for index in range(6)]
+
+
+def test_a_run_does_not_remove_the_temporaries_of_a_run_still_writing(tiny_checkpoints, tmp_path):
+    """The output folder's lock (``bulk.ledger.output_lease``): while another run holds it, a new run leaves the
+    temporary files there alone (they are that run's writes in progress); once it is gone they are removed."""
+    from sapiens2.bulk.ledger import output_lease
+
+    out = tmp_path / "out"
+    planted = out / f".astronaut_seg.png.{'ab' * 6}.tmp.png"
+    out.mkdir()
+    planted.write_bytes(b"half a PNG")
+    with output_lease(out, lambda: None):  # a run in progress (another open file: flock sees two holders)
+        assert run(tiny_checkpoints, ["seg"], [PHOTO], out) == 0
+        assert planted.exists()
+    assert run(tiny_checkpoints, ["seg"], [PHOTO], out) == 0
+    assert not planted.exists() and not leftovers(out)
+
+
 def group_photo(path):
     """Three people side by side (flipped and scaled copies), as the detector fixture does."""
     image = cv2.imread(str(PHOTO))

@@ -20,16 +20,22 @@ recomputed under the same attempt number, so a columnar part it named is replace
 Every atomic write of the job's driver (sinks, commits, ``job.json``, ``report.json``) puts its temporary file in
 ``tmp/`` as ``<name>.<hex>.tmp``, so a run killed mid-write leaves no file that ``parts/*.parquet`` or
 ``shards/*.tar`` matches, and the next run (one run at a time per output folder) removes it when it starts.
+
+``sapiens2 predict`` without bulk mode keeps two files there too: ``sources.jsonl`` (``OutputSources``: which
+input, by path and content hash, each output was written from, so that ``--skip-existing`` redoes an output another
+input or an edited file now claims) and ``lock`` (``output_lease``: held by every such run while it writes, so
+that only a run that finds no other one removes the temporary files killed runs left beside their outputs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +44,7 @@ from ..data.collections import Record
 from ..data.io import save_json
 from .job import Outcome
 
-__all__ = ["Ledger", "LedgerEntry", "LedgerMismatch", "temporary_folder"]
+__all__ = ["Ledger", "LedgerEntry", "LedgerMismatch", "OutputSources", "output_lease", "temporary_folder"]
 
 _COMMIT = re.compile(r"^(?P<shard>.+)\.(?P<attempt>\d{4,})\.json$")
 _BROKEN = re.compile(r"^(?P<shard>.+)\.(?P<attempt>\d{4,})\.json\.broken$")
@@ -253,13 +259,8 @@ class Ledger:
 
     def record_items(self, shard: str, outcomes: list[Outcome]) -> None:
         """Append items to the shard's journal and flush them to disk (item-by-item sinks)."""
-        lines = [json.dumps(_entry_dict(o, None)) for o in outcomes if o.status != "skipped"]
-        if not lines:
-            return
-        with open(self.folder / f"{shard}.journal.jsonl", "ab") as handle:
-            handle.write(("\n" + "\n".join(lines) + "\n").encode())  # a leading newline ends any torn line
-            handle.flush()
-            os.fsync(handle.fileno())
+        _append_lines(self.folder / f"{shard}.journal.jsonl", [_entry_dict(o, None) for o in outcomes
+                                                                 if o.status != "skipped"])  # fmt: skip
 
     def commit(self, shard: str, attempt: int, outcomes: list[Outcome], part: str | None = None) -> Path | None:
         """Atomically record a shard attempt's new outcomes (skipped ones are already recorded); None if none.
@@ -296,6 +297,69 @@ class Ledger:
 
     def _all(self) -> list[str]:
         return sorted(os.listdir(self.folder)) if self.folder.is_dir() else []
+
+
+def _append_lines(path: Path, items: list[dict[str, Any]]) -> None:
+    """Append one JSON line per item to a journal and flush them to disk; nothing for no item."""
+    if not items:
+        return
+    lines = [json.dumps(item) for item in items]
+    with open(path, "ab") as handle:
+        handle.write(("\n" + "\n".join(lines) + "\n").encode())  # a leading newline ends any torn line
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+class OutputSources:
+    """Which input each output file of a run without bulk mode was written from: ``<output>/_bulk/sources.jsonl``,
+    one journal line per output (``key``: its name relative to ``output``; ``hash``: the content hash of the input's
+    bytes; ``source``: the input's path), appended and flushed once the output is written. The latest line of a
+    name wins; a torn last line (a kill mid-append) is ignored, so that output counts as not written.
+
+    ``sapiens2 predict --skip-existing`` skips an output only when its line names the same bytes: an output that
+    another input now claims (``a.png`` added beside ``a.jpg``: sorted first, it takes the name ``a``), an edited
+    input, or an output without a line (written before this record existed, or killed before its line) is redone,
+    as bulk mode's ledger does (key, content hash and output stem).
+    """
+
+    def __init__(self, output: str | os.PathLike) -> None:
+        self.path = Path(output) / "_bulk" / "sources.jsonl"
+
+    def read(self) -> dict[str, str]:
+        """Output name -> content hash of the input it was last written from."""
+        if not self.path.is_file():
+            return {}
+        return {item["key"]: item["hash"] for item in _journal_items(self.path) if isinstance(item.get("hash"), str)}
+
+    def record(self, written: list[tuple[str, str, str]]) -> None:
+        """Append ``(output name, input path, content hash)`` lines and flush them to disk."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _append_lines(self.path, [{"key": name, "source": source, "hash": hash, "status": "done"}
+                                  for name, source, hash in written])  # fmt: skip
+
+
+@contextlib.contextmanager
+def output_lease(output: str | os.PathLike, when_alone: Callable[[], Any]) -> Iterator[None]:
+    """Hold ``<output>/_bulk/lock`` shared while a run without bulk mode writes under ``output``; first, if no other
+    run holds it, call ``when_alone()`` under the lock held exclusively (remove what killed runs left: no other run
+    is writing). The lock goes with its process, kill -9 too. Without ``fcntl`` (Windows) ``when_alone`` is called."""
+    try:
+        import fcntl
+    except ImportError:
+        when_alone()
+        yield
+        return
+    path = Path(output) / "_bulk" / "lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:  # closing it releases the lock
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # another run writes here: its temporaries are not leftovers
+        else:
+            when_alone()
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        yield
 
 
 def _set_aside(path: Path) -> Path:

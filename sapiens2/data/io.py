@@ -10,6 +10,7 @@ import errno
 import json
 import logging
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable
@@ -28,6 +29,7 @@ __all__ = [
     "image_size",
     "pixel_limit_problem",
     "read_image",
+    "remove_temporaries",
     "save_json",
     "save_npy",
     "save_ply",
@@ -452,6 +454,28 @@ def _temporary_path(path: Path, folder: Path | None) -> Path:
     return folder / f"{path.name}.{secrets.token_hex(6)}.tmp"
 
 
+# ".<name>.<12 hex digits>.tmp<suffix>": what _temporary_path names beside the final file.
+_SIBLING_TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp(\.[^.]*)?$")
+
+
+def remove_temporaries(folder: PathLike) -> list[Path]:
+    """Remove the temporary files that ``atomic_write`` calls killed mid-write (kill -9, a power cut) left in
+    ``folder`` beside their outputs (``.<name>.<hex>.tmp<suffix>``); returns them. Only for a folder where no other
+    process is writing at the time: a temporary being written would go too. A missing folder has none.
+    """
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    removed = []
+    for name in names:
+        path = Path(folder) / name
+        if _SIBLING_TEMPORARY.match(name) and path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 def atomic_write(
     path: PathLike,
     content: bytes | bytearray | memoryview | Callable[[Path], Any],
@@ -464,7 +488,7 @@ def atomic_write(
     then renamed over ``path`` with ``os.replace``. On any exception (also KeyboardInterrupt) the temporary file is
     removed and the error re-raised; an existing ``path`` is left untouched. Missing parent folders are created. A
     process killed mid-write leaves its temporary file behind (``.<name>.<hex>.tmp<suffix>`` beside ``path``, or
-    ``<name>.<hex>.tmp`` in ``temporary_folder``).
+    ``<name>.<hex>.tmp`` in ``temporary_folder``); ``remove_temporaries`` removes the former.
 
     Args:
         path: destination file.

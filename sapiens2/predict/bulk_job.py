@@ -1,9 +1,10 @@
 """``sapiens2 predict`` as a bulk job (``sapiens2.bulk``): every worker loads the task models once and writes each
 image's outputs through the writers table, as per-image files or as rows and blobs for the Parquet/WebDataset sinks.
 
-Columnar sinks get: ``height``, ``width``; pose: ``pose_boxes`` (N, 4) xyxy pixels clipped to the image,
-``pose_box_scores`` (N,), ``pose_keypoints`` (N, K, 2) (x, y) pixels and ``pose_keypoint_scores`` (N, K) in
-``keypoint_format``; pointmap:
+Columnar sinks get: ``height``, ``width``; pose: ``pose_bbox_xyxy`` (N, 4) [x1, y1, x2, y2] pixels clipped to
+the image (named by its layout, as ``_pose.json``'s ``bbox_xyxy``; ``pose_boxes``, the same values under the name
+of earlier releases, is written too until the next release), ``pose_box_scores`` (N,), ``pose_keypoints`` (N, K, 2)
+(x, y) pixels and ``pose_keypoint_scores`` (N, K) in ``keypoint_format``; pointmap:
 ``pointmap_focal`` (pixels) and ``pointmap_scale``; and the dense maps as blobs named by the writers' suffixes
 (``_seg.png``, ``_normal.npy``, ``_pointmap.npy``, ``_depth.npy``, ``_albedo.png``, ``_alpha.png``, ``_cutout.png``;
 ``_seg_probs.npy``/``_seg.npy`` with ``save_npy``). No quick-look pictures and no ``.ply`` there.
@@ -25,6 +26,10 @@ from .batch import ExrCollector, make_predictors, pending_tasks, run_tasks
 from .options import PredictOptions, boxes_for, python_option
 
 __all__ = ["PredictJob"]
+
+_DEPRECATED_BOX_COLUMN = "pose_boxes"
+"""``pose_bbox_xyxy`` under its name of earlier releases: written beside it (same values) for one more release, so
+readers that ask for ``pose_boxes`` still get it; docs/bulk.md marks it deprecated."""
 
 
 def _floats(array: Any) -> list:
@@ -89,8 +94,9 @@ class PredictJob(BulkJob):
         floats = pa.list_(pa.float64())
         columns = {
             None: [("height", pa.int32()), ("width", pa.int32())],
-            "pose": [("pose_boxes", pa.list_(floats)), ("pose_box_scores", floats),
-                     ("pose_keypoints", pa.list_(pa.list_(floats))), ("pose_keypoint_scores", pa.list_(floats))],
+            "pose": [("pose_bbox_xyxy", pa.list_(floats)), ("pose_box_scores", floats),
+                     ("pose_keypoints", pa.list_(pa.list_(floats))), ("pose_keypoint_scores", pa.list_(floats)),
+                     (_DEPRECATED_BOX_COLUMN, pa.list_(floats))],
             "pointmap": [("pointmap_focal", pa.float64()), ("pointmap_scale", pa.float64())],
         }  # fmt: skip
         # Declared up front, so every part has these columns (null where an item has no value): only this run's tasks.
@@ -154,8 +160,9 @@ class PredictJob(BulkJob):
 
         pose = as_keypoint_format(result, self.options.keypoint_format)
         boxes = clip_boxes(pose.boxes, pose.image_size)  # as the _pose.json files hold them
-        return {"pose_boxes": _floats(boxes), "pose_box_scores": _floats(pose.box_scores),
-                "pose_keypoints": _floats(pose.keypoints), "pose_keypoint_scores": _floats(pose.scores)}  # fmt: skip
+        return {"pose_bbox_xyxy": _floats(boxes), "pose_box_scores": _floats(pose.box_scores),
+                "pose_keypoints": _floats(pose.keypoints), "pose_keypoint_scores": _floats(pose.scores),
+                _DEPRECATED_BOX_COLUMN: _floats(boxes)}  # fmt: skip
 
     @staticmethod
     def _blobs(task: str, result: Any, image: np.ndarray, options: Any, scratch: str, index: int) -> dict[str, bytes]:

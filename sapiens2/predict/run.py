@@ -2,7 +2,9 @@
 
 This is what ``sapiens2 predict`` does; the command only parses its flags into a ``PredictOptions``. Each image is
 read once and shared by every task. A bad input costs one line on stderr, never the run; the exit status is 1 if
-anything failed. Outputs are written atomically, so an interrupted run can be resumed with ``skip_existing``.
+anything failed. Outputs are written atomically, so an interrupted run can be resumed with ``skip_existing``: an
+output is skipped when it exists and ``<output>/_bulk/sources.jsonl`` says it was written from the same input bytes
+(``bulk.ledger.OutputSources``); the temporary files of writes killed mid-way are removed by the next run.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ..data.io import ImageReadError, ImageTooLargeError, read_image
+from ..bulk.ledger import OutputSources, output_lease
+from ..data.collections import content_hash
+from ..data.io import ImageReadError, ImageTooLargeError, read_image, remove_temporaries
 from ..data.sources import InputItem, expand_inputs, usable
 from ..metadata import SAMPLE_IMAGE  # sample=True: a public-domain photo shipped with the package
 from ..tasks import check_task
@@ -43,6 +47,7 @@ class RunStats:
     images: int = 0
     failed: list[str] = field(default_factory=list)
     skipped: int = 0
+    redone: int = 0  # images whose outputs were written from other bytes (another input of that name, an edit)
     written: int = 0
 
     def fail(self, message: str) -> None:
@@ -62,6 +67,8 @@ class _Run:
     stats: RunStats
     coco_ids: dict[str, int] = field(default_factory=dict)  # str(item.source) -> COCO results image id
     option: OptionText = python_option  # how messages name an option (the CLI: its flags)
+    sources: OutputSources | None = None  # where each written output's input is recorded
+    written_from: dict[str, str] = field(default_factory=dict)  # output name -> its input's hash (skip_existing)
 
 
 def predict_files(options: PredictOptions, *, option: OptionText = python_option) -> int:
@@ -131,14 +138,17 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
         dataset = coco_dataset_path(options.coco_results)
         coco = CocoResultsWriter(options.coco_results, keypoint_format=options.keypoint_format, dataset_path=dataset)
         coco_ids = _coco_ids(work, _coco_image_ids(options.boxes) if options.boxes else {})
-    run = _Run(options, tasks, predictors, boxes, coco, stats, coco_ids, option)
+    sources = OutputSources(options.output)
+    written_from = sources.read() if options.skip_existing else {}
+    run = _Run(options, tasks, predictors, boxes, coco, stats, coco_ids, option, sources, written_from)
     start = time.perf_counter()
-    progress = tqdm(total=len(work), unit="img", desc="predict", disable=None)
-    for offset in range(0, len(work), options.batch_size):
-        batch = work[offset : offset + options.batch_size]
-        _process_batch(run, batch)
-        progress.update(len(batch))
-    progress.close()
+    with output_lease(options.output, lambda: _remove_leftovers(work)):
+        progress = tqdm(total=len(work), unit="img", desc="predict", disable=None)
+        for offset in range(0, len(work), options.batch_size):
+            batch = work[offset : offset + options.batch_size]
+            _process_batch(run, batch)
+            progress.update(len(batch))
+        progress.close()
     if coco is not None:
         try:
             coco.close()
@@ -149,6 +159,22 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
     return 1 if stats.failed else 0
 
 
+def _remove_leftovers(work: list[InputItem]) -> None:
+    """Remove the temporary files that a run killed mid-write left beside the outputs of these inputs."""
+    for folder in dict.fromkeys(item.output_path("").parent for item in work):
+        for path in remove_temporaries(folder):
+            logger.info("removed %s, left by a run killed while writing it", path)
+
+
+def _input_hash(item: InputItem) -> str | None:
+    """The content hash of an input's bytes (``data.collections.content_hash``, as bulk mode's ledger); None when
+    it cannot be read (``read_image`` then says why)."""
+    try:
+        return content_hash(item.source.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
 def _megapixels_for(error: ImageTooLargeError) -> int:
     """A limit (in megapixels, rounded up to two significant digits) that lets the refused image through."""
     needed = error.width * error.height / 1e6
@@ -157,12 +183,26 @@ def _megapixels_for(error: ImageTooLargeError) -> int:
 
 
 def _process_batch(run: _Run, batch: list[InputItem]) -> None:
-    from .writers import WRITERS, WriteOptions, write_result
+    from .writers import WRITERS, WriteOptions, primary_suffix, write_result
 
     options, stats = run.options, run.stats
     loaded: list[tuple[InputItem, np.ndarray, list[str]]] = []
+    hashes: dict[str, str | None] = {}  # str(item.source) -> content hash
+    written: list[tuple[str, str, str]] = []  # (output name, input, content hash) of each task's last file
+
+    def done(item: InputItem, task: str) -> None:
+        digest = hashes[str(item.source)]
+        if digest is not None:
+            written.append((f"{item.stem}{primary_suffix(task, options.output_format)}", str(item.source), digest))
+
     for item in batch:
         pending = pending_tasks(item, run.tasks, options.skip_existing, options.output_format)
+        hashes[str(item.source)] = digest = _input_hash(item)
+        if options.skip_existing:  # an existing output counts only when written from these very bytes
+            names = {task: f"{item.stem}{primary_suffix(task, options.output_format)}" for task in run.tasks}
+            redo = [t for t in run.tasks if t not in pending and run.written_from.get(names[t]) != digest]
+            pending = [t for t in run.tasks if t in pending or t in redo]
+            stats.redone += bool(redo)
         if run.coco is not None and "pose" in run.tasks and "pose" not in pending:  # done by an earlier run
             _add_coco_results(run, item, None)
         if not pending:
@@ -199,6 +239,7 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
         except (OSError, ValueError) as error:
             stats.fail(f"{item.source}: cannot write {task} outputs ({error})")
             continue
+        done(item, task)
         if run.coco is not None and task == "pose":
             _add_coco_results(run, item, result)
     for index, paths_or_error in exr.write([(item, image) for item, image, _ in loaded]):
@@ -206,6 +247,8 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
             stats.fail(f"{loaded[index][0].source}: cannot write the EXR ({paths_or_error})")
         else:
             stats.written += len(paths_or_error)
+            done(loaded[index][0], exr.tasks[0])  # one file for every dense task: named by any of them
+    run.sources.record(written)
     stats.images += len(loaded)
 
 
@@ -255,6 +298,9 @@ def _print_summary(stats: RunStats, predictors: dict[str, Any], seconds: float, 
     lines = [f"{stats.images} images, {stats.written} files written to {output} in {seconds:.1f} s"]
     if stats.skipped:
         lines.append(f"{stats.skipped} images skipped (outputs exist)")
+    if stats.redone:
+        lines.append(f"{stats.redone} images done again: their outputs were written from other bytes (another input "
+                     "of that name, an edited file, or a run that did not record its inputs)")  # fmt: skip
     for task, predictor in predictors.items():
         ms = predictor.timings.per_image_ms()
         stages = ", ".join(f"{stage} {value:.1f}" for stage, value in ms.items() if value > 0)
