@@ -153,6 +153,23 @@ def test_corrupt_sample_is_skipped_and_counted(tmp_path, tiny_checkpoints, caplo
     assert "demo_001.png" in caplog.text and "skipped" in report.to_markdown()
 
 
+def test_max_megapixels_skips_larger_images(tmp_path, tiny_checkpoints, capsys):
+    """``--max-megapixels`` reaches the dense reader: the 512x512 demo images are over 0.2 megapixels, the
+    384x512 one is not."""
+    root = make_demo_dataset("seg", tmp_path / "seg", num_images=3)
+    size = [str(v) for v in _size("seg")]
+    argv = ["eval", "--task", "seg", "--model", str(tiny_checkpoints["seg"]), "--data", str(root), "--input-size",
+            *size, "--device", "cpu", "-o", str(tmp_path / "out")]  # fmt: skip
+    assert main([*argv, "--max-megapixels", "0.2"]) == 1  # items skipped: exit 1
+    assert "2 sample(s) could not be read" in capsys.readouterr().err
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert written["counts"] == {"images": 1, "skipped": 2}
+    for name, line in zip(("demo_000.png", "demo_002.png"), written["skipped"], strict=True):
+        assert name in line and "is over the limit of 0.2 megapixels; raise the limit with --max-megapixels" in line
+    assert main(argv) == 0  # the default limit (200) reads them all
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["counts"] == {"images": 3, "skipped": 0}
+
+
 def test_mislabelled_or_empty_sets_fail_before_the_model_loads(tmp_path):
     missing_model = tmp_path / "no_such_model.safetensors"  # loading it would fail with another error
     root = make_demo_dataset("seg", tmp_path / "seg", num_images=2)

@@ -24,7 +24,7 @@ from sapiens2.train.demo_data import make_demo_dataset
 
 require_module("pycocotools")
 from pycocotools.coco import COCO  # noqa: E402
-from test_eval_pose import _truth_predictor  # noqa: E402
+from test_eval_pose import _pycocotools_on_files, _truth_predictor, make_off_frame_set  # noqa: E402
 
 TINY = ["--input-size", "64", "48", "--device", "cpu"]
 
@@ -225,3 +225,46 @@ def test_cli_keypoints_given_as_strings_are_one_line_naming_the_file(tmp_path, c
     assert main(["eval", "--task", "pose", "--model", str(tmp_path / "none.safetensors"), "--data", str(root)]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and f"{path}: annotation 0 (id 1): keypoints must be a list of numbers" in error
+
+
+def test_cli_scores_keypoints_and_boxes_outside_the_image_as_pycocotools(tiny_checkpoints, tmp_path, capsys):
+    """``sapiens2 eval`` on a COCO-17 file with keypoints past every side and boxes partly outside (the real tiny
+    model, ground-truth boxes clipped to the image): exit 0, one warning line, the numbers pycocotools gives."""
+    root, (keypoints, _, boxes) = make_off_frame_set(tmp_path / "pose")
+    out = tmp_path / "out"
+    argv = ["eval", "--task", "pose", "--model", str(tiny_checkpoints["pose"]), "--keypoint-format", "coco17",
+            "--data", str(root / "annotations.json"), *TINY, "-o", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("sapiens2") and ": warning: " in error
+    assert f"{keypoints} labelled keypoints" in error and f"{boxes} bboxes" in error
+    written = json.loads((out / "report.json").read_text())
+    expected = _pycocotools_on_files(root / "annotations.json", out / "pose_results.json")
+    got = [written["metrics"][f"body17/{stat}"] for stat in STAT_NAMES]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    assert written["counts"]["images"] == 6 and written["counts"]["people"] >= 6
+    # What pycocotools cannot score is still refused, in one line naming the annotation (and no warning before it).
+    data = json.loads((root / "annotations.json").read_text())
+    data["annotations"][3]["keypoints"][2] = -1
+    (root / "annotations.json").write_text(json.dumps(data))
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "annotation 3 (id 4) has a keypoint of negative visibility: keypoint 0" in error
+
+
+def test_max_megapixels_skips_larger_images(tmp_path, tiny_checkpoints, capsys):
+    """``--max-megapixels`` (predict's flag) reaches the images eval reads: the 512x512 demo images (0.26 MP) are
+    over 0.2, the 384x512 ones (0.20 MP) are not."""
+    root = make_demo_dataset("pose", tmp_path / "pose", num_images=4)
+    argv = ["eval", "--task", "pose", "--model", str(tiny_checkpoints["pose"]), "--data", str(root), *TINY]
+    assert main([*argv, "--max-megapixels", "0.2", "-o", str(tmp_path / "out")]) == 1  # items skipped: exit 1
+    assert "2 sample(s) could not be read" in capsys.readouterr().err
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert written["counts"]["images"] == 2 and written["counts"]["skipped"] == 2
+    for name, line in zip(("demo_000.png", "demo_002.png"), written["skipped"], strict=True):
+        assert name in line and "512x512 pixels (0.3 megapixels) is over the limit of 0.2 megapixels" in line
+        assert line.endswith("raise the limit with --max-megapixels")
+    assert options_from_args(build_parser().parse_args(argv[:7])).max_megapixels == 200.0  # predict's default
+    with pytest.raises(SystemExit):
+        main([*argv, "--max-megapixels", "0"])
+    assert "--max-megapixels: must be a number > 0, got '0'" in capsys.readouterr().err

@@ -4,6 +4,8 @@ fail before any prediction, naming the file."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import cv2
@@ -19,6 +21,8 @@ from sapiens2.predict import Predictor
 from sapiens2.train.demo_data import make_demo_dataset
 
 require_module("pycocotools")
+from pycocotools.coco import COCO  # noqa: E402
+from pycocotools.cocoeval import COCOeval  # noqa: E402
 from test_oks import SIGMAS, SUBSET_IDS, coco_eval, has_positive_score, slice_dataset  # noqa: E402
 
 SUBSET_OF = {"body17": "body", "foot": "foot", "face": "face", "lefthand": "lefthand", "righthand": "righthand",
@@ -46,12 +50,12 @@ def predictor(tiny_checkpoints):
     return Predictor("pose", tiny_checkpoints["pose"], device="cpu", input_size=(64, 48), detector=None)
 
 
-def _truth_predictor(root, noise: float, seed: int = 0, false_people: bool = False):
+def _truth_predictor(root, noise: float, seed: int = 0, false_people: bool = False, keypoint_format="sapiens308"):
     """A predictor callable that returns the ground truth of each image moved by ``noise`` x the person size per
     person (box order), with random scores, and optionally a false person; images are recognised by their pixels."""
     from sapiens2.data.io import read_image
 
-    labels = read_pose_labels(root, "val")
+    labels = read_pose_labels(root, "val", keypoint_format=keypoint_format)
     rng = np.random.default_rng(seed)
     spread = rng.uniform(-0.3, 0.3, (NUM_KEYPOINTS, 2))
     people = {}
@@ -245,13 +249,11 @@ def _spoil(record: dict, how: str) -> None:
         keypoints[3 * k] = float("nan")
     elif how == "infinite keypoint":
         keypoints[3 * k + 1] = float("inf")
-    elif how == "negative keypoint":
-        keypoints[3 * k] = -12.0
     elif how == "negative visibility":
         keypoints[3 * 0 + 2] = -1
     elif how == "nan bbox":
         record["bbox"][2] = float("nan")
-    elif how == "negative bbox":
+    elif how == "negative bbox size":
         record["bbox"][3] = -40.0
     elif how == "string keypoints":
         record["keypoints"] = " ".join(str(v) for v in keypoints)
@@ -266,10 +268,13 @@ def _spoil(record: dict, how: str) -> None:
     [
         ("nan keypoint", r"annotation 1 \(id 2\) has a non-finite keypoint: keypoint \d+ is \(x, y, v\) = \(nan, "),
         ("infinite keypoint", r"annotation 1 \(id 2\) has a non-finite keypoint: keypoint \d+ is .*inf"),
-        ("negative keypoint", r"annotation 1 \(id 2\) has a negative keypoint: keypoint \d+ is .* = \(-12.0, "),
-        ("negative visibility", r"annotation 1 \(id 2\) has a negative keypoint: keypoint 0 is .*-1.0\)"),
+        (
+            "negative visibility",
+            r"annotation 1 \(id 2\) has a keypoint of negative visibility: keypoint 0 is .*-1.0\); "
+            r"give finite x, y and v = 0 \(not labelled\), 1 \(occluded\) or 2 \(visible\)",
+        ),
         ("nan bbox", r"annotation 1 \(id 2\) has a non-finite bbox \[.*nan"),
-        ("negative bbox", r"annotation 1 \(id 2\) has a negative bbox \[.*-40.0\]"),
+        ("negative bbox size", r"annotation 1 \(id 2\) has a negative-size bbox \[.*-40.0\]; give .* height >= 0"),
         ("string keypoints", r"annotation 1 \(id 2\): keypoints must be a list of numbers .*got a string"),
         ("keypoints of strings", r"annotation 1 \(id 2\): keypoints must be .*got a string '[0-9.]+' at position 0"),
         ("nan area", r"annotation 1 \(id 2\): area must be a number >= 0, got nan"),
@@ -289,6 +294,103 @@ def test_nan_negative_or_string_annotations_are_refused_naming_the_annotation(tm
         evaluate_pose(never, root, progress=False)
     assert str(error.value).startswith(f"{path}: annotation 1") and "\n" not in str(error.value)
     assert len(str(error.value)) < 300  # one readable line, not the whole keypoint list
+
+
+def _off_image(data: dict) -> tuple[int, int, int, set[str]]:
+    """(labelled keypoints outside their image, annotations holding them, boxes reaching past it, sides crossed)."""
+    size = {image["id"]: (image["width"], image["height"]) for image in data["images"]}
+    keypoints = annotations = boxes = 0
+    sides = set()
+    for record in data["annotations"]:
+        width, height = size[record["image_id"]]
+        x, y, v = np.asarray(record["keypoints"], dtype=float).reshape(-1, 3).T
+        crossed = {"left": x < 0, "top": y < 0, "right": x > width, "bottom": y > height}
+        off = (v > 0) & np.any(list(crossed.values()), axis=0)
+        sides |= {side for side, past in crossed.items() if (past & (v > 0)).any()}
+        keypoints, annotations = keypoints + int(off.sum()), annotations + int(off.any())
+        bx, by, bw, bh = record["bbox"]
+        boxes += bx < 0 or by < 0 or bx + bw > width or by + bh > height
+    return keypoints, annotations, boxes, sides
+
+
+def make_off_frame_set(root):
+    """A COCO-17 file as annotation tools (CVAT, Label Studio) export one when limbs leave the frame: six images
+    (width and height given), labelled keypoints past every side of the image, boxes partly outside, and a second
+    person cut by the right edge, whose joints far outside are unlabelled (0, 0, 0). Returns (root, (keypoints
+    outside, annotations holding them, boxes reaching past the image))."""
+    root = make_demo_dataset("pose", root, num_images=6)
+    path = root / "annotations.json"
+    data = json.loads(path.read_text())
+    size = {image["id"]: (image["width"], image["height"]) for image in data["images"]}
+    people = data["annotations"]
+    joints = [np.asarray(a["keypoints"]).reshape(-1, 3)[SUBSET_IDS["body"]] for a in people]  # COCO-17 order
+    joints[0][3, 1], joints[0][9, 0] = -7.78, -12.5  # left ear above the top, left wrist past the left edge
+    people[0]["bbox"] = [-20.0, people[0]["bbox"][1], people[0]["bbox"][2] + 20.0, people[0]["bbox"][3]]
+    width, height = size[people[1]["image_id"]]
+    joints[1][10, 0], joints[1][16] = width + 6.0, (joints[1][16, 0], height + 9.0, 1)  # right wrist, right ankle
+    width, height = size[people[2]["image_id"]]
+    joints[2][15:17, 1], joints[2][15:17, 2] = height + 25.0, 1  # both ankles below the bottom, occluded
+    people[2]["bbox"][3] = height + 30.0 - people[2]["bbox"][1]
+    joints[4][0] = (-3.0, -4.0, 2)  # the nose past the top-left corner
+    cut = joints[2].copy()  # image 2: a second person, cut by the right edge
+    cut[:, 0] += 0.45 * width
+    cut[cut[:, 0] > width + 40] = 0.0
+    x, y, w, h = people[2]["bbox"]
+    people.append(dict(people[2], id=7, bbox=[x + 0.45 * width, y, w, h]))
+    joints.append(cut)
+    for record, points in zip(people, joints, strict=True):
+        record["keypoints"] = points.ravel().round(2).tolist()
+        record["num_keypoints"] = int((points[:, 2] > 0).sum())
+        record["area"] = float(record["bbox"][2] * record["bbox"][3])
+    path.write_text(json.dumps(data))
+    keypoints, annotations, boxes, sides = _off_image(data)
+    assert sides == {"left", "top", "right", "bottom"} and keypoints > annotations > boxes >= 3
+    return root, (keypoints, annotations, boxes)
+
+
+@pytest.fixture(scope="module")
+def off_frame(tmp_path_factory):
+    return make_off_frame_set(tmp_path_factory.mktemp("off_frame"))
+
+
+def _pycocotools_on_files(annotations_path, results_path) -> np.ndarray:
+    """pycocotools' own COCOeval on the two files as they are (default COCO-17 sigmas): its 10 keypoint stats."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        truth = COCO(str(annotations_path))
+        evaluator = COCOeval(truth, truth.loadRes(str(results_path)), "keypoints")
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return evaluator.stats
+
+
+@pytest.mark.parametrize("boxes", ["gt", "detector"])
+def test_keypoints_and_boxes_outside_the_image_score_as_pycocotools(off_frame, tmp_path, capsys, boxes):
+    """The file is scored, not refused: AP/AR equal pycocotools' on the same annotations and results files, and one
+    warning line gives the count of what lies outside."""
+    root, (keypoints, annotations, boxes_outside) = off_frame
+    predict = _truth_predictor(root, 0.05, seed=2, false_people=True, keypoint_format="coco17")
+    capsys.readouterr()
+    results_path = tmp_path / "results.json"
+    report = evaluate_pose(predict, root, boxes=boxes, keypoint_format="coco17", progress=False,
+                           results_path=results_path)  # fmt: skip
+    warning = capsys.readouterr().err
+    assert warning.count("\n") == 1 and warning.startswith("sapiens2") and ": warning: " in warning
+    assert (
+        f"{root / 'annotations.json'}: {keypoints} labelled keypoints (in {annotations} annotations) and "
+        f"{boxes_outside} bboxes of split 'val' lie outside their image; they are scored as given"
+    ) in warning
+    expected = _pycocotools_on_files(root / "annotations.json", results_path)
+    for group in ("body17", "all308"):  # only the COCO-17 joints are labelled: both groups score them
+        got = np.array([report.metrics[f"{group}/{stat}"] for stat in STAT_NAMES])
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12, err_msg=group)
+    assert 0.05 < expected[0] < 0.98, expected  # informative, not 0 or saturated
+    assert report.counts["ground_truth"] == 7 and report.counts["images"] == 6
+
+
+def test_a_file_inside_its_images_gives_no_warning(demo, capsys):
+    read_pose_labels(demo, "val")
+    assert capsys.readouterr().err == ""
 
 
 def test_split_file_selects_images(demo, predictor, tmp_path):

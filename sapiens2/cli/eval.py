@@ -9,7 +9,7 @@ from pathlib import Path
 from ..checkpoints import CheckpointMismatchError, CheckpointNotFoundError
 from ..eval.pose import KEYPOINT_FORMATS
 from ..eval.run import TASK_EVALUATORS, EvalOptions, evaluate
-from .predict import add_input_size_flag, add_threads_flag
+from .predict import add_input_size_flag, add_max_megapixels_flag, add_threads_flag
 
 # Problems with the user's data, model or flags: one line on stderr, exit status 2 (no traceback). A run that
 # skipped unreadable samples prints its report and exits 1, as predict does when items fail.
@@ -52,6 +52,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=4, help="images per forward pass")
     add_input_size_flag(parser)
     add_threads_flag(parser)
+    add_max_megapixels_flag(parser)
     parser.add_argument("--label-map", default=None, help="seg: remap stored ids with a seg29.json table")
     pose = parser.add_argument_group("pose")
     pose.add_argument(
@@ -94,6 +95,7 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
         keypoint_format=args.keypoint_format,
         detector=args.detector,
         flip_test=not args.no_flip_test,
+        max_megapixels=args.max_megapixels,
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from sapiens2.data.io import read_image
+from sapiens2.data.io import DEFAULT_MAX_MEGAPIXELS, read_image
 from sapiens2.metadata import seg_metadata
 
 __all__ = [
@@ -294,6 +294,8 @@ class LabelledSet:
         split: name of an optional ``root/<split>.txt`` list of image names.
         label_map: seg only: remap of the stored ids (see :func:`label_map_table`).
         num_classes: seg only: ids must be below it or 255.
+        max_megapixels: images (and albedo targets) with more pixels are refused by ``read`` (an
+            ``ImageTooLargeError``), judged from the header before decoding; None: no limit.
 
     ``read(name)`` returns a dict: ``image`` (H, W, 3) uint8 RGB and, per task, ``labels`` (H, W) uint8;
     ``normal`` (H, W, 3) float32 (0 where invalid) + ``mask``; ``depth`` (H, W) float32 metres (0 outside the mask),
@@ -309,6 +311,7 @@ class LabelledSet:
         split: str = "train",
         label_map: Mapping[int, int] | str | None = None,
         num_classes: int = 29,
+        max_megapixels: float | None = DEFAULT_MAX_MEGAPIXELS,
     ) -> None:
         if task not in DENSE_TARGETS:
             raise ValueError(f"no labelled dense layout for task {task!r}; choose one of {', '.join(DENSE_TARGETS)}")
@@ -317,6 +320,7 @@ class LabelledSet:
         self.split = split
         self.label_table = label_map_table(label_map)
         self.num_classes = int(num_classes)
+        self.max_megapixels = max_megapixels
         self.manifest: Path | None = None
         if self.root.is_file():
             if self.root.suffix.lower() == ".json":
@@ -365,7 +369,7 @@ class LabelledSet:
 
     def read(self, name: str) -> dict[str, Any]:
         """Image and targets of ``name`` (see the class docstring)."""
-        image = read_image(self.image_paths[name])
+        image = read_image(self.image_paths[name], max_megapixels=self.max_megapixels)
         return {"image": image, **getattr(self, f"_read_{self.task}")(name, image.shape[:2])}
 
     def _read_seg(self, name: str, image_hw: tuple[int, int]) -> dict[str, Any]:
@@ -425,7 +429,7 @@ class LabelledSet:
 
     def _read_albedo(self, name: str, image_hw: tuple[int, int]) -> dict[str, Any]:
         path = self.target_path("albedo", name, (".png",))
-        albedo = read_image(path).astype(np.float32) / np.float32(255.0)
+        albedo = read_image(path, max_megapixels=self.max_megapixels).astype(np.float32) / np.float32(255.0)
         check_same_size(albedo, image_hw, path, "albedo")
         return {"albedo": albedo, "mask": self.read_mask(name, image_hw, albedo.max(axis=2) > 0)}
 
@@ -483,7 +487,7 @@ class LabelledSet:
     def _check_decoded_size(self, name: str, target_hw: tuple[int, int], path: Path, what: str) -> None:
         """Headers disagree: decode the image (EXIF rotation may swap H and W) and compare its real size."""
         try:
-            image = read_image(self.image_paths[name])
+            image = read_image(self.image_paths[name], max_megapixels=self.max_megapixels)
         except (OSError, ValueError):
             return  # a corrupt image: counted as a skipped sample by the reader
         check_same_size(target_hw, image, path, what)

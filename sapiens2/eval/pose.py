@@ -7,8 +7,11 @@ and scores the predictions with :func:`sapiens2.eval.oks.evaluate_sapiens308` (P
 xtcocotools) on body-17, feet, face, each hand, both hands and all 308 keypoints.
 
 The ground truth is read into the 308 ids whatever the file's ``keypoint_format``; ids the format lacks are
-unlabelled, so their groups report -1 (no ground truth). A person's OKS scale is the annotation's ``area``; files
-without one use the ``bbox`` area, else the area of the labelled keypoints' extent.
+unlabelled, so their groups report -1 (no ground truth). Labelled keypoints and boxes outside their image (what
+annotation tools write when a limb leaves the frame) are scored as given, as pycocotools scores them, with one warning
+line giving their count; what pycocotools cannot score (non-finite numbers, wrong lengths, negative visibility) is
+refused before any prediction. A person's OKS scale is the annotation's ``area``; files without one use the ``bbox``
+area, else the area of the labelled keypoints' extent.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from sapiens2.data.io import ImageReadError, read_image, save_png
+from sapiens2.data.io import DEFAULT_MAX_MEGAPIXELS, ImageReadError, ImageTooLargeError, read_image, save_png
+from sapiens2.messages import report_warning
 from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
 from sapiens2.pose.keypoints import FORMATS_INTO_308, format_to_308_ids
 from sapiens2.pose.topdown import PoseResult
@@ -43,6 +47,7 @@ __all__ = [
     "group_ap_figure",
     "pose_metrics",
     "read_pose_labels",
+    "unreadable_line",
 ]
 
 logger = logging.getLogger(__name__)
@@ -104,8 +109,9 @@ def _json_numbers(value: Any) -> tuple[np.ndarray | None, str]:
 
 
 def _check_annotation(path: Path, number: int, record: Mapping, num_keypoints: int, keypoint_format: str) -> None:
-    """Refuse, naming the file and the annotation, keypoints/bbox/area that are not JSON numbers, non-finite (NaN,
-    Infinity) or negative (coordinates and visibility of labelled keypoints, box corners and sides, area)."""
+    """Refuse, naming the file and the annotation, what pycocotools cannot score: keypoints/bbox/area that are not
+    JSON numbers or not finite (NaN, Infinity), keypoints of the wrong length, a negative visibility, box side or
+    area. Coordinates outside the image (negative, or past its width and height) are scored as given."""
     name = f"{path}: annotation {number}" + (f" (id {record['id']!r})" if "id" in record else "")
     keypoints, kind = _json_numbers(record.get("keypoints", []))
     if keypoints is None:
@@ -116,23 +122,49 @@ def _check_annotation(path: Path, number: int, record: Mapping, num_keypoints: i
             f"({num_keypoints} x (x, y, v) for keypoint_format={keypoint_format!r})"
         )
     triplets = keypoints.reshape(-1, 3)
-    labelled = triplets[:, 2] > 0
-    bad = ~np.isfinite(triplets).all(axis=1) | (triplets[:, 2] < 0) | (labelled & (triplets[:, :2] < 0).any(axis=1))
+    bad = ~np.isfinite(triplets).all(axis=1) | (triplets[:, 2] < 0)
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
-        problem = "non-finite" if not np.isfinite(triplets[k]).all() else "negative"
-        raise ValueError(f"{name} has a {problem} keypoint: keypoint {k} is (x, y, v) = {tuple(triplets[k].tolist())}")
+        problem = "non-finite keypoint" if not np.isfinite(triplets[k]).all() else "keypoint of negative visibility"
+        raise ValueError(
+            f"{name} has a {problem}: keypoint {k} is (x, y, v) = {tuple(triplets[k].tolist())}; give finite x, y "
+            "and v = 0 (not labelled), 1 (occluded) or 2 (visible)"
+        )
     if record.get("bbox") is not None:
         box, kind = _json_numbers(record["bbox"])
         if box is None or box.size != 4:
             raise ValueError(f"{name}: bbox must be 4 numbers [x, y, width, height], got {kind or box.tolist()}")
-        if not np.isfinite(box).all() or (box < 0).any():
-            problem = "non-finite" if not np.isfinite(box).all() else "negative"
-            raise ValueError(f"{name} has a {problem} bbox {box.tolist()} (x, y, width, height must be >= 0)")
+        if not np.isfinite(box).all() or (box[2:] < 0).any():
+            problem = "non-finite" if not np.isfinite(box).all() else "negative-size"
+            raise ValueError(f"{name} has a {problem} bbox {box.tolist()}; give [x, y, width, height] with finite "
+                             "numbers and width, height >= 0")  # fmt: skip
     if "area" in record:
         area, kind = _json_numbers([record["area"]])
         if area is None or not np.isfinite(area).all() or area[0] < 0:
             raise ValueError(f"{name}: area must be a number >= 0, got {record['area']!r}")
+
+
+def _image_size(image: Mapping) -> tuple[float, float]:
+    """(width, height) of a COCO ``images`` entry; infinity where it gives none (nothing lies past it)."""
+    size = []
+    for key in ("width", "height"):
+        value = image.get(key)
+        usable = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        size.append(float(value) if usable else np.inf)
+    return size[0], size[1]
+
+
+def _outside(keypoints: np.ndarray, box: list[float] | None, size: tuple[float, float]) -> tuple[int, bool]:
+    """(labelled keypoints outside the image, whether the box reaches past it) for an image of ``size`` (W, H)."""
+    width, height = size
+    x, y = keypoints[:, 0], keypoints[:, 1]
+    off = (keypoints[:, 2] > 0) & ((x < 0) | (y < 0) | (x > width) | (y > height))
+    past = box is not None and (box[0] < 0 or box[1] < 0 or box[0] + box[2] > width or box[1] + box[3] > height)
+    return int(off.sum()), bool(past)
+
+
+def _plural(count: int, noun: str, nouns: str | None = None) -> str:
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
 
 
 def read_pose_labels(
@@ -143,6 +175,10 @@ def read_pose_labels(
     annotations: str = "annotations.json",
 ) -> PoseLabels:
     """Read and check ``root/annotations.json`` (all of it, before any compute) and select ``split``.
+
+    Labelled keypoints and boxes outside their image (negative, or past the ``width`` and ``height`` of its
+    ``images`` entry), as annotation tools write them when a limb leaves the frame, are kept and scored as
+    pycocotools scores them; one warning line gives their count.
 
     Raises:
         FileNotFoundError: no annotations file, or a split file naming an image the annotations lack.
@@ -155,6 +191,7 @@ def read_pose_labels(
     try:
         data = json.loads(path.read_text())
         images = [{"id": image["id"], "file_name": str(image["file_name"])} for image in data["images"]]
+        sizes = {image["id"]: _image_size(image) for image in data["images"]}
         records = list(data["annotations"])
     except FileNotFoundError:
         raise FileNotFoundError(f"pose annotations {str(path)!r} do not exist") from None
@@ -186,6 +223,7 @@ def read_pose_labels(
     gt_annotations, people = [], {image["id"]: [] for image in images}
     positions: dict[Any, list[int]] = {image["id"]: [] for image in images}
     mapped = ids >= 0
+    off_keypoints, off_annotations, off_boxes = 0, 0, 0  # labelled keypoints and boxes outside their image
     for number, record in enumerate(records):
         if record["image_id"] not in chosen:
             continue
@@ -194,7 +232,10 @@ def read_pose_labels(
         keypoints[ids[mapped]] = raw[mapped]
         keypoints[keypoints[:, 2] <= 0] = 0.0
         bbox = record.get("bbox")
-        box = [float(v) for v in bbox] if bbox is not None and len(bbox) == 4 else _tight_box(keypoints)
+        given = [float(v) for v in bbox] if bbox is not None else None
+        off, past = _outside(keypoints, given, sizes[record["image_id"]])
+        off_keypoints, off_annotations, off_boxes = off_keypoints + off, off_annotations + (off > 0), off_boxes + past
+        box = given or _tight_box(keypoints)
         crowd = bool(record.get("iscrowd", 0))
         if box is None:
             box = [0.0, 0.0, 0.0, 0.0]  # no box and no labelled keypoint: an ignored ground truth
@@ -216,6 +257,12 @@ def read_pose_labels(
             positions[record["image_id"]].append(number)
     if not gt_annotations:
         raise ValueError(f"{path} holds no annotation in split {split!r}; there is nothing to evaluate against")
+    if off_keypoints or off_boxes:  # what annotation tools write when a limb leaves the frame: scored as pycocotools
+        report_warning(
+            f"{path}: {_plural(off_keypoints, 'labelled keypoint')} (in {_plural(off_annotations, 'annotation')}) "
+            f"and {_plural(off_boxes, 'bbox', 'bboxes')} of split {split!r} lie outside their image; they are scored "
+            "as given, as pycocotools scores them"
+        )
     for image in images:
         image["path"] = root / "images" / image["file_name"]
     gt = {
@@ -367,6 +414,7 @@ def evaluate_pose(
     progress: bool = True,
     results_path: str | os.PathLike | None = None,
     output: str | os.PathLike | None = None,
+    max_megapixels: float | None = DEFAULT_MAX_MEGAPIXELS,
 ) -> PoseEvaluation:
     """Predict every image of a labelled pose folder and compute COCO OKS AP/AR per keypoint group.
 
@@ -389,6 +437,8 @@ def evaluate_pose(
             ``keypoint_format``, with the annotations' image ids: ``COCO(annotations).loadRes(results_path)`` and
             ``COCOeval`` score it against the same file (coco17: with pycocotools' default sigmas).
         output: a folder for the per-group AP chart (``pose_group_ap.png``).
+        max_megapixels: images with more pixels are skipped (judged from the header before decoding; None: no
+            limit), as ``read_image`` refuses them.
 
     Returns:
         A :class:`PoseEvaluation`.
@@ -412,11 +462,11 @@ def evaluate_pose(
     images = tqdm(labels.images, unit="img", desc="eval pose", disable=not (progress and sys.stderr.isatty()))
     for image in images:
         try:
-            array = read_image(image["path"])
+            array = read_image(image["path"], max_megapixels=max_megapixels)
         except ImageReadError as error:
-            skipped.append(str(error))
+            skipped.append(unreadable_line(error))
             unreadable.add(image["id"])
-            logger.warning("skipped: %s", error)
+            logger.warning("skipped: %s", skipped[-1])
             continue
         if boxes == "gt":
             people = labels.people[image["id"]]
@@ -456,6 +506,13 @@ def evaluate_pose(
         "skipped": len(skipped),
     }
     return PoseEvaluation(metrics=metrics, tables={"oks": rows}, counts=counts, skipped=skipped, files=files)
+
+
+def unreadable_line(error: ImageReadError) -> str:
+    """The report's line for an image eval skips: the problem, and for one over the pixel limit, the remedy."""
+    if isinstance(error, ImageTooLargeError):
+        return f"{error}; raise the limit with --max-megapixels"
+    return str(error)
 
 
 def draw_group_ap_chart(

@@ -31,14 +31,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data.io import atomic_write, save_json, save_png
+from ..data.io import DEFAULT_MAX_MEGAPIXELS, ImageReadError, atomic_write, save_json, save_png
 from ..data.labelled import LabelledSet, points_from_depth
 from ..metadata import seg_metadata
 from ..predict.predictor import Predictor
 from ..tasks import TASKS
 from .metrics import AlbedoMetrics, DepthMetrics, NormalMetrics, PointmapMetrics, SegMetrics
 from .plots import bar_chart, histogram_chart
-from .pose import GROUPS, KEYPOINT_FORMATS, evaluate_pose, group_ap_figure
+from .pose import GROUPS, KEYPOINT_FORMATS, evaluate_pose, group_ap_figure, unreadable_line
 
 __all__ = ["TASK_EVALUATORS", "EvalOptions", "EvalReport", "evaluate", "evaluate_dense", "evaluate_pose_set"]
 
@@ -78,6 +78,8 @@ class EvalOptions:
             ``rtmdet_m.pth``, a callable, or ``"none"`` (the whole image as one person).
         flip_test: pose only: average with the horizontally flipped crop (the official setting).
         threads: torch's CPU threads; None: one per core this process may use (``Predictor``'s ``threads``).
+        max_megapixels: images with more pixels are skipped and counted, judged from the file header before
+            decoding (``data.io.read_image``'s limit, as in ``predict``); None: no limit [``--max-megapixels``].
     """
 
     task: str
@@ -97,6 +99,7 @@ class EvalOptions:
     detector: str | os.PathLike | Callable | None = "rtmdet"
     flip_test: bool = True
     threads: int | None = None
+    max_megapixels: float | None = DEFAULT_MAX_MEGAPIXELS
 
     def __post_init__(self) -> None:
         if self.input_size is not None:
@@ -107,6 +110,8 @@ class EvalOptions:
             object.__setattr__(self, "compare", tuple(self.compare))
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.max_megapixels is not None and not self.max_megapixels > 0:
+            raise ValueError(f"max_megapixels must be > 0 (or None: no limit), got {self.max_megapixels}")
         if self.boxes not in ("gt", "detector"):
             raise ValueError(f"boxes must be 'gt' or 'detector', got {self.boxes!r}")
         if self.keypoint_format not in KEYPOINT_FORMATS:
@@ -380,7 +385,8 @@ def evaluate_dense(options: EvalOptions, model: ModelSource) -> EvalReport:
     """Evaluate one model on a labelled dense set (seg, normal, pointmap, albedo); see :func:`evaluate`."""
     from tqdm.auto import tqdm
 
-    labelled = LabelledSet(options.task, options.data, split=options.split, label_map=options.label_map)
+    labelled = LabelledSet(options.task, options.data, split=options.split, label_map=options.label_map,
+                           max_megapixels=options.max_megapixels)  # fmt: skip
     labelled.check()  # a mislabelled set fails here, before the model is loaded
     predictor = Predictor(
         options.task,
@@ -402,7 +408,8 @@ def evaluate_dense(options: EvalOptions, model: ModelSource) -> EvalReport:
                 try:
                     samples.append(labelled.read(name))
                 except (OSError, ValueError) as error:
-                    line = f"{labelled.image_paths[name]}: skipped: {error}"
+                    problem = unreadable_line(error) if isinstance(error, ImageReadError) else error
+                    line = f"{labelled.image_paths[name]}: skipped: {problem}"
                     logger.error("%s", line)
                     skipped.append(line)
             if samples:
@@ -495,6 +502,7 @@ def evaluate_pose_set(options: EvalOptions, model: ModelSource) -> EvalReport:
             annotations=annotations,
             progress=options.progress is not False,  # evaluate_pose shows it on a terminal only
             results_path=results_path,
+            max_megapixels=options.max_megapixels,
         )
     except BaseException:
         if results_path is not None:
