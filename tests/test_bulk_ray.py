@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 import pytest
 from conftest import require_module
 from test_bulk_predict import files_of, photos, predict
+from test_serve_hostile import is_loopback, listening_sockets
 
 from sapiens2.bulk import Ledger
 
@@ -16,9 +18,24 @@ from sapiens2.bulk import Ledger
 def ray_instance():
     ray = require_module("ray")
     require_module("pyarrow")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    from sapiens2.bulk.ray_engine import start_local_ray
+
+    start_local_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+def test_a_local_ray_instance_listens_on_loopback_only(ray_instance):
+    @ray_instance.remote
+    def worker() -> int:
+        return os.getpid()
+
+    assert ray_instance.get(worker.remote()) != os.getpid()  # a worker is up, with its servers
+    sockets = listening_sockets(os.getpid())
+    names = " ".join(name for _, _, name in sockets)
+    assert all(part in names for part in ("gcs_server", "raylet", "DashboardAgent")), sockets
+    exposed = [s for s in sockets if not is_loopback(s[0])]
+    assert exposed == [], f"listening beyond loopback: {exposed}"
 
 
 def test_ray_pipeline_writes_the_single_process_files_and_resumes(ray_instance, tiny_checkpoints, tmp_path, capsys,
@@ -55,4 +72,3 @@ def test_ray_parquet_rows_equal_the_local_engine(ray_instance, tiny_checkpoints,
         parts = sorted((tmp_path / engine / "parts").glob("*.parquet"))
         rows[engine] = [row for part in parts for row in pq.read_table(part).to_pylist()]
     assert len(rows["ray"]) == 3 and rows["ray"] == rows["local"]
-

@@ -25,7 +25,7 @@ from ..data.collections import Collection, Shard
 from .job import BulkJob, prepare, process_prepared
 from .ledger import Ledger
 
-__all__ = ["run_ray"]
+__all__ = ["run_ray", "start_local_ray"]
 
 CPU_TASK = 0.25  # CPUs reserved per read/decode task, so the actors never starve them on a small instance
 
@@ -122,7 +122,11 @@ def run_ray(
         watchdog = _start_watchdog(marker) if marker is not None else None  # before any Ray process starts
         try:
             with _marked_environment(marker):  # every process of a local instance inherits the marker
-                ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+                options = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+                if address is None:
+                    start_local_ray(**options)
+                else:
+                    ray.init(address=address, **options)
         except Exception as error:  # Ray's ConnectionError, AuthenticationError, RuntimeError ...
             _stop_watchdog(watchdog)
             raise RuntimeError(connect_problem(address, error)) from None
@@ -133,6 +137,28 @@ def run_ray(
         if started:
             ray.shutdown()
         _stop_watchdog(watchdog)  # it ends what shutdown left (nothing, normally)
+
+
+def start_local_ray(**options: Any) -> None:
+    """``ray.init(**options)`` of a new local instance that listens on loopback only: its GCS, raylet, agents,
+    metrics and worker servers all take 127.0.0.1, so nothing of it is reachable from the network.
+
+    Ray (2.x) binds its servers to the node's address, every interface for a routable one, and turns
+    ``_node_ip_address="127.0.0.1"`` back into the routable address on Linux. Its single-machine mode (the default
+    on Windows and macOS, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) takes 127.0.0.1 instead; that mode is read from
+    ``ray_constants.ENABLE_RAY_CLUSTER`` when the node starts, so it is set there for this call only. No other
+    machine can join such an instance: a cluster is ``ray start`` and an address (``tests/test_bulk_ray.py`` checks
+    the listening sockets).
+    """
+    import ray
+    from ray._private import ray_constants
+
+    cluster = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(**options)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = cluster
 
 
 MARKER = "SAPIENS2_RAY_INSTANCE"

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NoReturn
 
+from ..messages import report_error, report_warning
 from ..serve.options import KEYPOINT_FORMATS, ServeOptions, config_file_text
 from ..tasks import TASKS
 from .predict import add_max_megapixels_flag, add_model_flags, add_threads_flag, cli_option, model_options
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         options.check(serve_option)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(str(error))
         return 2
     if args.write_config:
         if args.write_config == "-":
@@ -123,6 +125,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {args.write_config}: serve run {args.write_config} (here) or serve deploy (a cluster)")
         return 0
     if args.ray_address is None:  # every model file found (or downloaded) here first: a missing one fails at once
+        try:
+            options.check_listen(serve_option)  # the port is free: Ray Serve would fail after ~30 s, unclearly
+        except ValueError as error:
+            report_error(str(error))
+            return 2
         from ..predict.batch import resolve_sources
         from ..predict.options import PredictOptions
 
@@ -131,20 +138,19 @@ def run(args: argparse.Namespace) -> int:
         try:
             resolve_sources(files, list(options.tasks), serve_option)
         except (ValueError, FileNotFoundError) as error:
-            print(f"error: {error}", file=sys.stderr)
+            report_error(str(error))
             return 2
     try:
         from ..serve import require_serve
 
         app = require_serve()
     except ImportError as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(str(error))
         return 2
     try:
         url = app.start(options, ray_address=args.ray_address)
     except Exception as error:  # a model that does not load, a port that is taken ...
-        print(f"error: cannot start the service: {type(error).__name__}: {str(error).splitlines()[0]}",
-              file=sys.stderr)  # fmt: skip
+        report_error(f"cannot start the service: {type(error).__name__}: {str(error).splitlines()[0]}")
         app.stop()
         return 1
     auth = " (bearer token required)" if options.token else ""
@@ -153,5 +159,24 @@ def run(args: argparse.Namespace) -> int:
         _wait_for_signal()
     finally:
         print(f"draining (up to {options.drain_s:g} s) and stopping", file=sys.stderr)
-        app.stop(options.drain_s)
-    return 0
+        _stop(app, options.drain_s)  # ends the process
+
+
+def _stop(app, drain_s: float) -> NoReturn:
+    """``app.stop(drain_s)``, then end the process. The local Ray instance is watched meanwhile: when the signal
+    stopped Ray's processes too (it was sent to the whole process group), the process ends at once instead of
+    waiting on them. Nothing is left to clean up after ``stop``, so the interpreter's own teardown (1-3 s after Ray
+    and torch) is skipped too."""
+    import threading
+
+    stopper = threading.Thread(target=app.stop, args=(drain_s,), daemon=True)
+    stopper.start()
+    while stopper.is_alive():
+        stopper.join(0.1)
+        if stopper.is_alive() and app.local_ray_lost():
+            report_warning("the local Ray instance stopped with this process (the signal reached its processes "
+                           "too); nothing is left to drain")  # fmt: skip
+            break
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # Ray's exit handlers would wait seconds to a minute on a stopped instance

@@ -21,6 +21,7 @@ import hmac
 import json
 import math
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -43,15 +44,18 @@ except ImportError as error:
                       name=error.name) from None
 
 from .. import __version__
+from ..bulk.ray_engine import start_local_ray
 from ..data.io import ImageReadError, decode_image, pixel_limit_problem
 from ..tasks import TASKS
 from .codec import FORMATS, encode_result, format_problem
 from .options import KEYPOINT_FORMATS, ServeOptions, replica_devices
 
-__all__ = ["APP_NAME", "Gateway", "ModelReplica", "build", "build_app", "start", "stop"]
+__all__ = ["APP_NAME", "Gateway", "ModelReplica", "build", "build_app", "local_ray_lost", "start", "stop"]
 
 APP_NAME = "sapiens2"
 TOKEN_ENV = "SAPIENS2_SERVE_TOKEN"
+READY_PROBE_TIMEOUT_S = 5.0
+"""A model replica that does not describe itself within this long is not ready (``/readyz`` 503)."""
 
 
 class HTTPProblem(Exception):
@@ -210,14 +214,29 @@ class Gateway:
         self.options = ServeOptions.from_dict(options)
         self.token = token or os.environ.get(TOKEN_ENV) or None
         self.metrics = _Metrics()
-        self.active = 0
+        self.active = 0  # requests admitted (their body arrived): at most max_queue
+        self.receiving = 0  # requests whose body is still arriving, not admitted yet
         self.draining = False
         self.recent = deque(maxlen=64)  # seconds per answered request, for Retry-After
+        # /readyz answers from this at once; _watch_replicas keeps it current (a probe of a dead replica can hang)
+        self.readiness: dict[str, Any] = {"status": "not ready", "error": "no model replica has answered yet"}
+        self.watcher = asyncio.get_running_loop().create_task(self._watch_replicas())
 
     def drain(self) -> int:
-        """Stop taking requests (503, and ``/readyz`` 503); returns how many are still in flight (``stop``)."""
+        """Stop taking requests (503, and ``/readyz`` 503); returns how many are still inside (``stop``)."""
         self.draining = True
-        return self.active
+        return self.active + self.receiving
+
+    async def _watch_replicas(self) -> None:
+        """Ask a model replica to describe itself every second; ``readiness`` is the last answer, or why none came."""
+        while True:
+            try:
+                replica = await asyncio.wait_for(self.model.describe.remote(), timeout=READY_PROBE_TIMEOUT_S)
+                self.readiness = {"status": "ready", "tasks": list(self.options.tasks), "replica": replica,
+                                  "gateway": {"pid": os.getpid()}}  # fmt: skip
+            except Exception as error:  # not started, restarting, or gone
+                self.readiness = {"status": "not ready", "error": f"{type(error).__name__}: {error}".strip()}
+            await asyncio.sleep(1.0)
 
     # ------------------------------------------------------------------------------------------------- endpoints
 
@@ -229,16 +248,7 @@ class Gateway:
     async def readyz(self) -> Any:
         if self.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
-        try:
-            replica = await asyncio.wait_for(self.model.describe.remote(), timeout=5.0)
-        except Exception as error:  # not started, restarting, or gone
-            return JSONResponse({"status": "not ready", "error": f"{type(error).__name__}: {error}"}, status_code=503)
-        return {
-            "status": "ready",
-            "tasks": list(self.options.tasks),
-            "replica": replica,
-            "gateway": {"pid": os.getpid()},
-        }
+        return JSONResponse(self.readiness, status_code=200 if self.readiness["status"] == "ready" else 503)
 
     @api.get("/metrics", summary="Prometheus metrics: requests, latency, batch sizes, queue depth per task")
     async def metrics(self, request: Request) -> Any:
@@ -270,25 +280,21 @@ class Gateway:
     async def predict(self, tasks: str, request: Request, format: str | None = None,
                       keypoint_format: str | None = None) -> Any:  # fmt: skip
         start = time.perf_counter()
+        deadline = start + self.options.request_timeout_s
         names = [t.strip() for t in tasks.split(",") if t.strip()]
         try:
             self._authorise(request)
             self._check_request(names, format, keypoint_format)
+            self._admit()  # a full or stopping service says so before the body is read
+            body = await self._receive(request, deadline)
+            self._admit()  # a slot is taken only once the body is here: slow senders hold none
         except HTTPProblem as problem:
-            return self._answer(problem.response(), names, start)
-        if self.draining:
-            problem = HTTPProblem(503, "the service is shutting down; retry on another instance",
-                                  {"Retry-After": str(self._retry_after())})  # fmt: skip
-            return self._answer(problem.response(), names, start)
-        if self.active >= self.options.max_queue:
-            self.metrics.rejected.inc()
-            problem = HTTPProblem(503, f"the service is full ({self.active} requests queued); retry later",
-                                  {"Retry-After": str(self._retry_after())})  # fmt: skip
             return self._answer(problem.response(), names, start)
         self.active += 1
         self.metrics.in_flight.inc()
         try:
-            name, data = await self._image_bytes(request)
+            name, data = await self._image_bytes(request, body)
+            del body
             problem = pixel_limit_problem(data, self.options.max_megapixels)
             if problem is not None:
                 raise HTTPProblem(413, f"image {name!r}: {problem}")
@@ -297,7 +303,6 @@ class Gateway:
             except ImageReadError as error:
                 raise HTTPProblem(413 if "over the limit" in error.reason else 400, str(error)) from None
             del data
-            deadline = start + self.options.request_timeout_s
             results = await asyncio.gather(*(self._infer(task, image, deadline) for task in names),
                                            return_exceptions=True)  # fmt: skip
             failed = next((result for result in results if isinstance(result, BaseException)), None)
@@ -360,6 +365,28 @@ class Gateway:
         typical = sorted(self.recent)[len(self.recent) // 2] if self.recent else 1.0
         return int(min(60, max(1, math.ceil(typical))))
 
+    def _admit(self) -> None:
+        """Refuse a request (503 + Retry-After) while the service stops or holds ``max_queue`` requests."""
+        if self.draining:
+            raise HTTPProblem(503, "the service is shutting down; retry on another instance",
+                              {"Retry-After": str(self._retry_after())})  # fmt: skip
+        if self.active >= self.options.max_queue:
+            self.metrics.rejected.inc()
+            raise HTTPProblem(503, f"the service is full ({self.active} requests queued); retry later",
+                              {"Retry-After": str(self._retry_after())})  # fmt: skip
+
+    async def _receive(self, request: Request, deadline: float) -> bytes:
+        """The request body by the request's deadline: a client that sends too slowly, or stops, is answered 408
+        and its connection closed."""
+        self.receiving += 1
+        try:
+            return await asyncio.wait_for(self._body(request), timeout=max(0.0, deadline - time.perf_counter()))
+        except asyncio.TimeoutError:
+            late = f"the request body did not arrive within {self.options.request_timeout_s:g} s (--request-timeout)"
+            raise HTTPProblem(408, f"{late}; send it whole, without pauses", {"Connection": "close"}) from None
+        finally:
+            self.receiving -= 1
+
     async def _body(self, request: Request) -> bytes:
         """The request body, refused from ``Content-Length`` when too large, and while reading when unannounced."""
         limit = int(self.options.max_upload_mb * 1e6)
@@ -375,9 +402,8 @@ class Gateway:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _image_bytes(self, request: Request) -> tuple[str, bytes]:
+    async def _image_bytes(self, request: Request, body: bytes) -> tuple[str, bytes]:
         """(name, encoded image) from a multipart form, a JSON body (base64 or an allowed URL) or raw bytes."""
-        body = await self._body(request)
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if kind == "multipart/form-data":
 
@@ -453,7 +479,8 @@ class Gateway:
                 try:
                     reply = await asyncio.wait_for(self.model.infer.remote(task, image), timeout=remaining)
                     break
-                except (RayActorError, ActorUnavailableError):
+                except (RayActorError, ActorUnavailableError) as error:
+                    self.readiness = {"status": "not ready", "error": f"{type(error).__name__}: a replica stopped"}
                     if deadline - time.perf_counter() <= delay:
                         raise HTTPProblem(503, f"{task}: the model replica stopped and none came back in time; "
                                           "retry", {"Retry-After": str(self._retry_after())}) from None  # fmt: skip
@@ -494,6 +521,7 @@ def build_app(options: ServeOptions) -> Any:
         ray_actor_options=resources,
         max_ongoing_requests=2 * options.max_batch,
         graceful_shutdown_timeout_s=options.drain_s,
+        graceful_shutdown_wait_loop_s=0.1,
         health_check_period_s=2.0,
     ).bind(data, devices[0], threads)
     # The gateway answers the overflow itself (503 with Retry-After), so Serve's proxy must pass it on: room for
@@ -505,6 +533,7 @@ def build_app(options: ServeOptions) -> Any:
         max_ongoing_requests=gateway_room,
         max_queued_requests=gateway_room,
         graceful_shutdown_timeout_s=options.drain_s,
+        graceful_shutdown_wait_loop_s=0.1,
     ).bind(model, data, options.token)
 
 
@@ -514,12 +543,21 @@ def build(args: dict[str, Any]) -> Any:
     return build_app(ServeOptions.from_dict(dict(args or {})))
 
 
+_started_ray = False  # whether start() started the local Ray instance (stop() ends it)
+
+
 def start(options: ServeOptions, ray_address: str | None = None, num_cpus: int | None = None) -> str:
     """Start Ray (or join ``ray_address``), Serve on ``options.host:port`` and the application; returns its URL once
-    every replica is up."""
+    every replica is up. A local Ray instance listens on loopback only (``bulk.ray_engine.start_local_ray``)."""
+    global _started_ray
     if not ray.is_initialized():
-        ray.init(address=ray_address, num_cpus=num_cpus if ray_address is None else None, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)  # fmt: skip
+        settings = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+        if ray_address is None:
+            options.check_listen()
+            start_local_ray(num_cpus=num_cpus, **settings)
+            _started_ray = True
+        else:
+            ray.init(address=ray_address, **settings)
     serve.start(http_options={"host": options.host, "port": int(options.port)})
     serve.run(build_app(options), name=APP_NAME, route_prefix="/", blocking=False)
     host = "127.0.0.1" if options.host in ("0.0.0.0", "::") else options.host
@@ -527,13 +565,40 @@ def start(options: ServeOptions, ray_address: str | None = None, num_cpus: int |
 
 
 def stop(drain_s: float = 30.0) -> None:
-    """Drain, then shut Serve down: the gateway answers new requests 503 (and ``/readyz`` 503) while those in
-    flight finish, for up to ``drain_s`` seconds; then Serve stops."""
+    """Drain, then shut Serve down (and the local Ray instance ``start`` started): the gateway answers new requests
+    503 (and ``/readyz`` 503) while those inside finish, for up to ``drain_s`` seconds; then Serve stops.
+
+    A local instance idle when asked to stop ends at once (nothing to hand over: Ray's own shutdown is enough); one
+    that was busy lets Serve see the last answers out first, and what still runs at ``drain_s`` is cut off."""
+    global _started_ray
     deadline = time.monotonic() + drain_s
+    inside = drained = 0
     try:
         gateway = serve.get_app_handle(APP_NAME)
-        while gateway.drain.remote().result(timeout_s=5.0) > 0 and time.monotonic() < deadline:
+        inside = left = gateway.drain.remote().result(timeout_s=5.0)
+        while left > 0 and time.monotonic() < deadline:
             time.sleep(0.05)
+            left = gateway.drain.remote().result(timeout_s=5.0)
+        drained = left == 0
     except Exception:  # no such application (never started, already gone): nothing to drain
-        pass
-    serve.shutdown()
+        drained = True
+    if not _started_ray or (inside and drained):
+        serve.shutdown()  # the replicas stop once their answers are out: at once when drained
+    if _started_ray:
+        _started_ray = False  # from here on its end is expected (``local_ray_lost``)
+        ray.shutdown()
+
+
+def local_ray_lost() -> bool:
+    """Whether the local Ray instance ``start`` started has gone while this process runs: its GCS refuses
+    connections. A signal sent to the whole process group (``kill -- -PGID``, ``timeout``, systemd's default
+    KillMode) stops Ray's processes with this one; then nothing is left to drain, and Serve's shutdown would wait
+    60 s for the GCS before it fails."""
+    if not _started_ray:
+        return False
+    host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+    except OSError:
+        return True
+    return False

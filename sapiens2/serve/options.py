@@ -4,7 +4,9 @@ its form as a Ray Serve config file (``serve run`` / ``serve deploy``)."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +165,26 @@ class ServeOptions:
                     f"{option('allow_urls', prefix)}: give a URL prefix with scheme, host and a path ending in /, "
                     "e.g. https://images.example.com/public/"
                 )
+
+    def check_listen(self, option: OptionText = python_option) -> None:
+        """Refuse a ``host:port`` this machine cannot listen on now, tried with a bind as the HTTP server will do it,
+        before anything starts (Ray Serve would fail only after ~30 s, without naming the port, or share it with the
+        other program: its socket takes SO_REUSEPORT).
+
+        Raises:
+            ValueError: the port is in use, or the host is not an address of this machine.
+        """
+        address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server: TIME_WAIT is no conflict
+            try:
+                probe.bind((self.host, int(self.port)))
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    raise ValueError(f"{option('port', self.port)}: {address} is in use by another program; stop it, "
+                                     f"or choose a free port with {option('port')}") from None  # fmt: skip
+                raise ValueError(f"{option('host', self.host)}: cannot listen on {address}: {error.strerror}; give an "
+                                 "address of this machine (127.0.0.1, or 0.0.0.0 for every one)") from None  # fmt: skip
 
     def source(self, task: str) -> str:
         return os.fspath(self.models.get(task, self.model))
