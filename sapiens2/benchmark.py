@@ -319,8 +319,10 @@ class BenchmarkReport:
 def _check(options: BenchmarkOptions) -> tuple[torch.device, torch.dtype]:
     if options.task != BACKBONE and options.task not in TASKS:
         raise ValueError(f"--task must be {BACKBONE} or one of {', '.join(TASKS)}, got {options.task!r}")
-    if options.batch_size < 1 or options.iters < 1 or options.warmup < 0:
-        raise ValueError("--batch-size and --iters must be >= 1 and --warmup >= 0")
+    for flag, value, least in (("--batch-size", options.batch_size, 1), ("--iters", options.iters, 1),
+                               ("--warmup", options.warmup, 0)):  # fmt: skip
+        if value < least:
+            raise ValueError(f"{flag} {value}: must be >= {least}")
     if options.mode not in ("fast", "reference"):
         raise ValueError(f"--mode must be fast or reference, got {options.mode!r}")
     if options.compile and options.mode != "fast":

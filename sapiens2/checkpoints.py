@@ -128,6 +128,16 @@ def resolve_checkpoint(
     Raises:
         CheckpointNotFoundError: nothing found, or a folder with several candidate files.
     """
+    found = locate_checkpoint(source, task, filename, local_hint=local_hint)
+    return found if isinstance(found, Path) else download(*found, local_hint=local_hint)
+
+
+def locate_checkpoint(
+    source: str | os.PathLike, task: str = PRETRAIN, filename: str | None = None, *, local_hint: str | None = None
+) -> Path | tuple[str, str]:
+    """Where ``resolve_checkpoint`` finds ``source``'s file, downloading nothing: the local file, or the (repo id,
+    file name) to download. A source that can never be found (a path that does not exist, no released weights)
+    raises CheckpointNotFoundError at once, before anything is loaded or downloaded."""
     path = Path(source).expanduser()
     if path.is_file():
         return path
@@ -145,13 +155,13 @@ def resolve_checkpoint(
                 f"No released '{entry_task}' weights for {arch.name} (released: {', '.join(arch.released_tasks)}). "
                 f"{how}."
             )
-        return download(arch.repo_id(entry_task), filename or arch.filename(entry_task), local_hint=local_hint)
+        return arch.repo_id(entry_task), filename or arch.filename(entry_task)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not path.suffix:
         if filename is None:
             raise CheckpointNotFoundError(
                 f"'{text}' is not a repo of the model zoo, so the file name is unknown: pass filename=..."
             )
-        return download(text, filename, local_hint=local_hint)
+        return text, filename
     raise CheckpointNotFoundError(
         f"Checkpoint '{text}' not found: not a file, a folder, a known repo id (e.g. {ARCHS['sapiens2_1b'].repo_id()}) "
         f"or an arch name ({', '.join(ARCHS)})."
@@ -740,6 +750,7 @@ __all__ = [
     "load_backbone",
     "load_into",
     "load_model",
+    "locate_checkpoint",
     "read_state_dict",
     "read_tensors",
     "read_torch_file",

@@ -2,29 +2,33 @@
 
 argparse already words its usage errors that way (``sapiens2 predict: error: unrecognized arguments: ...``); the
 lines the runs print themselves (a missing file, a bad value, a failed item) take the same form through
-``report_error`` and ``report_warning``. The CLI names the running command once (``set_command``); a run started from
-Python prints ``sapiens2: error: ...``. Imports nothing from sapiens2.
+``report_error`` and ``report_warning``, and the log's warnings through ``LogFormatter``. The CLI names the running
+command (``set_command``); a run started from Python prints ``sapiens2: error: ...``. Imports nothing from sapiens2.
+
+Exit statuses that go with them: 2 for a usage error (nothing was run), 1 for a run in which items failed.
 """
 
 from __future__ import annotations
 
-import contextvars
+import logging
 import sys
 
-__all__ = ["command_name", "report_error", "report_warning", "set_command"]
+__all__ = ["LogFormatter", "command_name", "log_to_stderr", "report_error", "report_warning", "set_command"]
 
-_COMMAND: contextvars.ContextVar[str] = contextvars.ContextVar("sapiens2_command", default="")
+_command = ""  # the running command (one per process: the CLI runs one)
 
 
-def set_command(name: str) -> None:
-    """Name the command whose lines ``report_error`` prints (``predict``, ``eval``, ...); empty for none."""
-    _COMMAND.set(name)
+def set_command(name: str) -> str:
+    """Name the command whose lines ``report_error`` prints (``predict``, ``eval``, ...; empty for none); returns
+    the name it replaces, to put back when the command is done."""
+    global _command
+    previous, _command = _command, name
+    return previous
 
 
 def command_name() -> str:
     """``sapiens2 predict`` while the ``predict`` command runs, ``sapiens2`` otherwise."""
-    name = _COMMAND.get()
-    return f"sapiens2 {name}" if name else "sapiens2"
+    return f"sapiens2 {_command}" if _command else "sapiens2"
 
 
 def report_error(message: str) -> None:
@@ -35,3 +39,24 @@ def report_error(message: str) -> None:
 def report_warning(message: str) -> None:
     """Print ``sapiens2 COMMAND: warning: message`` on stderr."""
     print(f"{command_name()}: warning: {message}", file=sys.stderr)
+
+
+class LogFormatter(logging.Formatter):
+    """The log's warnings and errors in the same form (``sapiens2 COMMAND: warning: message``); the lower levels
+    (a training run's step lines) in ``fmt``, the command's own format."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno < logging.WARNING:
+            return super().format(record)
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return f"{command_name()}: {record.levelname.lower()}: {text}"
+
+
+def log_to_stderr(fmt: str | None = None) -> None:
+    """Show the log's warnings and errors on stderr through a ``LogFormatter`` (``fmt``: the lower levels' format,
+    for a command that shows them); nothing changes when the log already has a handler."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(LogFormatter(fmt))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])

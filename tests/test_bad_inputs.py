@@ -290,7 +290,7 @@ def test_predict_over_the_bad_input_set(tiny_checkpoints, tmp_path: Path) -> Non
     report = f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     assert done.returncode == 1, report
     assert "Traceback" not in done.stderr, report
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("sapiens2 predict: error:")]
     assert len(errors) == len(broken), report
     for path, reason in broken.items():
         mine = [line for line in errors if f"'{path}'" in line]

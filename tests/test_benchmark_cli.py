@@ -74,7 +74,8 @@ def test_flops_are_the_arch_table_backbone_plus_the_counted_head(tiny_checkpoint
     ("flags", "message"),
     [
         (["--compile", "--mode", "reference"], "--compile needs --mode fast"),
-        (["--batch-size", "0"], "--batch-size and --iters must be >= 1"),
+        (["--batch-size", "0"], "--batch-size 0: must be >= 1"),
+        (["--warmup", "-1"], "--warmup -1: must be >= 0"),
         (["--peak-tflops", "-1"], "--peak-tflops must be > 0"),
         (["--model", "no/such-model-anywhere"], "no/such-model-anywhere"),
     ],

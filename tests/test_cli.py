@@ -130,7 +130,7 @@ def test_exit_status_is_2_for_a_bad_model_flag_in_every_command_that_takes_one(t
     predict = ["predict", "--task", "seg", str(SAMPLE_IMAGE), "-o", str(tmp_path / "p")]
     for argv in ([*predict, "--model", "bogus=x"], ["demo", "--model", "bogus=x"]):  # predict exited 1
         assert main(argv) == 2, argv
-        assert capsys.readouterr().err.strip() == BOGUS
+        assert capsys.readouterr().err.strip() == f"sapiens2 {argv[0]}: {BOGUS}"
     missing = str(tmp_path / "missing.safetensors")
     evaluate = ["eval", "--task", "seg", "--data", str(tmp_path)]
     for argv in ([*predict, "--model", missing], [*evaluate, "--model", missing]):
@@ -148,7 +148,7 @@ def test_exit_status_through_the_console_script(tmp_path):
     runs = {"predict": _sapiens2(*predict), "demo": _sapiens2("demo", "--model", "bogus=x")}
     for name, process in runs.items():
         _, err = process.communicate(timeout=300)
-        assert process.returncode == 2 and err.strip() == BOGUS, (name, err)
+        assert process.returncode == 2 and err.strip() == f"sapiens2 {name}: {BOGUS}", (name, err)
 
 
 def test_benchmark_takes_the_common_spellings_and_the_old_ones_hidden():

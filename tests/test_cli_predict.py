@@ -113,7 +113,7 @@ def test_bad_inputs_cost_one_line_each_and_the_run_goes_on(tiny_checkpoints, tmp
     code = run(tiny_checkpoints, ["seg"], [tmp_path / "in", tmp_path / "missing.jpg"], out)
     captured = capsys.readouterr()
     assert code == 1
-    errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    errors = [line for line in captured.err.splitlines() if line.startswith("sapiens2 predict: error:")]
     assert len(errors) == 4, captured.err
     for name in ("fake.jpg", "empty.png", "truncated.png", "missing.jpg"):
         assert sum(name in line for line in errors) == 1
@@ -301,7 +301,8 @@ def test_cuda_device_without_cuda_is_refused_with_the_cli_option(tiny_checkpoint
 def test_input_size_must_be_multiples_of_the_patch_size(size, tiny_checkpoints, tmp_path, capsys):
     assert run(tiny_checkpoints, ["seg"], [PHOTO], tmp_path / "out", input_size=size) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert line.startswith(f"error: --input-size {size[0]} {size[1]}") and "multiples of 16" in line, line
+    assert line.startswith(f"sapiens2 predict: error: --input-size {size[0]} {size[1]}"), line
+    assert "multiples of 16" in line, line
     assert not (tmp_path / "out").exists()
 
 
@@ -319,7 +320,7 @@ def test_pointmap_input_size_that_the_scale_head_cannot_take_is_refused_naming_t
     # The tiny pointmap head was built for 256x192: its scale MLP takes a 2x2 grid of 128-pixel cells.
     assert run(tiny_checkpoints, ["pointmap"], [PHOTO], tmp_path / "out", input_size=(64, 48)) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert line.startswith("error: --input-size 64 48") and "--input-size 256 192" in line, line
+    assert line.startswith("sapiens2 predict: error: --input-size 64 48") and "--input-size 256 192" in line, line
     assert not (tmp_path / "out").exists()
 
 
@@ -340,7 +341,7 @@ def test_4k_models_need_multiples_of_the_tokenizer_window(tmp_path, capsys):
             "--input-size", "128", "80", f"--model={path}"]  # fmt: skip
     assert main(argv) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert line.startswith("error: --input-size 128 80") and "multiples of 64" in line, line
+    assert line.startswith("sapiens2 predict: error: --input-size 128 80") and "multiples of 64" in line, line
     argv[-2:-1] = ["64"]
     assert main(argv) == 0, capsys.readouterr().err
     assert (tmp_path / "out" / "astronaut_seg.png").exists()
@@ -419,9 +420,10 @@ def test_predict_files_names_python_options_in_its_messages(tmp_path, capsys):
     from sapiens2 import PredictOptions, predict_files
 
     assert predict_files(PredictOptions(tasks=["seg"], output=tmp_path, input_size=(100, 50), sample=True)) == 2
-    assert "error: input_size=(100, 50): height and width must be multiples of 16" in capsys.readouterr().err
+    err = capsys.readouterr().err  # from Python, no command: the package's name
+    assert err.startswith("sapiens2: error: input_size=(100, 50): height and width must be multiples of 16"), err
     assert predict_files(PredictOptions(tasks=["seg"], output=tmp_path, batch_size=0, sample=True)) == 2
-    assert capsys.readouterr().err == "error: batch_size must be >= 1\n"
+    assert capsys.readouterr().err == "sapiens2: error: batch_size must be >= 1\n"
 
 
 @pytest.mark.parametrize(
@@ -442,7 +444,8 @@ def test_boxes_of_the_wrong_shape_are_one_line_naming_the_file(tmp_path, capsys,
     argv = ["predict", "--task", "pose", str(PHOTO), "-o", str(tmp_path / "out"), "--boxes", str(path)]
     assert main([*argv, "--model", str(tmp_path / "no_model.safetensors")]) == 2  # refused before any model
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and error.startswith(f"error: boxes file {path}: ") and message in error, error
+    assert error.count("\n") == 1 and message in error, error
+    assert error.startswith(f"sapiens2 predict: error: boxes file {path}: "), error
 
 
 def test_pixel_bomb_is_refused_from_its_header_and_its_batch_goes_on(tiny_checkpoints, tmp_path, capsys):
@@ -493,7 +496,7 @@ def test_an_image_that_exhausts_memory_fails_alone_not_its_whole_batch(tiny_chec
                str(tiny_checkpoints["normal"]), str(tmp_path)]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 1, result.stderr[-2000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("sapiens2: error:")]
     assert len(errors) == 1 and "big.png: normal failed" in errors[0], result.stderr[-2000:]
     assert "allocate" in errors[0]
     assert (tmp_path / "run" / "astronaut_normal.npy").is_file(), "the photo of the same batch was blamed too"

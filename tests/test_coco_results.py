@@ -122,7 +122,9 @@ def test_coco_results_without_the_pose_task_is_a_usage_error(tmp_path, capsys):
 
     argv = ["predict", "--task", "seg", str(tmp_path), "-o", str(tmp_path / "out"), "--coco-results", "r.json"]
     assert main(argv) == 2
-    assert capsys.readouterr().err.strip() == "error: --coco-results r.json holds pose results; add the pose task"
+    assert capsys.readouterr().err.strip() == (
+        "sapiens2 predict: error: --coco-results r.json holds pose results; add the pose task"
+    )
     assert not (tmp_path / "out").exists()
 
 

@@ -365,7 +365,7 @@ def test_sapiens2_demo_serves_the_page_as_a_new_user_starts_it(tiny_checkpoints,
         assert "Sapiens2 demo" in page  # the page title
         second = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
         assert second.returncode == 1, second.stderr
-        assert f"error: cannot serve on 127.0.0.1:{port}" in second.stderr and "--port" in second.stderr
+        assert f"sapiens2 demo: error: cannot serve on 127.0.0.1:{port}" in second.stderr and "--port" in second.stderr
     finally:
         server.terminate()
         server.wait(timeout=30)

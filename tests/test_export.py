@@ -350,7 +350,7 @@ def test_cli_exports_checks_and_refuses_with_one_line(tiny_checkpoints, tmp_path
         output = str(tmp_path / names[format_])
         assert cli.main(["export", str(tiny_checkpoints["seg"]), "--format", format_, "-o", output]) == 2
         error = capsys.readouterr().err
-        assert error.startswith("sapiens2 export: ") and problem in error and error.count("\n") == 1, error
+        assert error.startswith("sapiens2 export: error: ") and problem in error and error.count("\n") == 1, error
     assert cli.main(["export", "1b", "-o", str(tmp_path / "y.onnx")]) == 2
     assert "give --task" in capsys.readouterr().err
 

@@ -132,7 +132,7 @@ def test_the_output_name_decides_the_format(tiny_checkpoints, tmp_path, capsys):
         flags = [str(tmp_path / flag) if flag.startswith("seg") else flag for flag in flags]
         assert cli.main([*seg, *flags]) == 2
         error = capsys.readouterr().err
-        assert error.startswith("sapiens2 export: -o ") and problem in error and error.count("\n") == 1, error
+        assert error.startswith("sapiens2 export: error: -o ") and problem in error and error.count("\n") == 1, error
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seg.pt2"]  # nothing written by a refusal
     with pytest.raises(ValueError, match="name it seg.onnx"):
         from sapiens2.export import export_onnx

@@ -175,7 +175,7 @@ def test_cli_with_real_models_bad_inputs_cost_one_line_each(tiny_checkpoints, tm
             *[f"--model={t}={tiny_checkpoints[t]}" for t in ("pose", "pointmap", "seg")]]  # fmt: skip
     assert main(argv) == 1
     printed = capsys.readouterr()
-    errors = [line for line in printed.err.splitlines() if line.startswith("error:")]
+    errors = [line for line in printed.err.splitlines() if line.startswith("sapiens2 mocap: error:")]
     assert len(errors) == 2, printed.err
     assert any(str(corrupt) in e for e in errors) and any("missing.mp4" in e and "no such file" in e for e in errors)
     assert "pan.mp4: 8 frames" in printed.out and "still.png: 1 frames" in printed.out

@@ -325,7 +325,7 @@ def test_cli_refuses_bad_flags_with_one_line_and_status_2(tiny_checkpoints, tmp_
     for flags, words in cases:
         assert main(["serve", *flags]) == 2, flags
         err = capsys.readouterr().err
-        assert err.startswith("error: ") and words in err and err.count("\n") == 1, (flags, err)
+        assert err.startswith("sapiens2 serve: error: ") and words in err and err.count("\n") == 1, (flags, err)
 
 
 def test_the_config_file_round_trips_the_options(tiny_checkpoints, tmp_path, capsys):

@@ -554,7 +554,7 @@ def test_cli_train_that_fails_its_checks_leaves_no_run_folder(problem, demo_root
     capsys.readouterr()
     assert main(["train", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("sapiens2 train: ") and err.count("\n") == 1, err
+    assert err.startswith("sapiens2 train: error: ") and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists(), sorted(p.name for p in (tmp_path / "run").iterdir())
 
 
@@ -566,7 +566,7 @@ def test_diverging_run_stops_within_its_patience_exits_1_and_exports_nothing(dem
     capsys.readouterr()
     assert cli.main(["train", str(path), "--set", "optimizer.lr=1e6"]) == 1
     err = capsys.readouterr().err
-    line = [entry for entry in err.splitlines() if entry.startswith("sapiens2 train:")]
+    line = [entry for entry in err.splitlines() if entry.startswith("sapiens2 train: error: ")]
     assert len(line) == 1 and "training diverged" in line[0] and "lower optimizer.lr (now 1e+06)" in line[0], err
     assert "exported nothing" in line[0] and "final loss" not in err
     assert not (tmp_path / "run" / "model.safetensors").exists()

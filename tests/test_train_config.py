@@ -153,5 +153,5 @@ def test_cli_refuses_a_bad_loss_key_or_device_in_one_line_before_any_run_folder(
     path.write_text(MINIMAL.replace("/data/seg", str(tmp_path / "data")) + f"output_dir: {tmp_path / 'run'}\n")
     assert main(["train", str(path), "--set", override]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("sapiens2 train: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("sapiens2 train: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
     assert not (tmp_path / "run").exists()

@@ -160,7 +160,7 @@ def test_cli_runs_every_task_on_a_clip_and_a_frame_folder(tiny_checkpoints, tmp_
     assert (out / "still_seg.png").is_file()  # images in the same command still go through predict_files
     printed = capsys.readouterr()
     assert "clip.mkv: 8 frames; frames/s" in printed.out
-    assert printed.err.count("warning: --coco-results") == 1 and "_frames.jsonl" in printed.err
+    assert printed.err.count("sapiens2 predict: warning: --coco-results") == 1 and "_frames.jsonl" in printed.err
     assert len(json.loads((tmp_path / "results.json").read_text())) == 1  # the still photo's one person
     argv = ["predict", "--task", "pointmap", str(clip), "-o", str(out), "--device", "cpu", "--input-size", "256",
             "192", "--model", str(tiny_checkpoints["pointmap"]), "--smooth", "online", "--end", "3"]  # fmt: skip
@@ -273,7 +273,7 @@ def test_bad_inputs_cost_one_line_each_and_the_run_goes_on(tiny_checkpoints, tmp
     argv = ["predict", "--task", "seg", *map(str, inputs), "-o", str(tmp_path / "out"), "--device", "cpu",
             "--input-size", "64", "48", "--model", str(tiny_checkpoints["seg"])]  # fmt: skip
     assert main(argv) == 1
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sapiens2 predict: error:")]
     assert len(errors) == 4, errors
     for path, words in [(corrupt, "cannot open"), (truncated, "truncated"), (audio_only, "no video stream"),
                         (empty, "")]:  # fmt: skip

@@ -299,7 +299,7 @@ def test_a_failure_in_any_thread_costs_one_line_and_the_next_video_goes_on(injec
     words = inject(monkeypatch)
     assert within(120, cli, tiny_checkpoints, tmp_path / "out", bad, good) == 1
     printed = capsys.readouterr().err
-    errors = [line for line in printed.splitlines() if line.startswith("error:")]
+    errors = [line for line in printed.splitlines() if line.startswith("sapiens2 predict: error:")]
     assert len(errors) == 1 and str(bad) in errors[0] and words in errors[0], errors
     assert "audio left out" not in printed  # a clip without sound is no reason to warn
     assert probe(tmp_path / "out" / "good_overlay.mp4")["frames"] == 30
@@ -382,7 +382,7 @@ def test_a_disk_that_fills_mid_video_ends_it_with_one_line_and_no_hang(tiny_chec
                    str(disk), "--device", "cpu", "--input-size", "64", "48", "--model", str(tiny_checkpoints["seg"])]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
         result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)  # a hang fails here
-        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        errors = [line for line in result.stderr.splitlines() if line.startswith("sapiens2 predict: error:")]
         assert result.returncode == 1 and errors, result.stderr
         first_errors = [line for line in errors if str(first) in line]
         assert len(first_errors) == 1 and "No space left on device" in first_errors[0], result.stderr

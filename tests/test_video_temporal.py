@@ -210,8 +210,8 @@ def test_options_refuse_what_cannot_work(capsys, tmp_path):
     argv = ["predict", "--task", "normal", str(clip), "-o", str(tmp_path / "out"), "--smooth", "none",
             "--smooth-dense"]  # fmt: skip
     assert main(argv) == 2
-    assert capsys.readouterr().err.strip() == ("error: --smooth-dense needs smooth auto, online or offline (the "
-                                                "filter's mode), got 'none'")  # fmt: skip
+    assert capsys.readouterr().err.strip() == ("sapiens2 predict: error: --smooth-dense needs smooth auto, online or "
+                                                "offline (the filter's mode), got 'none'")  # fmt: skip
 
 
 def read_normals(out, stem):

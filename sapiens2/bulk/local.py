@@ -11,7 +11,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
-import sys
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from ..data.collections import Shard
+from ..messages import report_warning
 from .job import BulkJob, prepare, process_prepared, run_batch
 from .ledger import Ledger
 
@@ -249,7 +249,7 @@ def _drive(workers: list[dict], tasks: Iterator[tuple], committer: Any) -> None:
                 retry.extend(lost)
                 worker["held"].clear()
                 code = worker["process"].exitcode
-                print(f"warning: worker {worker['label']} stopped (exit code {code}); {len(lost)} batches go to the "
-                      "other workers", file=sys.stderr)  # fmt: skip
+                report_warning(f"worker {worker['label']} stopped (exit code {code}); {len(lost)} batches go to the "
+                               "other workers")  # fmt: skip
                 if not alive:
                     raise RuntimeError("every worker stopped; rerun the same command to resume")

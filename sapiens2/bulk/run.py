@@ -7,7 +7,6 @@ progress bar, the committer (sink + ledger, shards committed in input order) and
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any
 
 from ..data.collections import open_collection
 from ..data.io import save_json
+from ..messages import report_error, report_warning
 from .job import BulkJob, Outcome
 from .ledger import Ledger
 from .report import Report
@@ -116,7 +116,7 @@ class Committer:
         self.report.add(outcomes, timings, device)
         for outcome in outcomes:
             if outcome.status == "failed":
-                print(f"error: {outcome.error}", file=sys.stderr)
+                report_error(str(outcome.error))
         if self.sink.item_granular:
             start = time.perf_counter()
             for outcome in outcomes:
@@ -184,11 +184,11 @@ def run_bulk(job: BulkJob, options: BulkOptions) -> Report:
     }  # fmt: skip
     report = Report(resumed=ledger.start(fingerprint))
     for warning in ledger.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        report_warning(warning)
     start = time.perf_counter()
     total = collection.count()  # reads the listing once: repeated entries and clashing output names
     for warning in collection.warnings():
-        print(f"warning: {warning}", file=sys.stderr)
+        report_warning(warning)
     progress = tqdm(total=total, unit="img", desc="bulk", disable=None if options.progress else True)
     committer = Committer(sink, ledger, report, progress)
     try:

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
+from ..messages import log_to_stderr, set_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,9 +81,8 @@ def _refuse_unknown_long_flags(parser: argparse.ArgumentParser, argv: list[str])
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status: 0 done, 1 a run in which items failed, 2 a usage or config error
-    (nothing was run). A flag a command does not know prints that command's usage with the closest flags."""
-    import logging
-
+    (nothing was run). A flag a command does not know prints that command's usage with the closest flags. Every
+    line about a problem reads ``sapiens2 COMMAND: error: PROBLEM; REMEDY`` (or ``warning:``), as argparse's own."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     _refuse_unknown_long_flags(parser, argv)  # before argparse complains about a missing required flag instead
@@ -94,9 +94,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    # Warnings and errors on stderr; a command may show more (train: its step lines, in its own format).
-    logging.basicConfig(level=logging.WARNING, format=getattr(args, "log_format", "%(levelname)s: %(message)s"))
-    return args.func(args)
+    # Warnings and errors on stderr as the command's own lines (sapiens2 predict: warning: ...); a command may show
+    # more (train: its step lines, in its own format).
+    log_to_stderr(getattr(args, "log_format", None))
+    previous = set_command(args.command)  # every error line names it
+    try:
+        return args.func(args)
+    finally:
+        set_command(previous)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ..benchmark import BACKBONE, DTYPES, BenchmarkOptions, run_benchmark
 from ..checkpoints import CheckpointMismatchError, CheckpointNotFoundError
+from ..messages import report_error
 from ..models.lowp import QUANTIZATIONS
 from ..tasks import TASKS
 from .predict import add_input_size_flag, add_threads_flag
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = run_benchmark(options_from_args(args))
     except _USER_ERRORS as error:
-        print(f"sapiens2 benchmark: {error}", file=sys.stderr)
+        report_error(str(error))
         return 2
     print(report)
     return 0

@@ -4,10 +4,10 @@ corpus (docs/curation.md). The flags parse into ``CurateOptions`` for ``sapiens2
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ..curate import CurateOptions, ModelMissing, curate
 from ..data.collections import CollectionError
+from ..messages import report_error
 
 # Problems with the user's config, inputs or models: one line on stderr, exit status 2 (no traceback).
 _USER_ERRORS = (CollectionError, ModelMissing, FileNotFoundError, ValueError, ImportError)
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = curate(options_from_args(args))
     except _USER_ERRORS as error:
-        print(f"sapiens2 curate: {error}", file=sys.stderr)
+        report_error(str(error))
         return 2
     dropped = ", ".join(f"{reason} {count}" for reason, count in result.dropped.items()) or "none"
     print(f"{result.images_in} images in, {result.kept} kept; dropped: {dropped}")

@@ -6,10 +6,10 @@ import argparse
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 
 from ..demo.options import DemoOptions
+from ..messages import report_error
 from ..tasks import TASKS
 from .predict import add_max_megapixels_flag, add_model_flags, add_threads_flag, cli_option, model_options
 
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         options.check(cli_option)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(str(error))
         return 2
     try:
         from ..demo import launch
@@ -135,11 +135,11 @@ def run(args: argparse.Namespace) -> int:
         with _private_gradio_folder():
             launch(options, option=cli_option)
     except ImportError as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(str(error))
         return 2
     except OSError as error:  # e.g. the port is taken; Gradio's advice names its own API, so keep its first sentence
         reason = str(error).split(". ")[0]
         where = f"{options.host}:{options.port or 7860}"
-        print(f"error: cannot serve on {where}: {reason}; choose another with --port or --host", file=sys.stderr)
+        report_error(f"cannot serve on {where}: {reason}; choose another with --port or --host")
         return 1
     return 0

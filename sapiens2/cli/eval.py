@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from ..checkpoints import CheckpointMismatchError, CheckpointNotFoundError
 from ..eval.pose import KEYPOINT_FORMATS
 from ..eval.run import TASK_EVALUATORS, EvalOptions, evaluate
-from .predict import add_input_size_flag, add_max_megapixels_flag, add_threads_flag
+from ..messages import report_error
+from .predict import add_input_size_flag, add_max_megapixels_flag, add_threads_flag, flag_message
 
 # Problems with the user's data, model or flags: one line on stderr, exit status 2 (no traceback). A run that
 # skipped unreadable samples prints its report and exits 1, as predict does when items fail.
@@ -103,12 +103,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = evaluate(options_from_args(args))
     except _USER_ERRORS as error:
-        print(f"sapiens2 eval: {error}", file=sys.stderr)
+        report_error(flag_message(error, EvalOptions))
         return 2
     print(report.to_markdown(), end="")
     skipped = len(report.skipped) + (0 if report.baseline is None else len(report.baseline.skipped))
     if skipped:  # as predict: a run in which items failed exits 1 (the report holds every line)
-        print(f"sapiens2 eval: {skipped} sample(s) could not be read and were skipped (listed in the report)",
-              file=sys.stderr)  # fmt: skip
+        report_error(f"{skipped} sample(s) could not be read and were skipped (listed in the report)")
         return 1
     return 0

@@ -12,10 +12,10 @@ written network and PyTorch on the image through the task's pre/post-processing 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
+from ..messages import report_error
 from .predict import add_input_size_flag
 
 FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "safetensors", "transformers")
@@ -82,11 +82,11 @@ def is_training_run(source: str) -> bool:
 
 
 def _detect_task(source: str) -> str:
-    from ..checkpoints import detect_task, read_state_dict, resolve_checkpoint
+    from ..checkpoints import detect_task, locate_checkpoint, read_state_dict
 
-    if not Path(source).expanduser().exists():
+    path = locate_checkpoint(source)  # a path that does not exist: not found
+    if not isinstance(path, Path):  # a repo id or size: nothing local to read the task from
         raise ValueError(f"give --task for '{source}' (the task is read only from local files)")
-    path = resolve_checkpoint(source)
     return detect_task(read_state_dict(path, "bf16", device="meta")) or "backbone"
 
 
@@ -117,7 +117,7 @@ def run_export(args: argparse.Namespace) -> int:
         return _run(args)
     except _USER_ERRORS as error:
         message = str(error).strip().splitlines()
-        print(f"sapiens2 export: {message[0] if message else type(error).__name__}", file=sys.stderr)
+        report_error(message[0] if message else type(error).__name__)
         return 2
 
 

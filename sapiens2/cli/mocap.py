@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from .predict import add_frame_range_flags, add_model_flags, cli_option, model_options
+from ..messages import report_error
+from .predict import add_frame_range_flags, add_model_flags, cli_option, flag_message, model_options
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -68,15 +68,13 @@ def run(args: argparse.Namespace) -> int:
         video = VideoOptions(start=args.start, end=args.end, stride=args.stride, detect_every=args.detect_every,
                              smooth="none", fps=args.fps, overlay=not args.no_overlay, save_dense=False)  # fmt: skip
     except ValueError as error:
-        print(f"error: --{str(error).replace('_', '-')}", file=sys.stderr)
+        report_error(flag_message(error, VideoOptions))
         return 2
     try:
         mocap = MocapOptions(video=video, smooth=args.smooth, seg=not args.no_seg, view=not args.no_view,
                              formats=[f.strip() for f in args.formats.split(",") if f.strip()],
                              min_frames=args.min_track_frames, skip_existing=args.skip_existing)  # fmt: skip
     except ValueError as error:
-        flag = {"formats": "--formats", "min_frames": "--min-track-frames"}
-        name = str(error).split()[0].rstrip(":")
-        print(f"error: {flag.get(name, '--' + name.replace('_', '-'))}{str(error)[len(name):]}", file=sys.stderr)
+        report_error(flag_message(error, MocapOptions, {"min_frames": "--min-track-frames"}))
         return 2
     return run_mocap_inputs(options, mocap, option=cli_option)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from ..data.io import DEFAULT_MAX_MEGAPIXELS
+from ..messages import report_error
 from ..metadata import SAMPLE_IMAGE
 from ..models.lowp import QUANTIZATIONS
 from ..predict.options import PredictOptions
@@ -292,6 +292,17 @@ def cli_option(name: str, value: Any = None) -> str:
     return f"{flag} {value}"
 
 
+def flag_message(error: Exception, options: type, flags: dict[str, str] | None = None) -> str:
+    """The message of an ``options`` dataclass's ValueError that begins with one of its fields (``stride must be
+    >= 1``, ``min_frames: ...``) with that field written as its flag (``--stride must be >= 1``); ``flags`` names
+    the flags not spelt as their field."""
+    message = str(error)
+    name = message.split(" ", 1)[0].rstrip(":,")
+    if name not in {field.name for field in fields(options)}:
+        return message
+    return (flags or {}).get(name, "--" + name.replace("_", "-")) + message[len(name) :]
+
+
 def run(args: argparse.Namespace) -> int:
     from ..video.decode import is_video_input
 
@@ -305,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
         video = VideoOptions(start=args.start, end=args.end, stride=args.stride, detect_every=args.detect_every,
                              smooth=args.smooth, smooth_dense=args.smooth_dense, fps=args.fps)  # fmt: skip
     except ValueError as error:
-        print(f"error: --{str(error).replace('_', '-')}", file=sys.stderr)
+        report_error(flag_message(error, VideoOptions))
         return 2
     status = predict_videos(replace(options, inputs=videos, sample=False), video, option=cli_option)
     images = [i for i in args.inputs if i not in videos]

@@ -33,7 +33,7 @@ def options_from_args(args: argparse.Namespace) -> PretrainOptions:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    summary = run_logged("pretrain", run_pretrain, options_from_args(args))
+    summary = run_logged(run_pretrain, options_from_args(args))
     if isinstance(summary, int):
         return summary
     print(summary_line(summary, "pretrained", "backbone"))

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..messages import log_to_stderr, report_error
 from ..train.run import TrainOptions, train
 
 # Console format of the step lines (``main`` configures logging with it for this command).
@@ -49,11 +49,10 @@ def resume_flag(args: argparse.Namespace) -> bool | str:
     return True if args.resume == "latest" else (args.resume or False)
 
 
-def run_logged(command: str, function: Callable[[Any], dict[str, Any]], options: Any) -> dict[str, Any] | int:
+def run_logged(function: Callable[[Any], dict[str, Any]], options: Any) -> dict[str, Any] | int:
     """Run a training loop with its step lines on stderr (main process only); the summary, or the exit status:
     2 after a one-line user error, 0 on the other processes under torchrun (only the main one reports)."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+    log_to_stderr(LOG_FORMAT)  # called from Python: the log has no handler yet
     package = logging.getLogger("sapiens2")
     previous = package.level
     main_process = int(os.environ.get("RANK", "0")) == 0
@@ -65,10 +64,10 @@ def run_logged(command: str, function: Callable[[Any], dict[str, Any]], options:
         summary = function(options)
     except TrainingDiverged as error:  # every process stops at the same step; the main one says why
         if main_process:
-            print(f"sapiens2 {command}: {error}", file=sys.stderr)
+            report_error(str(error))
         return 1
     except _USER_ERRORS as error:
-        print(f"sapiens2 {command}: {error}", file=sys.stderr)
+        report_error(str(error))
         return 2
     finally:
         package.setLevel(previous)
@@ -107,7 +106,7 @@ def train_options_from_args(args: argparse.Namespace) -> TrainOptions:
 def run_train(args: argparse.Namespace) -> int:
     from ..train.trainer import headline_metrics
 
-    summary = run_logged("train", train, train_options_from_args(args))
+    summary = run_logged(train, train_options_from_args(args))
     if isinstance(summary, int):
         return summary
     # The headline values (pose: PCK and each keypoint group's AP); every value is in the run's eval.csv.

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .io import ImageReadError, file_problem
 
-__all__ = ["IMAGE_EXTENSIONS", "InputItem", "expand_inputs", "usable"]
+__all__ = ["IMAGE_EXTENSIONS", "InputItem", "expand_inputs", "missing_input", "usable"]
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,15 @@ def _expand_one(text: str, recursive: bool, skip: Path | None) -> tuple[list[Ent
         if not entries:
             return [], f"pattern {text!r} matches no image files"
         return entries, None
-    return [], f"input {text!r} does not exist (no such file or folder)"
+    return [], missing_input(text)
+
+
+def missing_input(text: str) -> str | None:
+    """``input 'x' does not exist (no such file or folder)`` for an input that names no file, folder or glob pattern;
+    None otherwise. A run refuses such an input before it loads any model."""
+    if _has_glob(text) or _present(Path(text).expanduser()):
+        return None
+    return f"input {text!r} does not exist (no such file or folder)"
 
 
 def _unique_stem(stem: str, source: Path, taken: set[str], wanted: set[str]) -> str:

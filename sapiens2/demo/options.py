@@ -94,7 +94,8 @@ class DemoOptions:
         """Refuse options that cannot work, before anything loads; ``option`` names them in the caller's words.
 
         Raises:
-            ValueError: an unknown task, dtype, device, input size, detector file, port or limit.
+            ValueError: an unknown task, a model or detector file that does not exist, a bad dtype, device, input
+                size, port or limit.
         """
         for task in self.models:
             if task not in TASKS:
@@ -118,6 +119,7 @@ class DemoOptions:
                 f"{option('detector', detector)}: no such file; give a local rtmdet_m.pth, rtmdet (downloaded once) "
                 "or none (the whole image as one person)"
             )
+        self._check_model_files(option)
         if self.batch_size < 1:
             raise ValueError(f"{option('batch_size', self.batch_size)}: must be >= 1")
         if self.port is not None and not 1 <= self.port <= 65535:
@@ -129,6 +131,19 @@ class DemoOptions:
         missing = [str(path) for path in self.samples if not path.is_file()]
         if missing:
             raise ValueError(f"{option('samples')}: no such file: {', '.join(missing)}")
+
+    def _check_model_files(self, option: OptionText) -> None:
+        """A model file that does not exist is refused now, not on the page's first request (nothing downloads)."""
+        from ..checkpoints import CheckpointNotFoundError, locate_checkpoint
+
+        given = [(option("model", self.model), self.model, "pretrain")]  # for every task: an existing path is fine
+        given += [(option("models", {task: source}), source, task) for task, source in self.models.items()]
+        for flag, source, task in given:
+            if isinstance(source, (str, os.PathLike)) and not Path(source).expanduser().exists():
+                try:
+                    locate_checkpoint(source, task)
+                except CheckpointNotFoundError as error:
+                    raise ValueError(f"{flag}: {error}") from None
 
     def source(self, task: str) -> str:
         """The model source of ``task``, as the page shows it."""

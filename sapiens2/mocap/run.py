@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..data.io import atomic_write
+from ..messages import report_error
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -481,18 +481,20 @@ def run_mocap_inputs(options: Any, mocap: MocapOptions, *, option: Any = None, p
     """``sapiens2 mocap``: ``options`` is the ``PredictOptions`` of the run (models, device, output, inputs),
     ``mocap`` the ``MocapOptions``; one error line per failed source, the others still run. Returns 0 when every
     source is complete, 1 otherwise, 2 for a usage error (nothing run)."""
-    from ..predict.batch import make_predictors
+    from ..predict.batch import make_predictors, resolve_sources
     from ..predict.options import check_device, check_input_size, python_option, setup_status
-    from ..video.run import run_each
+    from ..video.run import drop_missing, run_each
 
     option = option or python_option
     tasks = [*MOCAP_TASKS, *(("seg",) if mocap.seg else ())]
     try:
         check_device(options.device, option)
         check_input_size(options.input_size, option=option)
-        predictors = make_predictors(options, tasks, option)
+        resolve_sources(options, tasks, option, download=False)  # a model file that does not exist: usage error
+        sources = drop_missing(options.inputs)  # then the inputs, before any model loads
+        predictors = make_predictors(options, tasks, option) if sources else {}
     except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(str(error))
         return setup_status(error)
-    return run_each(options.inputs, lambda source: run_mocap(predictors, source, options.output, mocap,
-                                                            progress=progress))
+    status = run_each(sources, lambda source: run_mocap(predictors, source, options.output, mocap, progress=progress))
+    return max(status, int(len(sources) < len(options.inputs)))

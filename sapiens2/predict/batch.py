@@ -18,12 +18,16 @@ from ..tasks import TASKS, check_task
 from .options import OptionText, PredictOptions, check_model_input_size
 
 
-def resolve_sources(options: PredictOptions, tasks: list[str], option: OptionText) -> tuple[dict[str, Any], Any]:
+def resolve_sources(
+    options: PredictOptions, tasks: list[str], option: OptionText, *, download: bool = True
+) -> tuple[dict[str, Any], Any]:
     """Every model file and the person detector's, found (or downloaded) before any model is loaded.
 
-    A missing file fails at once, with how to pass a local one in the caller's options.
+    A missing file fails at once, with how to pass a local one in the caller's options. ``download=False`` only
+    checks that each source can be found, downloading nothing (a file to download is then its (repo id, file name)):
+    a run checks its models that way before it reads its inputs.
     """
-    from ..checkpoints import resolve_checkpoint
+    from ..checkpoints import locate_checkpoint, resolve_checkpoint
     from ..pose.detector import DETECTOR_FILENAME, resolve_detector_checkpoint
 
     for task, source in options.models.items():
@@ -33,16 +37,15 @@ def resolve_sources(options: PredictOptions, tasks: list[str], option: OptionTex
             except ValueError as error:
                 raise ValueError(f"{option('models', {task: source})}: {error}") from None
     models = {task: options.models.get(task, options.model) for task in tasks}
-    sources = {
-        task: resolve_checkpoint(models[task], task, local_hint=option("models", {task: "/path/to/{filename}"}))
-        for task in tasks
-    }
+    find = resolve_checkpoint if download else locate_checkpoint
+    sources = {task: find(models[task], task, local_hint=option("models", {task: "/path/to/{filename}"}))
+               for task in tasks}  # fmt: skip
     detector = None
     if "pose" in tasks and options.detector != "none" and not options.boxes:
         if options.detector == "rtmdet":
             where, whole = option("detector", f"/path/to/{DETECTOR_FILENAME}"), option("detector", "none")
             hint = f"{where} (or {whole}: the whole image as one person)"
-            detector = resolve_detector_checkpoint(None, local_hint=hint)
+            detector = resolve_detector_checkpoint(None, local_hint=hint) if download else None
         elif Path(options.detector).expanduser().is_file():
             detector = Path(options.detector).expanduser()
         else:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from ..bulk.ledger import OutputSources, output_lease
 from ..data.collections import content_hash
 from ..data.io import ImageReadError, ImageTooLargeError, read_image, remove_temporaries
 from ..data.sources import InputItem, expand_inputs, usable
+from ..messages import report_error
 from ..metadata import SAMPLE_IMAGE  # sample=True: a public-domain photo shipped with the package
 from ..tasks import check_task
 from .batch import ExrCollector, make_predictors, pending_tasks, resolve_sources, run_tasks
@@ -52,7 +52,7 @@ class RunStats:
 
     def fail(self, message: str) -> None:
         self.failed.append(message)
-        print(f"error: {message}", file=sys.stderr)
+        report_error(message)
 
 
 @dataclass
@@ -74,9 +74,9 @@ class _Run:
 def predict_files(options: PredictOptions, *, option: OptionText = python_option) -> int:
     """Run ``options.tasks`` over the inputs and write every image's files; returns the exit status.
 
-    Errors are reported one line each on stderr (``error: ...``), a summary on stdout. Returns 0 when everything
-    was written, 1 when an input, a model file or a write failed (the other images are still done), 2 for
-    invalid options (nothing is done).
+    Errors are reported one line each on stderr (``sapiens2 predict: error: ...``; ``sapiens2: error: ...`` called
+    from Python), a summary on stdout. Returns 0 when everything was written, 1 when an input, a model file or a
+    write failed (the other images are still done), 2 for invalid options (nothing is done).
 
     Args:
         options: what to run on which inputs, and where to write.
@@ -114,7 +114,7 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
         check_input_size(options.input_size, option=option)
         check_output_format(options, option)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(str(error))
         return 2
     if is_bulk(options):
         return _predict_bulk(options, tasks, boxes, option)
@@ -126,12 +126,13 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
             stats.fail(item.error)
     work = usable(items)
     if not work:
-        print("error: no images to process", file=sys.stderr)
+        if not stats.failed:  # else each input's problem has its line already
+            report_error("no images to process")
         return 1
     try:
         predictors = make_predictors(options, tasks, option)
     except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(str(error))
         return setup_status(error)
     coco, coco_ids = None, {}
     if options.coco_results:
@@ -371,12 +372,12 @@ def _predict_bulk(
             except ImportError:
                 raise ValueError(f"{option('engine', 'ray')} needs Ray: pip install 'sapiens2[ray]'") from None
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(str(error))
         return 2
     try:
         resolved = resolve_sources(options, tasks, option)
     except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(str(error))
         return setup_status(error)
     bulk = BulkOptions(
         inputs=[*options.inputs, *([SAMPLE_IMAGE] if options.sample else [])],
@@ -393,10 +394,10 @@ def _predict_bulk(
     try:
         report = run_bulk(PredictJob(options, tasks, resolved, options.sink, boxes), bulk)
     except LedgerMismatch as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(str(error))
         return 2
     except (ValueError, RuntimeError, OSError) as error:  # refused before any item ran (inputs, output folder)
-        print(f"error: {error}", file=sys.stderr)
+        report_error(str(error))
         return setup_status(error)
     print("\n".join([*report.lines(), f"outputs in {options.output} (ledger: {options.output / '_bulk'})"]))
     return 1 if report.failed else 0

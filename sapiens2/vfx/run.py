@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..messages import report_error
 from .lights import Lighting
 from .relight import DEFAULT_DISTANCE, MAX_EXPOSURE, relight
 
@@ -91,34 +91,39 @@ def relight_files(options: Any, relight_options: RelightOptions, *, option: Any 
         >>> status = relight_files(PredictOptions(tasks=(), inputs=["photo.jpg"], output="out/"),
         ...                        RelightOptions(lighting=load_environment("neon")))
     """
-    from ..predict.batch import make_predictors
+    from ..predict.batch import make_predictors, resolve_sources
     from ..predict.options import check_device, check_input_size, python_option, setup_status
     from ..video.decode import is_video_input
+    from ..video.run import drop_missing
 
     option = option or python_option
     tasks = relight_options.tasks()
     options = replace(options, tasks=tuple(tasks), mask_from=None)
     if not options.inputs and not options.sample:
-        print(f"error: give {option('inputs')} images, folders, glob patterns or videos", file=sys.stderr)
+        report_error(f"give {option('inputs')} images, folders, glob patterns or videos")
         return 2
     try:
         if options.batch_size < 1:
             raise ValueError(f"{option('batch_size')} must be >= 1")
         check_device(options.device, option)
         check_input_size(options.input_size, option=option)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    videos = [i for i in options.inputs if is_video_input(i) or (relight_options.frames and Path(i).is_dir())]
-    images = [i for i in options.inputs if i not in videos]
+        resolve_sources(options, tasks, option, download=False)  # a model file that does not exist: usage error
+    except (ValueError, OSError) as error:
+        report_error(str(error))
+        return setup_status(error)
+    present = drop_missing(options.inputs)  # a missing file or folder has its line now, before any model loads
+    videos = [i for i in present if is_video_input(i) or (relight_options.frames and Path(i).is_dir())]
+    images = [i for i in present if i not in videos]
+    if not (present or options.sample):
+        return 1
     try:
         predictors = make_predictors(options, tasks, option)
     except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(str(error))
         return setup_status(error)
-    status = 0
+    status = int(len(present) < len(options.inputs))
     if images or options.sample:
-        status = _relight_images(replace(options, inputs=tuple(images)), relight_options, predictors)
+        status = max(status, _relight_images(replace(options, inputs=tuple(images)), relight_options, predictors))
     for source in videos:
         status = max(status, _relight_video(source, options, relight_options, predictors))
     return status
@@ -137,7 +142,7 @@ def _relight_images(options: Any, relight_options: RelightOptions, predictors: d
     failed = 0
     for item in items:
         if not item.ok:
-            print(f"error: {item.error}", file=sys.stderr)
+            report_error(item.error)
             failed += 1
     work = [item for item in usable(items)
             if not (options.skip_existing and item.output_path("_relit.png").exists())]  # fmt: skip
@@ -151,7 +156,7 @@ def _relight_images(options: Any, relight_options: RelightOptions, predictors: d
                 images.append(read_image(item.source, max_megapixels=options.max_megapixels))
                 batch.append(item)
             except ImageReadError as error:
-                print(f"error: {error}", file=sys.stderr)
+                report_error(str(error))
                 failed += 1
         results: list[dict[str, Any]] = [{} for _ in batch]
         problems: dict[int, str] = {}
@@ -169,8 +174,7 @@ def _relight_images(options: Any, relight_options: RelightOptions, predictors: d
                 written += 1
             except Exception as error:  # one line naming the input; the batch goes on
                 message = str(error)
-                print(f"error: {message if str(item.source) in message else f'{item.source}: {message}'}",
-                      file=sys.stderr)  # fmt: skip
+                report_error(message if str(item.source) in message else f"{item.source}: {message}")
                 failed += 1
         progress.update(len(work[offset : offset + options.batch_size]))
     progress.close()
@@ -179,7 +183,7 @@ def _relight_images(options: Any, relight_options: RelightOptions, predictors: d
         print(f"relit {written} images in {seconds:.1f} s -> {options.output}"
               + (f"; {failed} inputs failed (see errors above)" if failed else ""))  # fmt: skip
     if not work and not failed and not items:
-        print("error: no images to relight", file=sys.stderr)
+        report_error("no images to relight")
         return 1
     return 1 if failed else 0
 
@@ -257,7 +261,7 @@ def _relight_video(source: Any, options: Any, relight_options: RelightOptions, p
         if hook is not None:
             hook.abort()
         message = str(error)
-        print(f"error: {message if str(source) in message else f'{source}: {message}'}", file=sys.stderr)
+        report_error(message if str(source) in message else f"{source}: {message}")
         return 1
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -19,7 +19,6 @@ import os
 import queue
 import re
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +30,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..data.io import atomic_write
+from ..data.sources import missing_input
+from ..messages import report_error, report_warning
 from .decode import Frame, FrameSource, VideoReadError, frame_indices, is_stream_url, open_frames
 from .people import PoseStage
 from .smooth import SMOOTH_MODES, FixedLagSmoother, LabelStabilizer, OnlineSmoother, ScaleStabilizer, rescale_pointmap
@@ -688,7 +689,7 @@ def predict_videos(options: Any, video: VideoOptions, *, option: Any = None) -> 
     """``sapiens2 predict`` on video inputs: ``options`` is the ``PredictOptions`` of the run (tasks, models,
     device, output ...), its ``inputs`` the videos; one error line per failed video, the others still run.
     Returns 0 when every video is complete, 1 otherwise."""
-    from ..predict.batch import make_predictors
+    from ..predict.batch import make_predictors, resolve_sources
     from ..predict.options import (
         check_device,
         check_input_size,
@@ -705,16 +706,33 @@ def predict_videos(options: Any, video: VideoOptions, *, option: Any = None) -> 
         check_output_format(options, option)
         if options.output_format not in ("default", "exr"):
             raise ValueError(f"{option('output_format', options.output_format)}: videos take default or exr")
-        predictors = make_predictors(options, tasks, option)
+        resolve_sources(options, tasks, option, download=False)  # a model file that does not exist: usage error
+        sources = drop_missing(options.inputs)  # then the inputs, before any model loads
+        predictors = make_predictors(options, tasks, option) if sources else {}
     except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(str(error))
         return setup_status(error)
     video = dataclasses.replace(video, keypoint_format=options.keypoint_format, skip_existing=options.skip_existing,
                                 output_format=options.output_format, normal_convention=options.normal_convention)
     if getattr(options, "coco_results", None):  # a results array is per image; a video's people are per frame
-        print(f"warning: {option('coco_results', options.coco_results)} holds images only; each video's people are "
-              "in its _frames.jsonl (COCO keypoints per frame)", file=sys.stderr)  # fmt: skip
-    return run_each(options.inputs, lambda source: predict_video(predictors, source, options.output, video))
+        report_warning(f"{option('coco_results', options.coco_results)} holds images only; each video's people are "
+                       "in its _frames.jsonl (COCO keypoints per frame)")  # fmt: skip
+    status = run_each(sources, lambda source: predict_video(predictors, source, options.output, video))
+    return max(status, int(len(sources) < len(options.inputs)))
+
+
+def drop_missing(sources: Sequence[Any]) -> list[Any]:
+    """The sources to run, after one error line for each file or folder that does not exist: found before any
+    model loads (a camera, a stream URL or a glob pattern is kept)."""
+    kept = []
+    for source in sources:
+        local = not isinstance(source, int) and not is_stream_url(os.fspath(source))
+        problem = missing_input(os.fspath(source)) if local else None
+        if problem:
+            report_error(problem)
+        else:
+            kept.append(source)
+    return kept
 
 
 def run_each(sources: Sequence[Any], run_one: Callable[[Any], Any]) -> int:
@@ -729,11 +747,11 @@ def run_each(sources: Sequence[Any], run_one: Callable[[Any], Any]) -> int:
         except Exception as error:  # one line naming the source, then the next one
             message = str(error) if isinstance(error, (VideoReadError, ValueError, OSError)) else \
                 f"{type(error).__name__}: {error}"  # fmt: skip
-            print(f"error: {message if str(source) in message else f'{source}: {message}'}", file=sys.stderr)
+            report_error(message if str(source) in message else f"{source}: {message}")
             status = 1
             continue
         if report.error:
-            print(f"error: {report.error}", file=sys.stderr)
+            report_error(report.error)
             status = 1
         print("skipped (outputs exist): " + report.source if report.skipped else report.summary())
     return status
