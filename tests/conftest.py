@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,30 @@ try:  # before anything loads faiss: both are SWIG bindings, and the first loade
     import ezc3d  # noqa: F401  (type; ezc3d's C3D string parameters fail after faiss: sapiens2.mocap.c3d says so)
 except ImportError:
     pass
+
+
+def _own_temporary_folders() -> Path:
+    """Give this test run temporary folders of its own, so that two runs at once (two checkouts, a helper's suite
+    beside CI) never share one: Gradio's ``/tmp/gradio`` (a run removing its files there made the other's uploads
+    answer 403), Ray's ``/tmp/ray`` (its sessions and ``session_latest``), and whatever the processes the tests
+    start put under ``$TMPDIR``. Set here, before any test module imports Gradio (which reads
+    ``GRADIO_TEMP_DIR`` at import) or starts Ray or a subprocess, which inherit the variables. This process's own
+    ``tempfile`` keeps the folder it had (pytest's ``tmp_path`` folders stay where pytest keeps them); removed when
+    the run ends (``pytest_unconfigure``)."""
+    tempfile.gettempdir()  # computed (and cached) from the old TMPDIR before it changes
+    root = Path(tempfile.mkdtemp(prefix="sapiens2-tests-"))
+    for variable, name in (("GRADIO_TEMP_DIR", "gradio"), ("RAY_TMPDIR", "ray"), ("TMPDIR", "tmp")):
+        (root / name).mkdir()
+        os.environ[variable] = str(root / name)
+    return root
+
+
+RUN_TEMPORARY = _own_temporary_folders()
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(RUN_TEMPORARY, ignore_errors=True)
+
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SAPIENS2_SHARED", REPO.parent / "shared"))

@@ -10,12 +10,15 @@ never a stopped server.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..data.memory import release_free_memory
 from ..metadata import seg_metadata
 from ..predict.options import OptionText, python_option
 from ..tasks import TASKS
@@ -197,18 +200,20 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
                 return gr.update(), gr.update()
             return picture, [str(p) for p in analysis.files()]
 
-        upload.change(on_upload, [upload], [views["photo"], status], concurrency_id="render", concurrency_limit=4)
+        upload.change(_trimmed(on_upload), [upload], [views["photo"], status], concurrency_id="render",
+                      concurrency_limit=4)  # fmt: skip
         run.click(
-            on_run,
+            _trimmed(on_run),
             [state, upload, tasks, keypoints, boxes, classes],
             [state, status, files, *view_outputs],
             concurrency_id="models",
             concurrency_limit=1,
         )
-        classes.change(on_classes, [state, classes], [views["seg"]], concurrency_id="render", concurrency_limit=4)
+        classes.change(_trimmed(on_classes), [state, classes], [views["seg"]], concurrency_id="render",
+                       concurrency_limit=4)  # fmt: skip
         for control in (keypoints, boxes):
             control.change(
-                on_pose_choice,
+                _trimmed(on_pose_choice),
                 [state, keypoints, boxes],
                 [views["pose"], files],
                 concurrency_id="render",
@@ -280,9 +285,25 @@ def _video_tab(gr, options: DemoOptions, cache: ModelCache, folders: RequestFold
         overlay_path = None if outcome.overlay is None else str(outcome.overlay)
         return render.video_markdown(outcome, options.max_video_frames), overlay_path, downloads or None
 
-    run.click(on_video, [clip, tasks, keypoints], [status, overlay, files], concurrency_id="models",
+    run.click(_trimmed(on_video), [clip, tasks, keypoints], [status, overlay, files], concurrency_id="models",
               concurrency_limit=1)  # fmt: skip
 
+
+
+def _trimmed(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """``handler`` (a page event), then the C heap's free pages back to the system (``data.memory``): Gradio runs
+    each event on a thread of its pool, and glibc would keep every thread's freed images and maps in that thread's
+    arena, so a server that ran for days would hold the largest request of each thread. Gradio reads the handler's
+    own signature (``functools.wraps``), progress parameter included."""
+
+    @functools.wraps(handler)
+    def answer(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return handler(*args, **kwargs)
+        finally:
+            release_free_memory()
+
+    return answer
 
 
 def download_files(files, folder: str | os.PathLike) -> list[str]:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import ctypes
-import ctypes.util
 import hmac
 import json
 import math
@@ -46,6 +44,7 @@ except ImportError as error:
 from .. import __version__
 from ..bulk.ray_engine import start_local_ray
 from ..data.io import ImageReadError, decode_image, pixel_limit_problem
+from ..data.memory import release_free_memory
 from ..tasks import TASKS
 from .codec import FORMATS, encode_result, format_problem
 from .options import KEYPOINT_FORMATS, ServeOptions, replica_devices
@@ -122,26 +121,6 @@ class ModelReplica:
         if self.device == "cpu":  # a batch's activations are freed now: give their pages back
             release_free_memory()
         return replies
-
-
-def release_free_memory() -> None:
-    """Return the C heap's free pages to the system (glibc's ``malloc_trim``; nothing elsewhere), so that a CPU
-    replica's resident memory is its working set, not the high-water mark of its largest batch: what a container's
-    memory limit and the load test see. Memory still referenced, a leak included, stays."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _glibc() -> Any:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
-
-
-_LIBC = _glibc()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
