@@ -200,7 +200,7 @@ def test_a_served_demo_stays_flat_under_many_pages_and_sigterm_removes_its_files
     warm-up the server's resident memory grows by less than one request's arrays (the photo, seg labels and
     normals: 16 bytes a pixel, 69 MB here). Before, each page kept its full-size arrays for an hour (69 MB a
     request); and Gradio runs each request on a thread of its pool, where glibc kept every thread's freed arrays
-    in that thread's arena until the heap was trimmed after each request (``data.memory``): 582 -> 920 MB over 30
+    in that thread's arena until the heap was trimmed after each request (``sapiens2.memory``): 582 -> 920 MB over 30
     requests, against 573 -> 628 MB. Stopped with SIGTERM (kill, docker stop, systemd), it removes its request
     folders and Gradio's copies, as Ctrl+C does."""
     client_module = require_module("gradio_client")

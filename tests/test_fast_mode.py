@@ -199,7 +199,7 @@ def test_keeping_freed_host_memory_stops_page_faults_between_networks():
     script = """
 import resource, sys, torch
 from sapiens2.models import Sapiens2
-from sapiens2.models.fast import keep_freed_host_memory
+from sapiens2.memory import keep_freed_host_memory
 tuned = sys.argv[1] == "tuned" and keep_freed_host_memory()
 torch.set_num_threads(1)
 arch = {"embed_dims": 384, "num_layers": 2, "num_heads": 6, "feedforward_channels": 1536, "num_tokenizer_layers": 0}

@@ -24,8 +24,9 @@ from conftest import REPO
 PACKAGE = REPO / "sapiens2"
 ROOT = "sapiens2"
 ARCHITECTURE = REPO / "docs" / "architecture.md"
-# The fact tables every layer may read: the task table, the packaged asset metadata and the one form of error lines.
-FACTS = ("sapiens2.tasks", "sapiens2.metadata", "sapiens2.messages")
+# The bottom modules every layer may read: the task table, the packaged asset metadata, the one form of error lines and
+# the C heap's policies.
+FACTS = ("sapiens2.tasks", "sapiens2.metadata", "sapiens2.messages", "sapiens2.memory")
 # Packages that must stay at the bottom: networks (models), image io and transforms (data), the typed YAML reader,
 # and the fact tables.
 LEAVES = ("sapiens2.models", "sapiens2.data", "sapiens2.yaml_config", *FACTS)

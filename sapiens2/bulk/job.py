@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..data.collections import Record, content_hash, decode_rgb
-from ..data.memory import release_free_memory
+from ..memory import release_free_memory
 
 __all__ = ["BulkJob", "ItemOutput", "Outcome", "WorkItem", "prepare", "process_prepared", "run_batch"]
 
@@ -144,7 +144,7 @@ def process_prepared(
     """Run ``job.process`` on the prepared items that need it (one call) and complete their outcomes, in order.
 
     An exception for an item (returned by ``process``) fails that item; one raised by ``process`` fails the batch.
-    Then the C heap's free pages go back to the system (``data.memory.release_free_memory``): a worker runs for
+    Then the C heap's free pages go back to the system (``memory.release_free_memory``): a worker runs for
     hours, and its resident memory should be its working set, not its largest batch's high-water mark.
     """
     work = [(outcome, item) for outcome, item in prepared if item is not None]

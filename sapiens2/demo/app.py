@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..data.memory import release_free_memory
+from ..memory import release_free_memory
 from ..metadata import seg_metadata
 from ..predict.options import OptionText, python_option
 from ..tasks import TASKS
@@ -291,7 +291,7 @@ def _video_tab(gr, options: DemoOptions, cache: ModelCache, folders: RequestFold
 
 
 def _trimmed(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """``handler`` (a page event), then the C heap's free pages back to the system (``data.memory``): Gradio runs
+    """``handler`` (a page event), then the C heap's free pages back to the system (``memory``): Gradio runs
     each event on a thread of its pool, and glibc would keep every thread's freed images and maps in that thread's
     arena, so a server that ran for days would hold the largest request of each thread. Gradio reads the handler's
     own signature (``functools.wraps``), progress parameter included."""

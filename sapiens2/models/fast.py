@@ -24,10 +24,8 @@ parity fixtures. The reference mode is the model as loaded: nothing here runs un
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import logging
-import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -35,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..memory import keep_freed_host_memory
 from .layers import Attention, RopePositionEmbedding, SwiGLUFFN, TransformerBlock
 from .layers.fused import triton_available
 
@@ -47,7 +46,6 @@ __all__ = [
     "choose_linear_path",
     "fused_kernels_supported",
     "is_fast",
-    "keep_freed_host_memory",
     "linear_path_of",
     "make_fast",
     "onednn_linear_available",
@@ -159,29 +157,6 @@ class PackedLinear(nn.Module):
     def extra_repr(self) -> str:
         path = "oneDNN packed" if self.packed.dtype == self.weight.dtype else f"oneDNN packed in {self.packed.dtype}"
         return f"in_features={self.in_features}, out_features={self.out_features}, {path}"
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (glibc malloc.h)
-
-
-def keep_freed_host_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2**30) -> bool:
-    """Tell glibc's malloc to serve blocks below ``mmap_threshold`` from the heap and to return freed heap memory to
-    the OS only above ``trim_threshold``; returns True when applied (Linux with glibc), False elsewhere.
-
-    Process-wide and permanent (as ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the environment would
-    be): the activations of one forward are reused by the next instead of being unmapped and faulted in again, at
-    the cost of the process keeping up to ``trim_threshold`` of freed memory. 32 MiB is glibc's largest allowed
-    mmap threshold on 64-bit systems.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (e.g. musl)
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
 
 
 @contextlib.contextmanager

@@ -44,7 +44,7 @@ except ImportError as error:
 from .. import __version__
 from ..bulk.ray_engine import start_local_ray
 from ..data.io import ImageReadError, decode_image, pixel_limit_problem
-from ..data.memory import release_free_memory
+from ..memory import release_free_memory
 from ..tasks import TASKS
 from .codec import FORMATS, encode_result, format_problem
 from .options import KEYPOINT_FORMATS, ServeOptions, replica_devices
