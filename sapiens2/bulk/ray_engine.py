@@ -150,9 +150,17 @@ def start_local_ray(**options: Any) -> None:
     machine can join such an instance: a cluster is ``ray start`` and an address (``tests/test_bulk_ray.py`` checks
     the listening sockets).
     """
-    import ray
-    from ray._private import ray_constants
-
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("a local Ray instance needs Ray: pip install 'sapiens2[ray]'") from None
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # a Ray that moved its private constants: plain ray.init (the socket tests will say so)
+        ray_constants = None
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        ray.init(**options)
+        return
     cluster = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
