@@ -28,12 +28,17 @@ def _own_temporary_folders() -> Path:
     start put under ``$TMPDIR``. Set here, before any test module imports Gradio (which reads
     ``GRADIO_TEMP_DIR`` at import) or starts Ray or a subprocess, which inherit the variables. This process's own
     ``tempfile`` keeps the folder it had (pytest's ``tmp_path`` folders stay where pytest keeps them); removed when
-    the run ends (``pytest_unconfigure``)."""
+    the run ends (``pytest_unconfigure``). A process the tests start that imports this module again (a driver
+    script importing a test module) keeps its run's folders: None then (nesting a folder per import made the paths
+    of Ray's sockets too long for Unix sockets, and nobody removed them)."""
+    if os.environ.get("SAPIENS2_TESTS_TEMPORARY"):
+        return None
     tempfile.gettempdir()  # computed (and cached) from the old TMPDIR before it changes
     root = Path(tempfile.mkdtemp(prefix="sapiens2-tests-"))
     for variable, name in (("GRADIO_TEMP_DIR", "gradio"), ("RAY_TMPDIR", "ray"), ("TMPDIR", "tmp")):
         (root / name).mkdir()
         os.environ[variable] = str(root / name)
+    os.environ["SAPIENS2_TESTS_TEMPORARY"] = str(root)
     return root
 
 
@@ -41,7 +46,8 @@ RUN_TEMPORARY = _own_temporary_folders()
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(RUN_TEMPORARY, ignore_errors=True)
+    if RUN_TEMPORARY is not None:
+        shutil.rmtree(RUN_TEMPORARY, ignore_errors=True)
 
 
 REPO = Path(__file__).resolve().parents[1]
