@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -323,3 +326,52 @@ def test_a_part_written_before_a_kill_without_its_commit_is_replaced_or_removed(
     assert not stale.exists()  # no row the ledger has as failed
     assert "a/img_1.png" not in [row["key"] for row in parquet_rows(out)]
     assert Ledger(out).entries()["a/img_1.png"].status == "failed"
+
+
+_HEAP_DRIVER = """
+import sys
+import numpy as np
+from test_bulk import ColourJob
+from sapiens2.bulk import BulkOptions, run_bulk
+from sapiens2 import memory
+
+
+class Scratch(ColourJob):
+    # each batch builds ~96 MB of 4 MB scratch arrays from the C heap (as a fast-mode model's activations are, with
+    # the fast mode's mallopt) and frees them before returning
+    def process(self, items):
+        scratch = [np.ones(2**20, dtype=np.float32) for _ in range(24)]
+        del scratch
+        return super().process(items)
+
+
+def rss_mb():
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * 4096 / 2**20
+
+
+assert memory.keep_freed_host_memory()
+if sys.argv[3] == "untrimmed":
+    memory.release_free_memory = lambda: None  # the negative control: bulk without the trim
+    import sapiens2.bulk.job as job
+    job.release_free_memory = memory.release_free_memory
+before = rss_mb()
+run_bulk(Scratch(), BulkOptions(inputs=[sys.argv[1]], output=sys.argv[2], batch_size=1, progress=False))
+print(rss_mb() - before)
+"""
+
+
+@pytest.mark.parametrize("trim", ["trimmed", "untrimmed"])
+def test_a_bulk_worker_returns_each_batchs_freed_heap(tmp_path, trim):
+    """30 batches, each building and freeing ~96 MB of heap arrays (the fast mode keeps freed blocks up to 1 GiB):
+    the worker's resident memory after the run is its working set, not the batches' high-water mark."""
+    folder = make_images(tmp_path / "in", count=30, corrupt=False)
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", _HEAP_DRIVER, str(folder), str(tmp_path / f"out_{trim}"), trim],
+                            capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    grown = float(result.stdout.split()[-1])
+    if trim == "trimmed":
+        assert grown < 40, f"{grown:.0f} MB still resident after the run"
+    else:
+        assert grown > 80, f"the control kept only {grown:.0f} MB: the test cannot tell a trimmed heap"
