@@ -4,17 +4,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import require_module
 from test_cli_predict import group_photo, run
-from test_eval_pose import _truth_predictor
+from test_eval_pose import _truth_predictor, coco_keypoint_stats
 from test_visualize import astronaut_pose
 
 from sapiens2.eval.pose import evaluate_pose
@@ -25,8 +22,6 @@ from sapiens2.predict.writers import CocoResultsWriter
 from sapiens2.train.demo_data import make_demo_dataset
 
 require_module("pycocotools")
-from pycocotools.coco import COCO  # noqa: E402
-from pycocotools.cocoeval import COCOeval  # noqa: E402
 
 BODY = list(keypoint_metadata().groups["body"])  # the 308 ids of COCO-17, in COCO order
 
@@ -47,17 +42,6 @@ def _coco17_ground_truth(people: list[tuple[int, np.ndarray, np.ndarray]], image
     }
 
 
-def _coco_eval(ground_truth: str | Path, results: str | Path) -> np.ndarray:
-    """pycocotools' keypoint stats (AP, AP50, AP75, APm, APl, AR, ...) of a results file, as COCO users run it."""
-    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
-        truth = COCO(str(ground_truth))
-        evaluation = COCOeval(truth, truth.loadRes(str(results)), "keypoints")
-        evaluation.evaluate()
-        evaluation.accumulate()
-        evaluation.summarize()
-    return evaluation.stats
-
-
 def test_writer_file_loads_with_load_res_and_perfect_coco17_predictions_score_ap_1(tmp_path):
     pose = astronaut_pose()  # two people, 308 keypoints
     expected = pose.converted("coco17")
@@ -66,14 +50,14 @@ def test_writer_file_loads_with_load_res_and_perfect_coco17_predictions_score_ap
     writer = CocoResultsWriter(tmp_path / "perfect.json", keypoint_format="coco17")
     writer.add(pose, "image42.png", image_id=42)
     writer.write()
-    assert _coco_eval(tmp_path / "gt.json", tmp_path / "perfect.json")[0] == pytest.approx(1.0)
+    assert coco_keypoint_stats(tmp_path / "gt.json", tmp_path / "perfect.json")[0] == pytest.approx(1.0)
 
     shifted = PoseResult(pose.boxes, pose.box_scores, pose.keypoints + [12.0, 0.0], pose.scores, None, (512, 512),
                          pose.keypoint_names)  # fmt: skip
     writer = CocoResultsWriter(tmp_path / "shifted.json", keypoint_format="coco17")
     writer.add(shifted, "image42.png", image_id=42)
     writer.write()
-    stats = _coco_eval(tmp_path / "gt.json", tmp_path / "shifted.json")
+    stats = coco_keypoint_stats(tmp_path / "gt.json", tmp_path / "shifted.json")
     assert 0.0 < stats[0] < 0.9  # 12 px off: the small person fails the strict thresholds
 
 
@@ -97,7 +81,7 @@ def test_predict_coco_results_take_the_boxes_files_image_ids_and_load_against_it
     assert [(i["id"], i["file_name"]) for i in dataset["images"]] == [(7, "group.png"), (8, "unlisted.png")]
     listed = [r for r in results if r["image_id"] == 7]
     (out / "listed.json").write_text(json.dumps(listed))
-    stats = _coco_eval(tmp_path / "gt.json", out / "listed.json")  # a tiny random model: poor, but it scores
+    stats = coco_keypoint_stats(tmp_path / "gt.json", out / "listed.json")  # a tiny random model: poor, but it scores
     assert len(stats) == 10 and all(-1.0 <= value <= 1.0 for value in stats)
 
 
@@ -165,7 +149,7 @@ def test_eval_pose_results_are_in_the_annotations_format_and_pycocotools_gives_o
     results = json.loads((tmp_path / "pose_results.json").read_text())
     assert isinstance(results, list) and {len(r["keypoints"]) for r in results} == {17 * 3}
     assert {r["image_id"] for r in results} <= {image["id"] for image in data["images"]}
-    stats = _coco_eval(root / "val_coco17.json", tmp_path / "pose_results.json")
+    stats = coco_keypoint_stats(root / "val_coco17.json", tmp_path / "pose_results.json")
     assert 0.05 < report.metrics["body17/AP"] < 1.0
     for index, name in enumerate(("AP", "AP50", "AP75", "APm", "APl", "AR", "AR50", "AR75", "ARm", "ARl")):
         assert stats[index] == pytest.approx(report.metrics[f"body17/{name}"], abs=1e-9), name

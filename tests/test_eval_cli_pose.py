@@ -24,7 +24,7 @@ from sapiens2.train.demo_data import make_demo_dataset
 
 require_module("pycocotools")
 from pycocotools.coco import COCO  # noqa: E402
-from test_eval_pose import _pycocotools_on_files, _truth_predictor, make_off_frame_set  # noqa: E402
+from test_eval_pose import _truth_predictor, coco_keypoint_stats, make_off_frame_set  # noqa: E402
 
 TINY = ["--input-size", "64", "48", "--device", "cpu"]
 
@@ -239,7 +239,7 @@ def test_cli_scores_keypoints_and_boxes_outside_the_image_as_pycocotools(tiny_ch
     assert error.count("\n") == 1 and error.startswith("sapiens2") and ": warning: " in error
     assert f"{keypoints} labelled keypoints" in error and f"{boxes} bboxes" in error
     written = json.loads((out / "report.json").read_text())
-    expected = _pycocotools_on_files(root / "annotations.json", out / "pose_results.json")
+    expected = coco_keypoint_stats(root / "annotations.json", out / "pose_results.json")
     got = [written["metrics"][f"body17/{stat}"] for stat in STAT_NAMES]
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
     assert written["counts"]["images"] == 6 and written["counts"]["people"] >= 6

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 
 import cv2
 import numpy as np
@@ -313,6 +314,17 @@ def _off_image(data: dict) -> tuple[int, int, int, set[str]]:
     return keypoints, annotations, boxes, sides
 
 
+def coco_keypoint_stats(ground_truth: str | os.PathLike, results: str | os.PathLike) -> np.ndarray:
+    """pycocotools' keypoint stats (AP, AP50, AP75, APm, APl, AR, ...) of a results file, as COCO users run it."""
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
+        truth = COCO(str(ground_truth))
+        evaluation = COCOeval(truth, truth.loadRes(str(results)), "keypoints")
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    return evaluation.stats
+
+
 def make_off_frame_set(root):
     """A COCO-17 file as annotation tools (CVAT, Label Studio) export one when limbs leave the frame: six images
     (width and height given), labelled keypoints past every side of the image, boxes partly outside, and a second
@@ -353,17 +365,6 @@ def off_frame(tmp_path_factory):
     return make_off_frame_set(tmp_path_factory.mktemp("off_frame"))
 
 
-def _pycocotools_on_files(annotations_path, results_path) -> np.ndarray:
-    """pycocotools' own COCOeval on the two files as they are (default COCO-17 sigmas): its 10 keypoint stats."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        truth = COCO(str(annotations_path))
-        evaluator = COCOeval(truth, truth.loadRes(str(results_path)), "keypoints")
-        evaluator.evaluate()
-        evaluator.accumulate()
-        evaluator.summarize()
-    return evaluator.stats
-
-
 @pytest.mark.parametrize("boxes", ["gt", "detector"])
 def test_keypoints_and_boxes_outside_the_image_score_as_pycocotools(off_frame, tmp_path, capsys, boxes):
     """The file is scored, not refused: AP/AR equal pycocotools' on the same annotations and results files, and one
@@ -380,7 +381,7 @@ def test_keypoints_and_boxes_outside_the_image_score_as_pycocotools(off_frame, t
         f"{root / 'annotations.json'}: {keypoints} labelled keypoints (in {annotations} annotations) and "
         f"{boxes_outside} bboxes of split 'val' lie outside their image; they are scored as given"
     ) in warning
-    expected = _pycocotools_on_files(root / "annotations.json", results_path)
+    expected = coco_keypoint_stats(root / "annotations.json", results_path)
     for group in ("body17", "all308"):  # only the COCO-17 joints are labelled: both groups score them
         got = np.array([report.metrics[f"{group}/{stat}"] for stat in STAT_NAMES])
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12, err_msg=group)
