@@ -28,6 +28,7 @@ __all__ = [
     "file_problem",
     "image_size",
     "pixel_limit_problem",
+    "read_file_bytes",
     "read_image",
     "remove_temporaries",
     "save_json",
@@ -131,8 +132,9 @@ def file_problem(path: PathLike) -> str | None:
     return _mode_problem(info.st_mode)
 
 
-def _read_regular_file(path: Path) -> bytes:
-    """The bytes of the regular file ``path``; ImageReadError for anything else, which is never read."""
+def read_file_bytes(path: PathLike) -> bytes:
+    """The bytes of the regular file ``path``; ImageReadError for anything else (a folder, a FIFO, a device), which is
+    never read. ``read_image`` is ``decode_image(read_file_bytes(path), path)``."""
     problem = file_problem(path)
     if problem is not None:
         raise ImageReadError(path, problem)
@@ -338,7 +340,7 @@ def read_image(path: PathLike, *, max_megapixels: float | None = DEFAULT_MAX_MEG
             ``file_problem``).
     """
     path = Path(path)
-    return decode_image(_read_regular_file(path), path, max_megapixels=max_megapixels)
+    return decode_image(read_file_bytes(path), path, max_megapixels=max_megapixels)
 
 
 def decode_image(

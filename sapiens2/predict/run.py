@@ -21,7 +21,7 @@ import numpy as np
 
 from ..bulk.ledger import OutputSources, output_lease
 from ..data.collections import content_hash
-from ..data.io import ImageReadError, ImageTooLargeError, read_image, remove_temporaries
+from ..data.io import ImageReadError, ImageTooLargeError, decode_image, read_file_bytes, remove_temporaries
 from ..data.sources import InputItem, expand_inputs, usable
 from ..messages import report_error
 from ..metadata import SAMPLE_IMAGE  # sample=True: a public-domain photo shipped with the package
@@ -167,15 +167,6 @@ def _remove_leftovers(work: list[InputItem]) -> None:
             logger.info("removed %s, left by a run killed while writing it", path)
 
 
-def _input_hash(item: InputItem) -> str | None:
-    """The content hash of an input's bytes (``data.collections.content_hash``, as bulk mode's ledger); None when
-    it cannot be read (``read_image`` then says why)."""
-    try:
-        return content_hash(item.source.read_bytes())
-    except (OSError, ValueError):
-        return None
-
-
 def _megapixels_for(error: ImageTooLargeError) -> int:
     """A limit (in megapixels, rounded up to two significant digits) that lets the refused image through."""
     needed = error.width * error.height / 1e6
@@ -198,7 +189,11 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
 
     for item in batch:
         pending = pending_tasks(item, run.tasks, options.skip_existing, options.output_format)
-        hashes[str(item.source)] = digest = _input_hash(item)
+        try:  # read once: hashed for the record of inputs, then decoded
+            data, problem = read_file_bytes(item.source), None
+        except ImageReadError as error:
+            data, problem = None, error
+        hashes[str(item.source)] = digest = None if data is None else content_hash(data)
         if options.skip_existing:  # an existing output counts only when written from these very bytes
             names = {task: f"{item.stem}{primary_suffix(task, options.output_format)}" for task in run.tasks}
             redo = [t for t in run.tasks if t not in pending and run.written_from.get(names[t]) != digest]
@@ -210,7 +205,9 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
             stats.skipped += 1
             continue
         try:
-            loaded.append((item, read_image(item.source, max_megapixels=options.max_megapixels), pending))
+            if problem is not None:
+                raise problem
+            loaded.append((item, decode_image(data, item.source, max_megapixels=options.max_megapixels), pending))
         except ImageTooLargeError as error:
             stats.fail(f"{error}; raise the limit with {run.option('max_megapixels', _megapixels_for(error))}")
         except ImageReadError as error:
