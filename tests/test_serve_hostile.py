@@ -101,7 +101,8 @@ def listening_sockets(root: int) -> list[tuple[str, int, str]]:
     found = []
     for pid in descendants(root):
         with contextlib.suppress(OSError):
-            name = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:80]
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            name = " ".join([Path(argv[0]).name, *argv[1:]])[:80]  # the program's own name, wherever it is installed
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):
                     link = os.readlink(f"/proc/{pid}/fd/{fd}")
