@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from sapiens2.mocap.rig import (
     quat_from_matrix,
     quat_to_matrix,
     quat_to_y_up,
+    rotation_class,
     to_y_up,
 )
 
@@ -31,41 +33,37 @@ UNITS = {"cm": 100.0, "m": 1.0, "mm": 1000.0}  # file units per metre
 ROTATION_CHANNELS = ("Zrotation", "Xrotation", "Yrotation")
 
 
-def _axis_matrix(axis: str, angle: np.ndarray) -> np.ndarray:
-    c, s = np.cos(angle), np.sin(angle)
-    one, zero = np.ones_like(angle), np.zeros_like(angle)
-    rows = {
-        "x": [[one, zero, zero], [zero, c, -s], [zero, s, c]],
-        "y": [[c, zero, s], [zero, one, zero], [-s, zero, c]],
-        "z": [[c, -s, zero], [s, c, zero], [zero, zero, one]],
-    }[axis]
-    return np.stack([np.stack(row, -1) for row in rows], -2)
-
-
 def matrix_from_euler_zxy(angles: np.ndarray) -> np.ndarray:
-    """(..., 3) radians (z, x, y) -> (..., 3, 3) ``Rz @ Rx @ Ry``."""
+    """(..., 3) radians (z, x, y) -> (..., 3, 3) ``Rz @ Rx @ Ry`` (intrinsic ZXY)."""
     angles = np.asarray(angles, dtype=np.float64)
-    return _axis_matrix("z", angles[..., 0]) @ _axis_matrix("x", angles[..., 1]) @ _axis_matrix("y", angles[..., 2])
+    matrices = rotation_class().from_euler("ZXY", np.require(angles.reshape(-1, 3), None, ["C", "W"])).as_matrix()
+    return matrices.reshape(angles.shape[:-1] + (3, 3))
 
 
 def euler_zxy_from_matrix(matrix: np.ndarray, previous: np.ndarray | None = None) -> np.ndarray:
     """(..., 3, 3) rotations -> (..., 3) radians (z, x, y) with ``Rz @ Rx @ Ry == matrix``.
 
     Of the two solutions (and their 2π turns), the one nearest ``previous`` (same shape) is taken, so a sequence
-    decoded frame by frame has no jumps for an importer to interpolate through.
+    decoded frame by frame has no jumps for an importer to interpolate through. At x = ±90° (gimbal lock) z and y
+    are coupled: y is 0 and the whole turn is in z.
     """
     m = np.asarray(matrix, dtype=np.float64)
-    x = np.arcsin(np.clip(m[..., 2, 1], -1.0, 1.0))
-    z = np.arctan2(-m[..., 0, 1], m[..., 1, 1])
-    y = np.arctan2(-m[..., 2, 0], m[..., 2, 2])
-    # At x = ±90° (gimbal lock) z and y are coupled: keep y, put the whole turn in z.
-    locked = np.abs(m[..., 2, 1]) > 1 - 1e-12
-    if locked.any():
-        y = np.where(locked, 0.0, y)
-        z = np.where(locked, np.arctan2(m[..., 1, 0], m[..., 0, 0]), z)
-    first = np.stack([z, x, y], -1)
-    if previous is None:
-        return first
+    first = np.zeros(m.shape[:-2] + (3,))
+    if first.size:
+        with warnings.catch_warnings():  # SciPy warns of the gimbal lock that the docstring states
+            warnings.simplefilter("ignore", UserWarning)
+            first = (
+                rotation_class()
+                .from_matrix(np.require(m.reshape(-1, 3, 3), None, ["C", "W"]))
+                .as_euler("ZXY")
+                .reshape(first.shape)
+            )
+    return first if previous is None else _nearest_solution(first, previous)
+
+
+def _nearest_solution(first: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """(..., 3) the ZXY angles equal to ``first`` (the other solution, their 2π turns) nearest ``previous``."""
+    z, x, y = np.moveaxis(first, -1, 0)
     second = np.stack([z + math.pi, math.pi - x, y + math.pi], -1)
 
     def nearest(angles: np.ndarray) -> np.ndarray:
@@ -145,11 +143,9 @@ def write_bvh(motion: Motion, path: str | os.PathLike, *, units: str = "cm") -> 
     write_joint(0, 0)
     # Each joint's local rotation in Y-up axes, as continuous Euler angles in degrees.
     matrices = quat_to_matrix(quat_to_y_up(motion.rotations))  # (T, J, 3, 3)
-    euler = np.zeros((motion.num_frames, skeleton.num_joints, 3))
-    previous = None
-    for frame in range(motion.num_frames):
-        previous = euler_zxy_from_matrix(matrices[frame], previous)
-        euler[frame] = previous
+    euler = euler_zxy_from_matrix(matrices)  # (T, J, 3), then each frame's solution nearest the previous frame's
+    for frame in range(1, motion.num_frames):
+        euler[frame] = _nearest_solution(euler[frame], euler[frame - 1])
     root = to_y_up(motion.root_translation) * scale
     lines += ["MOTION", f"Frames: {motion.num_frames}", f"Frame Time: {1.0 / motion.fps:.12g}"]
     degrees = np.degrees(euler[:, order]).reshape(motion.num_frames, -1)
@@ -219,13 +215,15 @@ def read_bvh(path: str | os.PathLike, *, units: str = "cm") -> Motion:
     matrices = np.broadcast_to(np.eye(3), (frames, len(names), 3, 3)).copy()
     column = 0
     for joint, joint_channels in enumerate(channels):
+        axes, angles = "", []
         for channel in joint_channels:
             if channel.endswith("position"):
                 root[:, "XYZ".index(channel[0].upper())] = values[:, column]
             else:
-                turn = _axis_matrix(channel[0].lower(), np.radians(values[:, column]))
-                matrices[:, joint] = matrices[:, joint] @ turn
+                axes, angles = axes + channel[0].upper(), [*angles, values[:, column]]
             column += 1
+        if frames and axes:  # the channels in file order: intrinsic turns (uppercase), in any order
+            matrices[:, joint] = rotation_class().from_euler(axes, np.stack(angles, -1), degrees=True).as_matrix()
     rotations = quat_to_y_up(quat_from_matrix(matrices))  # the axis flip is its own inverse
     offsets = to_y_up(np.array(offsets)) / scale
     offsets[0] = to_y_up(root[0]) / scale if frames else offsets[0]

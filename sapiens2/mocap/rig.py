@@ -1,6 +1,6 @@
 """The rig every exporter takes: a ``Skeleton`` (joint tree + rest offsets), a ``Motion`` (root translation + local
-joint rotations per frame, optional markers riding on joints) and forward kinematics; quaternion helpers and
-``cross``.
+joint rotations per frame, optional markers riding on joints) and forward kinematics; quaternion helpers over SciPy's
+``Rotation`` (``rotation_class``) and ``cross``.
 
 Conventions (``docs/mocap.md``): the camera frame, OpenCV axes (x right, y down, z forward), metres. Quaternions are
 (x, y, z, w), unit, active (they rotate vectors), and a joint's local rotation is relative to the rest pose, in which
@@ -29,6 +29,7 @@ __all__ = [
     "quat_to_matrix",
     "to_y_up",
     "quat_to_y_up",
+    "rotation_class",
 ]
 
 # (x, y, z)_cv -> (x, -y, -z): Y up, Z toward the camera, right-handed; a proper rotation (180° about x).
@@ -177,33 +178,43 @@ class Motion:
         return np.arange(self.num_frames) / self.fps
 
 
+def rotation_class() -> type:
+    """SciPy's ``Rotation`` (every rotation here goes through it), or one ImportError line naming the extra."""
+    try:
+        from scipy.spatial.transform import Rotation
+    except ImportError:
+        raise ImportError("motion capture needs SciPy: pip install 'sapiens2[mocap]'") from None
+    return Rotation
+
+
+def _flat(array: np.ndarray, width: int) -> np.ndarray:
+    """(N, width) C-contiguous, writeable float64 (SciPy's Cython takes no read-only buffer, e.g. a ``Motion``'s)."""
+    return np.require(np.reshape(array, (-1, width)), np.float64, ["C", "W"])
+
+
 def quat_multiply(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Hamilton product ``a * b`` of (..., 4) (x, y, z, w) quaternions (rotate by ``b`` first, then ``a``)."""
-    ax, ay, az, aw = np.moveaxis(np.asarray(a, dtype=np.float64), -1, 0)
-    bx, by, bz, bw = np.moveaxis(np.asarray(b, dtype=np.float64), -1, 0)
-    return np.stack(
-        [
-            aw * bx + ax * bw + ay * bz - az * by,
-            aw * by - ax * bz + ay * bw + az * bx,
-            aw * bz + ax * by - ay * bx + az * bw,
-            aw * bw - ax * bx - ay * by - az * bz,
-        ],
-        axis=-1,
-    )
+    """Hamilton product ``a * b`` of (..., 4) (x, y, z, w) unit quaternions (rotate by ``b`` first, then ``a``),
+    broadcasting."""
+    a, b = np.broadcast_arrays(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
+    if not a.size:
+        return np.zeros(a.shape)
+    rotation = rotation_class()
+    return (rotation.from_quat(_flat(a, 4)) * rotation.from_quat(_flat(b, 4))).as_quat().reshape(a.shape)
 
 
 def quat_rotate(q: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Rotate (..., 3) vectors by (..., 4) unit quaternions (broadcasting)."""
-    q = np.asarray(q, dtype=np.float64)
-    v = np.asarray(v, dtype=np.float64)
-    u, w = q[..., :3], q[..., 3:]
-    t = 2.0 * cross(u, v)
-    return v + w * t + cross(u, t)
+    q, v = np.asarray(q, dtype=np.float64), np.asarray(v, dtype=np.float64)
+    shape = np.broadcast_shapes(q.shape[:-1], v.shape[:-1])
+    if not np.prod(shape, dtype=np.int64):
+        return np.zeros(shape + (3,))
+    q, v = np.broadcast_to(q, shape + (4,)), np.broadcast_to(v, shape + (3,))
+    return rotation_class().from_quat(_flat(q, 4)).apply(_flat(v, 3)).reshape(shape + (3,))
 
 
 def cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``np.cross`` of (..., 3) vectors (broadcasting): the same products in the same order, so the same numbers,
-    without its per-call overhead (a few tens of microseconds; forward kinematics makes two calls per tree level)."""
+    without its per-call overhead (a few tens of microseconds)."""
     a0, a1, a2 = a[..., 0], a[..., 1], a[..., 2]
     b0, b1, b2 = b[..., 0], b[..., 1], b[..., 2]
     return np.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], -1)
@@ -211,48 +222,28 @@ def cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def quat_to_matrix(q: np.ndarray) -> np.ndarray:
     """(..., 4) unit quaternions -> (..., 3, 3) rotation matrices."""
-    x, y, z, w = np.moveaxis(np.asarray(q, dtype=np.float64), -1, 0)
-    return np.stack(
-        [
-            np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),
-            np.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)], -1),
-            np.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)], -1),
-        ],
-        axis=-2,
-    )
+    q = np.asarray(q, dtype=np.float64)
+    if not q[..., 0].size:
+        return np.zeros(q.shape[:-1] + (3, 3))
+    return rotation_class().from_quat(_flat(q, 4)).as_matrix().reshape(q.shape[:-1] + (3, 3))
 
 
 def quat_from_matrix(matrix: np.ndarray) -> np.ndarray:
-    """(..., 3, 3) rotation matrices -> (..., 4) unit quaternions with w >= 0 (Shepperd's method, stable for all)."""
-    m = np.asarray(matrix, dtype=np.float64)
-    trace = m[..., 0, 0] + m[..., 1, 1] + m[..., 2, 2]
-    # Four candidate formulas; each is well conditioned where its squared component is the largest.
-    candidates = np.stack(
-        [
-            np.stack([1 + 2 * m[..., 0, 0] - trace, m[..., 0, 1] + m[..., 1, 0], m[..., 0, 2] + m[..., 2, 0],
-                      m[..., 2, 1] - m[..., 1, 2]], -1),
-            np.stack([m[..., 0, 1] + m[..., 1, 0], 1 + 2 * m[..., 1, 1] - trace, m[..., 1, 2] + m[..., 2, 1],
-                      m[..., 0, 2] - m[..., 2, 0]], -1),
-            np.stack([m[..., 0, 2] + m[..., 2, 0], m[..., 1, 2] + m[..., 2, 1], 1 + 2 * m[..., 2, 2] - trace,
-                      m[..., 1, 0] - m[..., 0, 1]], -1),
-            np.stack([m[..., 2, 1] - m[..., 1, 2], m[..., 0, 2] - m[..., 2, 0], m[..., 1, 0] - m[..., 0, 1],
-                      1 + trace], -1),
-        ],
-        axis=-2,
-    )  # fmt: skip
-    diagonal = np.stack([m[..., 0, 0], m[..., 1, 1], m[..., 2, 2], trace], -1)
-    best = np.argmax(diagonal, axis=-1)
-    q = np.take_along_axis(candidates, best[..., None, None], axis=-2)[..., 0, :]
-    q = q / np.linalg.norm(q, axis=-1, keepdims=True)
-    return np.where(q[..., 3:] < 0, -q, q)
+    """(..., 3, 3) rotation matrices -> (..., 4) unit quaternions with w >= 0."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if not matrix[..., 0, 0].size:
+        return np.zeros(matrix.shape[:-2] + (4,))
+    quat = rotation_class().from_matrix(np.require(matrix.reshape(-1, 3, 3), None, ["C", "W"])).as_quat(canonical=True)
+    return quat.reshape(matrix.shape[:-2] + (4,))
 
 
 def quat_from_axis_angle(axis: np.ndarray, angle: np.ndarray | float) -> np.ndarray:
     """Rotation by ``angle`` radians about the (..., 3) ``axis`` (normalised here) -> (..., 4)."""
     axis = np.asarray(axis, dtype=np.float64)
-    axis = axis / np.linalg.norm(axis, axis=-1, keepdims=True)
-    half = 0.5 * np.asarray(angle, dtype=np.float64)[..., None]
-    return np.concatenate([axis * np.sin(half), np.cos(half)], axis=-1)
+    rotvec = axis / np.linalg.norm(axis, axis=-1, keepdims=True) * np.asarray(angle, dtype=np.float64)[..., None]
+    if not rotvec[..., 0].size:
+        return np.zeros(rotvec.shape[:-1] + (4,))
+    return rotation_class().from_rotvec(_flat(rotvec, 3)).as_quat().reshape(rotvec.shape[:-1] + (4,))
 
 
 def to_y_up(points: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ Pixels outside ``mask`` (``--mask-from seg``) hold 0 in N, P, Z and albedo (comp
 Cryptomatte ids: MurmurHash3_x86_32 (seed 0) of the class name's UTF-8 bytes, the uint32 bits read as a float32 with
 the exponent clamped to [1, 254] (never denormal, inf or NaN); the header carries ``cryptomatte/<key>/name``,
 ``hash``, ``conversion`` and ``manifest`` (JSON ``{name: "8-hex id"}``), ``<key>`` the first 7 hex digits of the
-layer name's hash. OpenEXR (``pip install sapiens2[exr]``) is imported only when a file is written.
+layer name's hash (``mmh3``). OpenEXR and mmh3 (``pip install sapiens2[exr]``) are imported only when needed.
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ EXR_TASKS = ("seg", "normal", "pointmap", "albedo", "matting")  # the tasks one 
 NORMAL_CONVENTIONS = ("opencv", "opengl", "blender")
 CRYPTOMATTE_LAYER = "CryptoBodyPart"
 DEFAULT_SENSOR_WIDTH_MM = 36.0  # full-frame width: the focal length in mm is stated at this sensor width
-_MASK32 = 0xFFFFFFFF
 
 
 def _require_openexr() -> Any:
@@ -69,32 +68,17 @@ def _require_openexr() -> Any:
 
 
 def murmurhash3_32(data: bytes | str, seed: int = 0) -> int:
-    """MurmurHash3_x86_32 of ``data`` (a str is hashed as UTF-8) as an unsigned 32-bit int (Appleby's public-domain
-    algorithm: 4-byte little-endian blocks, a tail of 1-3 bytes, then the 32-bit finaliser)."""
-    key = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-    c1, c2 = 0xCC9E2D51, 0x1B873593
-    h = seed & _MASK32
-    blocks = len(key) // 4
-    for i in range(blocks):
-        k = int.from_bytes(key[4 * i : 4 * i + 4], "little")
-        k = (k * c1) & _MASK32
-        k = ((k << 15) | (k >> 17)) & _MASK32
-        k = (k * c2) & _MASK32
-        h ^= k
-        h = ((h << 13) | (h >> 19)) & _MASK32
-        h = (h * 5 + 0xE6546B64) & _MASK32
-    tail = key[4 * blocks :]
-    if tail:
-        k = int.from_bytes(tail, "little")
-        k = (k * c1) & _MASK32
-        k = ((k << 15) | (k >> 17)) & _MASK32
-        h ^= (k * c2) & _MASK32
-    h ^= len(key)
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & _MASK32
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & _MASK32
-    return h ^ (h >> 16)
+    """MurmurHash3_x86_32 of ``data`` (a str is hashed as UTF-8) as an unsigned 32-bit int, through ``mmh3`` (the
+    hash the Cryptomatte specification names).
+
+    Raises:
+        ImportError: mmh3 is not installed (``pip install 'sapiens2[exr]'``).
+    """
+    try:
+        import mmh3
+    except ImportError:
+        raise ImportError("Cryptomatte ids need mmh3: pip install 'sapiens2[exr]'") from None
+    return mmh3.hash(data.encode("utf-8") if isinstance(data, str) else bytes(data), seed, signed=False)
 
 
 def cryptomatte_float(name: str) -> np.float32:

@@ -7,8 +7,8 @@ detections (``low <= score < high``, ``low_match_iou``), which keeps a partly hi
 detections left over start new tracks (score >= ``new_track``); a track unmatched for more than ``max_lost``
 frames is dropped, so an id survives a short occlusion.
 
-Written here rather than taken from a library: the maintained ByteTrack packages pull in heavy dependency trees
-(supervision: matplotlib, scipy; boxmot: its own model zoo), and the algorithm fits in this file.
+The tracker is written here rather than taken from a ByteTrack package (supervision pulls in matplotlib; boxmot its own
+model zoo); the assignment is SciPy's (``pip install 'sapiens2[video]'``), imported when the first frame is matched.
 """
 
 from __future__ import annotations
@@ -34,45 +34,23 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def linear_assignment(cost: np.ndarray, max_cost: float) -> list[tuple[int, int]]:
-    """Minimum-cost one-to-one matching of rows to columns (Hungarian method, O(n^3)); pairs costing more than
-    ``max_cost`` are left unmatched. Returns (row, column) pairs sorted by row."""
+    """Minimum-cost one-to-one matching of rows to columns (SciPy's ``linear_sum_assignment``); pairs costing more
+    than ``max_cost`` are left unmatched. Returns (row, column) pairs sorted by row.
+
+    Raises:
+        ImportError: SciPy is not installed (``pip install 'sapiens2[video]'``).
+    """
+    try:
+        from scipy.optimize import linear_sum_assignment
+    except ImportError:
+        raise ImportError("tracking people needs SciPy: pip install 'sapiens2[video]'") from None
     cost = np.asarray(cost, np.float64)
-    rows, cols = cost.shape
-    if rows == 0 or cols == 0:
+    if cost.size == 0:
         return []
-    n = max(rows, cols)
+    # a too-costly pair costs more than any real one, so it never beats a real match; it is dropped afterwards
     big = max_cost + 1.0 + float(np.abs(cost).max(initial=0.0))
-    square = np.full((n, n), big)  # padding and too-costly pairs cost the same, so they never beat a real match
-    square[:rows, :cols] = np.where(cost <= max_cost, cost, big)
-    # Shortest augmenting paths with potentials u (rows) and v (columns), 1-based with a virtual column 0.
-    u, v = np.zeros(n + 1), np.zeros(n + 1)
-    owner = np.zeros(n + 1, dtype=np.int64)  # owner[j]: the row matched to column j
-    for row in range(1, n + 1):
-        owner[0], column = row, 0
-        best = np.full(n + 1, np.inf)
-        previous = np.zeros(n + 1, dtype=np.int64)
-        used = np.zeros(n + 1, dtype=bool)
-        while owner[column] != 0:
-            used[column] = True
-            current = owner[column]
-            free = ~used[1:]
-            reduced = square[current - 1] - u[current] - v[1:]
-            better = free & (reduced < best[1:])
-            best[1:][better] = reduced[better]
-            previous[1:][better] = column
-            candidates = np.where(free, best[1:], np.inf)
-            nxt = int(np.argmin(candidates)) + 1
-            delta = candidates[nxt - 1]
-            u[owner[used]] += delta
-            v[used] -= delta
-            best[1:][free] -= delta
-            column = nxt
-        while column:
-            back = previous[column]
-            owner[column] = owner[back]
-            column = back
-    pairs = [(int(owner[j]) - 1, j - 1) for j in range(1, n + 1)]
-    return sorted((r, c) for r, c in pairs if r < rows and c < cols and cost[r, c] <= max_cost)
+    rows, cols = linear_sum_assignment(np.where(cost <= max_cost, cost, big))
+    return [(int(r), int(c)) for r, c in zip(rows, cols, strict=True) if cost[r, c] <= max_cost]
 
 
 class _Kalman:
