@@ -10,7 +10,7 @@ from mocap_synth import OCCLUSION_MARGIN, walk_clip
 from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata, seg_metadata
 from sapiens2.mocap import rig
 from sapiens2.mocap.lift import LiftOptions, estimate_intrinsics, lift_frame
-from sapiens2.mocap.rigid import fit_rigid_part, fit_rigid_parts
+from sapiens2.mocap.rigid import align_shape, fit_rigid_part, fit_rigid_parts
 from sapiens2.mocap.skeleton import mocap_skeleton
 from sapiens2.mocap.solve import OnlineSolver, SolveOptions, solve_track
 from sapiens2.mocap.tables import joint_angles
@@ -231,6 +231,27 @@ def test_rigid_part_fit_keeps_its_bone():
     fitted, good = fit_rigid_part(points, ok, ok, elbow, np.ones(frames, bool), 0.26)
     assert not good[6] and good[np.arange(frames) != 6].all()
     assert np.abs(fitted[good] - points[good]).max() < 1e-3
+
+
+def test_align_shape_is_scipys_align_vectors_frame_by_frame():
+    """The batched weighted Kabsch of the rigid fit's start equals SciPy's ``Rotation.align_vectors`` on each frame's
+    centred points (what it stands in for, one frame a call), noisy points and uneven weights included."""
+    from scipy.spatial.transform import Rotation
+
+    rng = np.random.default_rng(5)
+    shape = rng.normal(0, 0.05, (5, 3))
+    truth = Rotation.random(20, random_state=rng)
+    points = np.einsum("tab,nb->tna", truth.as_matrix(), shape)
+    points += rng.normal(0, 1.0, (20, 1, 3)) + rng.normal(0, 0.01, (20, 5, 3))
+    weights = rng.uniform(0.001, 1.0, (20, 5))
+    rot, trans = align_shape(shape, points, weights)
+    for frame in range(20):
+        w = weights[frame] / weights[frame].sum()
+        mean_p, mean_s = w @ points[frame], w @ shape
+        expected, _ = Rotation.align_vectors(points[frame] - mean_p, shape - mean_s, w)
+        np.testing.assert_allclose(rot[frame], expected.as_matrix(), atol=1e-10)
+        np.testing.assert_allclose(trans[frame], mean_p - expected.apply(mean_s), atol=1e-10)
+    assert np.abs(rot - truth.as_matrix()).max() > 1e-4  # the noise moved it: the comparison is not the trivial one
 
 
 def test_rigid_parts_fitted_together_equal_each_alone():
