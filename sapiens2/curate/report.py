@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import __version__
 from ..data.io import ImageReadError, atomic_write, read_image, save_png
-from ..eval.plots import bar_chart, histogram_chart
+from ..eval.plots import bar_chart, histogram_chart, pixels
 from .select import DROP_REASONS, Selection
 
 __all__ = ["SCORE_COLUMNS", "build_report", "write_report"]
@@ -156,8 +156,8 @@ def _cluster_chart(sizes_before: list[int], sizes_after: list[int], level: str) 
     pad = lambda h: h + [0] * (width - len(h))  # noqa: E731
     x_label = "log2(cluster size)"
     return np.vstack([
-        histogram_chart(pad(before), 1, f"{level} cluster sizes before balancing", x_label=x_label),
-        histogram_chart(pad(after), 1, f"{level} cluster sizes after balancing", x_label=x_label),
+        pixels(histogram_chart(pad(before), 1, f"{level} cluster sizes before balancing", x_label=x_label)),
+        pixels(histogram_chart(pad(after), 1, f"{level} cluster sizes after balancing", x_label=x_label)),
     ])
 
 
@@ -190,13 +190,14 @@ def write_report(folder: Path, selection: Selection, report: dict[str, Any]) -> 
     charts: dict[str, np.ndarray] = {}
     names = list(report["dropped"]) or ["none"]
     counts = [report["dropped"].get(n, 0) for n in names]
-    charts["drops.png"] = bar_chart(["kept", *names], [report["kept"], *counts], "images kept and dropped, by reason",
-                                    maximum=max([report["kept"], *counts, 1]), unit="")  # fmt: skip
+    charts["drops.png"] = pixels(bar_chart(["kept", *names], [report["kept"], *counts],
+                                           "images kept and dropped, by reason",
+                                           maximum=max([report["kept"], *counts, 1]), unit=""))  # fmt: skip
     group_sizes = [s for key in ("exact", "phash", "knn") for s in selection.stats.get(f"{key}_groups", [])]
     if group_sizes:
-        charts["duplicate_groups.png"] = histogram_chart(
+        charts["duplicate_groups.png"] = pixels(histogram_chart(
             np.bincount(group_sizes), 1, "duplicate-group sizes (images per group)", x_label="group size"
-        )
+        ))  # fmt: skip
     cluster = report.get("cluster")
     if cluster and "sizes_after" in cluster:
         for level in ("l1", "top"):

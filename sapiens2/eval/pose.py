@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
 from sapiens2.data.io import DEFAULT_MAX_MEGAPIXELS, ImageReadError, ImageTooLargeError, read_image, save_png
@@ -35,6 +34,7 @@ from sapiens2.pose.keypoints import FORMATS_INTO_308, format_to_308_ids
 from sapiens2.pose.topdown import PoseResult
 
 from .oks import STAT_NAMES, evaluate_sapiens308, oks_nms
+from .plots import grouped_bar_chart, pixels
 
 __all__ = [
     "GROUPS",
@@ -523,44 +523,9 @@ def draw_group_ap_chart(
 
 
 def group_ap_figure(metrics: Mapping[str, float], title: str = "OKS AP by keypoint group") -> np.ndarray:
-    """Bar chart (OpenCV-drawn, (H, W, 3) uint8 RGB) of AP, AP50, AP75 per keypoint group; no ground truth: n/a."""
-    stats = (("AP", (52, 101, 164)), ("AP50", (120, 170, 215)), ("AP75", (230, 140, 60)))
+    """Grouped bars ((H, W, 3) uint8 RGB, ``plots.grouped_bar_chart``) of AP, AP50, AP75 per keypoint group, the AP
+    written above each; no ground truth (-1): n/a."""
     groups = [name for name in GROUPS if f"{name}/AP" in metrics]
-    width, height, left, top, bottom = 120 + 110 * len(groups), 420, 60, 60, 60
-    canvas = np.full((height, width, 3), 255, np.uint8)
-    font = cv2.FONT_HERSHEY_SIMPLEX
-    plot_h = height - top - bottom
-    cv2.putText(canvas, title, (left, 30), font, 0.7, (0, 0, 0), 2, cv2.LINE_AA)
-    for tick in range(0, 11, 2):
-        y = top + plot_h - int(round(plot_h * tick / 10))
-        cv2.line(canvas, (left, y), (width - 20, y), (225, 225, 225), 1)
-        cv2.putText(canvas, f"{tick / 10:.1f}", (left - 40, y + 5), font, 0.45, (80, 80, 80), 1, cv2.LINE_AA)
-    cv2.line(canvas, (left, top), (left, top + plot_h), (0, 0, 0), 1)
-    bar = 26
-    for g, name in enumerate(groups):
-        x0 = left + 20 + g * 110
-        for s, (stat, colour) in enumerate(stats):
-            value = float(metrics.get(f"{name}/{stat}", -1.0))
-            x = x0 + s * bar
-            if value < 0:
-                continue
-            y = top + plot_h - int(round(plot_h * min(value, 1.0)))
-            cv2.rectangle(canvas, (x, y), (x + bar - 3, top + plot_h), colour, -1)
-        value = float(metrics.get(f"{name}/AP", -1.0))
-        label = "n/a" if value < 0 else f"{value:.3f}"
-        cv2.putText(
-            canvas,
-            label,
-            (x0, top + plot_h - 6 if value < 0 else top + plot_h - int(round(plot_h * min(value, 1.0))) - 6),
-            font,
-            0.45,
-            (0, 0, 0),
-            1,
-            cv2.LINE_AA,
-        )
-        cv2.putText(canvas, name, (x0, top + plot_h + 22), font, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
-    for s, (stat, colour) in enumerate(stats):
-        x = left + 20 + s * 90
-        cv2.rectangle(canvas, (x, height - 24), (x + 14, height - 10), colour, -1)
-        cv2.putText(canvas, stat, (x + 20, height - 11), font, 0.45, (0, 0, 0), 1, cv2.LINE_AA)
-    return canvas
+    series = {stat: [float(metrics.get(f"{name}/{stat}", -1.0)) for name in groups] for stat in ("AP", "AP50", "AP75")}
+    series = {stat: [value if value >= 0 else np.nan for value in values] for stat, values in series.items()}
+    return pixels(grouped_bar_chart(groups, series, title))

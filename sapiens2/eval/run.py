@@ -37,7 +37,7 @@ from ..metadata import seg_metadata
 from ..predict.predictor import Predictor
 from ..tasks import TASKS
 from .metrics import AlbedoMetrics, DepthMetrics, NormalMetrics, PointmapMetrics, SegMetrics
-from .plots import bar_chart, histogram_chart
+from .plots import bar_chart, histogram_chart, pixels
 from .pose import GROUPS, KEYPOINT_FORMATS, evaluate_pose, group_ap_figure, unreadable_line
 
 __all__ = ["TASK_EVALUATORS", "EvalOptions", "EvalReport", "evaluate", "evaluate_dense", "evaluate_pose_set"]
@@ -278,7 +278,7 @@ class _SegScore:
     def figures(self, model: str) -> dict[str, np.ndarray]:
         rows = self.tables()["per_class"]
         title = f"per-class IoU (%), mIoU {self.metric.compute()['mIoU']:.2f} - {model}"
-        return {"seg_class_iou": bar_chart([r["class"] for r in rows], [r["IoU"] for r in rows], title)}
+        return {"seg_class_iou": pixels(bar_chart([r["class"] for r in rows], [r["IoU"] for r in rows], title))}
 
 
 def _as_batch(array: np.ndarray) -> torch.Tensor:
@@ -317,7 +317,7 @@ class _NormalScore:
             marks=(11.25, 22.5, 30.0),
             x_max=180.0,
         )
-        return {"normal_angular_error": chart}
+        return {"normal_angular_error": pixels(chart)}
 
 
 class _PointmapScore:
@@ -369,6 +369,16 @@ DENSE_SCORES: dict[str, type] = {
     "pointmap": _PointmapScore,
     "albedo": _AlbedoScore,
 }
+
+
+def _charts(draw: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The report's charts, or none with one warning when matplotlib (``sapiens2[plots]``) is missing: the numbers
+    are the report, the charts only show them."""
+    try:
+        return draw()
+    except ImportError as error:
+        logger.warning("charts left out of the report: %s", error)
+        return {}
 
 
 def model_name(model: ModelSource) -> str:
@@ -430,7 +440,7 @@ def evaluate_dense(options: EvalOptions, model: ModelSource) -> EvalReport:
         tables=score.tables(),
         counts={"images": evaluated, "skipped": len(skipped)},
         skipped=skipped,
-        figures=score.figures(name),
+        figures=_charts(lambda: score.figures(name)),
     )
 
 
@@ -518,7 +528,9 @@ def evaluate_pose_set(options: EvalOptions, model: ModelSource) -> EvalReport:
         tables=found.tables,
         counts=found.counts,
         skipped=found.skipped,
-        figures={"pose_group_ap": group_ap_figure(found.metrics, f"OKS AP by keypoint group - {name}")},
+        figures=_charts(
+            lambda: {"pose_group_ap": group_ap_figure(found.metrics, f"OKS AP by keypoint group - {name}")}
+        ),
         pending={} if results_path is None else {"pose_results": Path(results_path)},
         headline=tuple(f"{group}/AP" for group in GROUPS),
     )

@@ -1,5 +1,6 @@
 """Tables of one track's ``Motion``: 3D trajectories (CSV or Parquet) and joint angles (CSV + a chart drawn with
-OpenCV), all from the motion's forward kinematics, so they agree with the BVH, glTF and C3D files.
+matplotlib, ``sapiens2.eval.plots``), all from the motion's forward kinematics, so they agree with the BVH, glTF and
+C3D files.
 
 Trajectories are in the camera frame (OpenCV axes: x right, y down, z forward), metres: one row per frame, columns
 ``frame, time, valid`` then ``<marker>_x/_y/_z`` for every marker and ``<joint>_JC_x/_y/_z`` for every joint centre
@@ -14,11 +15,12 @@ import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import cv2
 import numpy as np
 
 from sapiens2.data.io import atomic_write, save_png
+from sapiens2.eval.plots import line_panels, pixels
 from sapiens2.mocap.rig import Motion, forward_kinematics, marker_positions
 
 __all__ = [
@@ -222,60 +224,17 @@ def joint_angles(motion: Motion, *, up: Sequence[float] = (0.0, -1.0, 0.0)) -> d
     return {name: angles[name] for name in ANGLE_NAMES}
 
 
-_FONT = cv2.FONT_HERSHEY_SIMPLEX
-_INK, _GRID = (40, 40, 40), (215, 215, 215)
-_LINES = ((66, 133, 244), (219, 68, 55), (15, 157, 88))  # RGB: left / right (or lean, forward, side)
-
-
-def _panel(canvas: np.ndarray, top: int, title: str, times: np.ndarray, series: list[tuple[str, np.ndarray]]) -> None:
-    left, right, height = 70, canvas.shape[1] - 20, 110
-    bottom = top + height
-    cv2.putText(canvas, title, (left, top - 8), _FONT, 0.5, _INK, 1, cv2.LINE_AA)
-    values = np.concatenate([v[np.isfinite(v)] for _, v in series] + [np.zeros(0)])
-    low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 1.0)
-    low, high = np.floor(low / 10) * 10, np.ceil(high / 10) * 10
-    high = max(high, low + 10)
-    duration = max(float(times[-1]) if len(times) else 0.0, 1e-6)
-    for tick in np.linspace(low, high, 3):
-        y = int(round(bottom - (tick - low) / (high - low) * height))
-        cv2.line(canvas, (left, y), (right, y), _GRID, 1)
-        cv2.putText(canvas, f"{tick:g}", (8, y + 4), _FONT, 0.38, _INK, 1, cv2.LINE_AA)
-    cv2.rectangle(canvas, (left, top), (right, bottom), _INK, 1)
-    for tick in np.linspace(0.0, duration, 5):
-        x = int(round(left + tick / duration * (right - left)))
-        cv2.line(canvas, (x, bottom), (x, bottom + 4), _INK, 1)
-        cv2.putText(canvas, f"{tick:.2f}", (x - 14, bottom + 17), _FONT, 0.36, _INK, 1, cv2.LINE_AA)
-    for number, (label, value) in enumerate(series):
-        colour = _LINES[number % len(_LINES)]
-        x = left + times / duration * (right - left)
-        y = bottom - (value - low) / (high - low) * height
-        finite = np.isfinite(y).tolist()
-        # whole pixels, rounded half to even as round() does
-        points = list(zip(np.round(x).astype(np.int64).tolist(), np.round(np.where(np.isfinite(y), y, 0.0))
-                          .astype(np.int64).tolist(), strict=True))  # fmt: skip
-        for start in range(len(points) - 1):
-            if finite[start] and finite[start + 1]:
-                cv2.line(canvas, points[start], points[start + 1], colour, 2, cv2.LINE_AA)
-        cv2.putText(canvas, label, (right - 200 + 70 * number, top - 8), _FONT, 0.42, colour, 1, cv2.LINE_AA)
-
-
-def angle_chart(times: np.ndarray, angles: dict[str, np.ndarray], title: str = "joint angles") -> np.ndarray:
-    """One panel per joint (left and right lines; the trunk's three leans) over time.
+def angle_chart(times: np.ndarray, angles: dict[str, np.ndarray], title: str = "joint angles") -> Any:
+    """One panel per joint (left and right lines; the trunk's three leans) over time (``plots.line_panels``).
 
     Returns:
-        (H, 900, 3) uint8 RGB.
+        a matplotlib ``Figure``, 900 pixels wide (``plots.pixels`` renders it).
     """
-    groups = [(f"{joint} flexion (deg)", [(side, angles[f"{side}_{joint}_flexion"]) for side in ("left", "right")])
+    panels = [(f"{joint} flexion (deg)", [(side, angles[f"{side}_{joint}_flexion"]) for side in ("left", "right")])
               for joint in ("hip", "knee", "ankle", "shoulder", "elbow", "wrist")]  # fmt: skip
-    groups.append(("trunk lean (deg)", [("lean", angles["trunk_lean"]), ("fwd", angles["trunk_lean_forward"]),
+    panels.append(("trunk lean (deg)", [("lean", angles["trunk_lean"]), ("fwd", angles["trunk_lean_forward"]),
                                         ("side", angles["trunk_lean_side"])]))  # fmt: skip
-    canvas = np.full((50 + 150 * len(groups) + 30, 900, 3), 255, np.uint8)
-    cv2.putText(canvas, title, (12, 26), _FONT, 0.6, _INK, 1, cv2.LINE_AA)
-    for number, (name, series) in enumerate(groups):
-        _panel(canvas, 70 + 150 * number, name, times, series)
-    cv2.putText(canvas, "time (s)", (canvas.shape[1] // 2 - 30, canvas.shape[0] - 12), _FONT, 0.45, _INK, 1,
-                cv2.LINE_AA)  # fmt: skip
-    return canvas
+    return line_panels(times, panels, title)
 
 
 def write_joint_angles(
@@ -292,5 +251,5 @@ def write_joint_angles(
     table = {"frame": np.arange(motion.num_frames), "time": motion.times, "valid": motion.valid, **angles}
     written = [_write_csv(path, table, digits=3)]
     chart = angle_chart(motion.times, angles, title=f"joint angles: {path.stem}")
-    written.append(save_png(path.with_suffix(".png"), chart))
+    written.append(save_png(path.with_suffix(".png"), pixels(chart)))
     return written
