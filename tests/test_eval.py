@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import cv2
@@ -151,6 +152,19 @@ def test_corrupt_sample_is_skipped_and_counted(tmp_path, tiny_checkpoints, caplo
     assert report.counts == {"images": 2, "skipped": 1}
     assert len(report.skipped) == 1 and "demo_001.png" in report.skipped[0]
     assert "demo_001.png" in caplog.text and "skipped" in report.to_markdown()
+
+
+def test_without_matplotlib_the_report_is_written_without_charts_and_says_so(demo_sets, tiny_checkpoints, tmp_path,
+                                                                               monkeypatch, caplog):  # fmt: skip
+    """The charts only show the numbers: without matplotlib (``[plots]``) the numbers are all written, the charts are
+    left out, and one warning names the extra."""
+    for name in ["matplotlib", *(name for name in sys.modules if name.startswith("matplotlib."))]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed: importing it (or a submodule) fails
+    report = evaluate(_options("seg", demo_sets["seg"], tiny_checkpoints["seg"], output=tmp_path / "out"))
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert written["metrics"]["mIoU"] == pytest.approx(report.metrics["mIoU"]) and written["plots"] == {}
+    assert not list((tmp_path / "out").glob("*.png"))
+    assert "charts left out of the report: charts need matplotlib: pip install 'sapiens2[plots]'" in caplog.text
 
 
 def test_max_megapixels_skips_larger_images(tmp_path, tiny_checkpoints, capsys):
