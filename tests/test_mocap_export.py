@@ -24,6 +24,7 @@ from sapiens2.mocap.rig import (
     quat_multiply,
     quat_rotate,
     quat_to_matrix,
+    quat_to_y_up,
 )
 from sapiens2.mocap.tables import ANGLE_NAMES, joint_angles, write_joint_angles, write_trajectories
 
@@ -183,6 +184,37 @@ def test_bvh_round_trip(tmp_path):
     assert back.fps == pytest.approx(30.0, rel=1e-8)
     metres = read_bvh(write_bvh(motion, tmp_path / "metres.bvh", units="m"), units="m")
     np.testing.assert_allclose(forward_kinematics(metres)[0][:, order], ours, atol=1e-5)
+
+
+def _axis(axis: str, degrees: float) -> np.ndarray:
+    c, s = math.cos(math.radians(degrees)), math.sin(math.radians(degrees))
+    return {"X": np.array([[1, 0, 0], [0, c, -s], [0, s, c]]), "Y": np.array([[c, 0, s], [0, 1, 0], [-s, 0, c]]),
+            "Z": np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]])}[axis]  # fmt: skip
+
+
+@pytest.mark.parametrize("order", ["XYZ", "YXZ", "ZYX"])
+def test_bvh_reader_takes_any_rotation_channel_order(tmp_path, order):
+    """A file from another tool with its own channel order: each joint's rotation is the product of its channels'
+    turns in file order (intrinsic), e.g. Rx @ Ry @ Rz for ``Xrotation Yrotation Zrotation``."""
+    channels = " ".join(f"{axis}rotation" for axis in order)
+    path = tmp_path / "other.bvh"
+    path.write_text(f"HIERARCHY\nROOT hips\n{{\nOFFSET 0 0 0\nCHANNELS 6 Xposition Yposition Zposition {channels}\n"
+                    f"JOINT spine\n{{\nOFFSET 0 10 0\nCHANNELS 3 {channels}\nEnd Site\n{{\nOFFSET 0 5 0\n}}\n}}\n}}\n"
+                    "MOTION\nFrames: 1\nFrame Time: 0.04\n1 2 3 10 -20 30 30 45 60\n")  # fmt: skip
+    motion = read_bvh(path)
+    for joint, angles in ((0, (10, -20, 30)), (1, (30, 45, 60))):
+        expected = _axis(order[0], angles[0]) @ _axis(order[1], angles[1]) @ _axis(order[2], angles[2])
+        np.testing.assert_allclose(quat_to_matrix(quat_to_y_up(motion.rotations[0, joint])), expected, atol=1e-12)
+
+
+def test_euler_zxy_at_the_gimbal_lock_keeps_y_zero():
+    """At x = ±90° z and y turn about the same axis: the decode puts the whole turn in z (y = 0), and the angles
+    still give the matrix back."""
+    for x in (90.0, -90.0):
+        matrix = _axis("Z", 25.0) @ _axis("X", x) @ _axis("Y", 40.0)
+        z, x_back, y = np.degrees(euler_zxy_from_matrix(matrix))
+        assert y == 0.0 and x_back == pytest.approx(x, abs=1e-6)
+        np.testing.assert_allclose(matrix_from_euler_zxy(np.radians([z, x_back, y])), matrix, atol=1e-9)
 
 
 def test_bvh_reader_names_the_problem(tmp_path):

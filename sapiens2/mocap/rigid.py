@@ -13,9 +13,9 @@ for the points their own part can cover (not the wrist: ``UNCOVERED``). A frame 
 parent joint (a mirrored pose the rays allow) is dropped.
 
 The poses' Gauss-Newton steps every frame and start of every part at once, as one stack of 6x6 normal equations.
-SciPy's ``least_squares`` over all frames at once (block-sparse Jacobian, ``jac_sparsity``) was measured in its place
-(issue #40) and kept out: on the 96-frame synthetic walk it took 35x as long (about 17 trust-region iterations of one
-3,400-unknown sparse problem per round, where three batched steps converge) and its fits moved by up to 27 um.
+SciPy's ``least_squares`` over all frames at once (block-sparse Jacobian, ``jac_sparsity``) was tried in its place
+(issue #40) and kept out: on the synthetic walk it was many times slower (a sparse trust-region solve of thousands of
+unknowns, a dozen or more iterations a round, where three batched steps converge) and moved the fits by micrometres.
 
 Axes: the camera frame, OpenCV (x right, y down, z forward), metres; rays pass through the camera centre (origin).
 """
@@ -109,9 +109,8 @@ def align_shape(shape: np.ndarray, points: np.ndarray, weights: np.ndarray) -> t
     weights (weighted least squares; the Kabsch solution that ``Rotation.align_vectors`` gives for the centred
     points). Returns (T, 3, 3) rotations and (T, 3) translations.
 
-    All frames are one stack of 3x3 SVDs here: ``align_vectors`` takes one frame a call (64 us each; a 96-frame
-    walk's four parts start from 1,536 alignments, +0.1 s on a 0.2 s solve). ``tests/test_mocap_lift.py`` checks the
-    two agree.
+    All frames are one stack of 3x3 SVDs here: ``align_vectors`` takes one frame a call, and the four parts of a
+    96-frame walk start from about 1,500 alignments. ``tests/test_mocap_lift.py`` checks the two agree.
     """
     w = weights / np.maximum(weights.sum(1, keepdims=True), 1e-12)
     mean_s = np.einsum("tn,nc->tc", w, shape)
