@@ -9,7 +9,7 @@ run. Then each worker writes its exports' numbers once and the largest differenc
 (joint and marker positions in metres, rotations and the BVH / joint-angle numbers in degrees) beside the
 tolerances of issue #40 (1e-6 m, 1e-4 deg).
 
-    git archive fd4fe69 sapiens2 | tar -x -C /tmp/sapiens2_base   # the package before issue #40
+    mkdir -p /tmp/sapiens2_base && git archive fd4fe69 sapiens2 | tar -x -C /tmp/sapiens2_base   # before issue #40
     python benchmarks/mocap_solve.py --baseline /tmp/sapiens2_base --frames 96 --repeats 10
     python benchmarks/mocap_solve.py --baseline /tmp/sapiens2_base --frames 24 --repeats 2   # a quick check
 """
