@@ -35,7 +35,7 @@ TOLERANCE_M, TOLERANCE_DEG = 1e-6, 1e-4
 
 def render(frames: int, path: Path) -> None:
     """The synthetic walk's per-frame network outputs (keypoints, scores, pointmap, seg) into one .npz."""
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path[:0] = [str(REPO), str(REPO / "tests")]  # this checkout's package renders, whatever is installed
     from mocap_synth import walk_clip
 
     clip = walk_clip(frames, 24.0)
