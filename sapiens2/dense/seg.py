@@ -51,7 +51,7 @@ FAST_LABEL_AGREEMENT = 0.9999
 """The least share of pixels whose label ``boundary_argmax_of_resized`` (the default above ``CLASSWISE_MIN_BYTES``)
 gives as the official resize-then-argmax does; the others are near-ties of two classes (exact ties, as of integer
 logits, may go either way). Measured at 12 MP: all pixels on photo-like logits, all but 2 of 12 M on the official
-tiny network's logits of the D_seg_e2e photos (``tests/test_seg_boundary.py``, ``docs/benchmarks.md``)."""
+tiny network's logits of a D_seg_e2e photo (``tests/test_seg_boundary.py``, ``benchmarks/bench_seg_postprocess.py``)."""
 
 
 def class_names() -> tuple[str, ...]:
@@ -237,7 +237,7 @@ def boundary_argmax_of_resized(
     if count > 255 or not bool(torch.isfinite(planes.amax()) & torch.isfinite(planes.amin())):
         return None
     device = logits.device
-    low = _running_argmax(planes)  # (h, w) uint8
+    low = _first_max(planes[None])[0].to(torch.uint8)  # (h, w): the argmax at the network's resolution
     # The corners of cell (y, x): (y, x), (y, x + 1), (y + 1, x), (y + 1, x + 1), clamped at the last row/column.
     right_of = torch.arange(1, low_w + 1, device=device).clamp_(max=low_w - 1)
     below = torch.arange(1, low_h + 1, device=device).clamp_(max=low_h - 1)
@@ -314,14 +314,20 @@ def _chunks(items: torch.Tensor, py: torch.Tensor, px: torch.Tensor, chunk: int)
         yield items[start : start + step], py[start : start + step], px[start : start + step]
 
 
+def _candidates(corners: torch.Tensor, possible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, k) class ids of the ``possible`` (m, C) candidates, lowest id first, then other classes up to k (the
+    most candidates of a row; they cannot win), and their (m, 4, k, 1, 1) corner logits of ``corners`` (m, 4, C)."""
+    k = int(possible.sum(dim=1).max())
+    ids = torch.argsort((~possible).to(torch.uint8), dim=1, stable=True)[:, :k]
+    return ids, torch.gather(corners, 2, ids[:, None, :].expand(-1, 4, -1))[..., None, None]
+
+
 def _candidate_mixes(corners: torch.Tensor, possible: torch.Tensor, rows: _Axis, cols: _Axis, py: torch.Tensor,
                      px: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The candidates' bilinear mixes at the output pixels ``py`` (m, D) x ``px`` (m, A) of m cells with
     ``corners`` (m, 4, C) and candidate classes ``possible`` (m, C): (m, k) class ids (candidates first, lowest
     id first; k: the most candidates of a cell) and (m, k, D, A) float32 mixes."""
-    k = int(possible.sum(dim=1).max())
-    ids = torch.argsort((~possible).to(torch.uint8), dim=1, stable=True)[:, :k]
-    corner = torch.gather(corners, 2, ids[:, None, :].expand(-1, 4, -1))[..., None, None]  # (m, 4, k, 1, 1)
+    ids, corner = _candidates(corners, possible)  # (m, k), (m, 4, k, 1, 1)
     a0, a1 = rows.w0[py][:, None, :, None], rows.w1[py][:, None, :, None]  # (m, 1, D, 1)
     b0, b1 = cols.w0[px][:, None, None, :], cols.w1[px][:, None, None, :]  # (m, 1, 1, A)
     # Along the cell's top and bottom corner rows first, then between them (m, k, D, A).
@@ -332,15 +338,13 @@ def _mix_argmax(corners: torch.Tensor, possible: torch.Tensor, rows: _Axis, cols
                 px: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """(m, D, A) uint8 labels: the first maximum of ``_candidate_mixes`` (ties go to the lower id, as
     torch.argmax), as a running maximum over the candidates (no (m, k, D, A) temporaries)."""
-    k = int(possible.sum(dim=1).max())
-    ids = torch.argsort((~possible).to(torch.uint8), dim=1, stable=True)[:, :k]
-    corner = torch.gather(corners, 2, ids[:, None, :].expand(-1, 4, -1))[..., None, None]  # (m, 4, k, 1, 1)
+    ids, corner = _candidates(corners, possible)  # (m, k), (m, 4, k, 1, 1)
     a0, a1 = rows.w0[py][:, :, None], rows.w1[py][:, :, None]  # (m, D, 1)
     b0, b1 = cols.w0[px][:, None, None, :], cols.w1[px][:, None, None, :]  # (m, 1, 1, A)
     top = b0 * corner[:, 0] + b1 * corner[:, 1]  # (m, k, 1, A): along the cell's top and bottom corner rows
     bottom = b0 * corner[:, 2] + b1 * corner[:, 3]
-    mixes = (a0 * top[:, n] + a1 * bottom[:, n] for n in range(k))  # (m, D, A) each, one at a time
-    best = _first_max(mixes, k)
+    mixes = (a0 * top[:, n] + a1 * bottom[:, n] for n in range(ids.shape[1]))  # (m, D, A) each, one at a time
+    best = _first_max(mixes, ids.shape[1])
     return torch.gather(ids, 1, best.view(len(py), -1)).view_as(best).to(torch.uint8)
 
 
@@ -358,17 +362,6 @@ def _first_max(values: torch.Tensor | Iterator[torch.Tensor], count: int | None 
         best.masked_fill_(better, n)
         torch.maximum(value, mix, out=value)
     return best
-
-
-def _running_argmax(planes: torch.Tensor) -> torch.Tensor:
-    """(h, w) uint8 argmax of (C, h, w) finite planes, one contiguous plane at a time; ties go to the lower id."""
-    labels = torch.zeros(planes.shape[1:], dtype=torch.uint8, device=planes.device)
-    best, better = planes[0].clone(), torch.empty(planes.shape[1:], dtype=torch.bool, device=planes.device)
-    for index in range(1, len(planes)):
-        torch.gt(planes[index], best, out=better)
-        labels.masked_fill_(better, index)
-        torch.maximum(best, planes[index], out=best)
-    return labels
 
 
 def postprocess(
