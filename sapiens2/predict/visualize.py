@@ -391,10 +391,13 @@ def draw_pose(
         fmt: keypoint format to draw (see ``sapiens2.pose.keypoints.FORMATS``).
         radius: keypoint radius in pixels; default from :func:`pose_sizes`.
         thickness: link width in pixels; default from :func:`pose_sizes`.
-        draw_boxes: also draw the person boxes (under the skeletons), clipped to the image.
+        draw_boxes: also draw the person boxes (under the skeletons), clipped to the image. A box that is the
+            image itself (its clipped edges within a pixel of the image's, as ``--detector none`` gives) is not
+            drawn: it would only frame the picture.
         box_color: RGB colour of the boxes.
         box_ids: with ``draw_boxes``, one id per person (None: no label), written as ``#id`` above its box in
-            :func:`id_color` (``sapiens2 predict``: the person's position in ``_pose.json``; video: the track id).
+            :func:`id_color` (``sapiens2 predict``: the person's position in ``_pose.json``; video: the track id),
+            or just inside its top when there is no room above; always whole inside the image.
 
     Returns:
         (H, W, 3) uint8 RGB copy with the drawing.
@@ -413,7 +416,7 @@ def draw_pose(
     if draw_boxes:
         limits = [width - 1, height - 1, width - 1, height - 1]
         for box in np.clip(np.asarray(pose.boxes, dtype=np.float64), 0, limits):
-            if np.isfinite(box).all():
+            if np.isfinite(box).all() and not _is_whole_image(box, limits):
                 x1, y1, x2, y2 = np.round(box).astype(np.int64).tolist()
                 # Axis-aligned: drawn crisp (no anti-aliasing), unlike the skeleton.
                 cv2.rectangle(canvas, (x1, y1), (x2, y2), tuple(int(c) for c in box_color), thickness)
@@ -440,15 +443,27 @@ def id_color(identity: int) -> tuple[int, int, int]:
     return tuple(int(c) for c in cv2.cvtColor(np.uint8([[[hue, 200, 255]]]), cv2.COLOR_HSV2RGB)[0, 0])
 
 
+def _is_whole_image(box: np.ndarray, limits: list[int]) -> bool:
+    """Whether a clipped (x1, y1, x2, y2) box lies within a pixel of every image edge (``limits``: W-1, H-1, ...)."""
+    return bool(box[0] <= 1 and box[1] <= 1 and box[2] >= limits[2] - 1 and box[3] >= limits[3] - 1)
+
+
 def _draw_box_ids(canvas: np.ndarray, boxes: np.ndarray, ids: Sequence[int | None]) -> None:
-    """``#id`` at the top-left corner of each box (inside the image), as the video overlay labels its tracks."""
+    """``#id`` at the top-left corner of each box, as the video overlay labels its tracks: above the box's top edge,
+    or just below it when the text would not fit above; shifted left or up so that it is whole in the image."""
     height, width = canvas.shape[:2]
     scale = max(height, width) / 1000
     font_scale, thickness = max(scale, 0.4), max(1, round(2 * scale))
+    font = cv2.FONT_HERSHEY_SIMPLEX
     for box, identity in zip(boxes, ids, strict=True):
         if identity is None or not np.isfinite(box).all():
             continue
-        x1, y1 = float(np.clip(box[0], 0, width - 1)), float(np.clip(box[1], 0, height - 1))
-        origin = (int(x1) + 2, max(int(y1) - 4, 12))
-        font, color = cv2.FONT_HERSHEY_SIMPLEX, id_color(identity)
-        cv2.putText(canvas, f"#{int(identity)}", origin, font, font_scale, color, thickness, cv2.LINE_AA)
+        text = f"#{int(identity)}"
+        (text_w, text_h), descent = cv2.getTextSize(text, font, font_scale, thickness)
+        x1, y1 = int(np.clip(box[0], 0, width - 1)), int(np.clip(box[1], 0, height - 1))
+        baseline = y1 - 4 - descent  # above the edge, the descent clear of it
+        if baseline - text_h < 0:  # no room above: just inside, under the edge
+            baseline = y1 + 4 + text_h
+        left = max(0, min(x1 + 2, width - 1 - text_w))
+        baseline = max(text_h, min(baseline, height - 1 - descent))
+        cv2.putText(canvas, text, (left, baseline), font, font_scale, id_color(identity), thickness, cv2.LINE_AA)
