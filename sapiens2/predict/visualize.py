@@ -23,6 +23,7 @@ __all__ = [
     "colorize_depth",
     "colorize_labels",
     "colorize_normals",
+    "depth_colorbar",
     "depth_range",
     "draw_pose",
     "draw_seg_legend",
@@ -292,11 +293,7 @@ def colorize_depth(
         value_range = depth_range(depth, mask, percentiles)
         if value_range is None:  # nothing valid: all black
             return np.zeros((*depth.shape, 3), dtype=np.uint8)
-    near, far = (float(v) for v in value_range)
-    if not (np.isfinite(near) and np.isfinite(far) and 0 < near <= far):
-        raise ValueError(f"value_range must be finite (near, far) metres with 0 < near <= far, got {value_range}")
-    inv_low = max(1.0 / _FARTHEST_M, 1.0 / far)
-    inv_high = min(1.0 / max(near, 1e-6), 1.0 / _NEAREST_M)
+    inv_low, inv_high = _inverse_depth_range(value_range)
     # Whole-image arithmetic, invalid pixels zeroed at the end: boolean indexing of a 1080p frame costs ~10x more
     # (the video overlay colours every frame). float64 as before, so the levels are the same.
     if inv_high > inv_low:
@@ -312,6 +309,73 @@ def colorize_depth(
         levels = np.full(depth.shape, 128, dtype=np.uint8)
     picture = cv2.cvtColor(cv2.applyColorMap(levels, colormap), cv2.COLOR_BGR2RGB)  # applyColorMap gives BGR
     return cv2.bitwise_and(picture, picture, mask=valid.view(np.uint8))  # black outside the valid pixels
+
+
+def _inverse_depth_range(value_range: tuple[float, float]) -> tuple[float, float]:
+    """The inverse depths (1/m) that :func:`colorize_depth` maps to the colormap's two ends for (near, far)."""
+    near, far = (float(v) for v in value_range)
+    if not (np.isfinite(near) and np.isfinite(far) and 0 < near <= far):
+        raise ValueError(f"value_range must be finite (near, far) metres with 0 < near <= far, got {value_range}")
+    return max(1.0 / _FARTHEST_M, 1.0 / far), min(1.0 / max(near, 1e-6), 1.0 / _NEAREST_M)
+
+
+def depth_colorbar(
+    picture: np.ndarray, value_range: tuple[float, float] | None, colormap: int = cv2.COLORMAP_TURBO
+) -> np.ndarray:
+    """A copy of a :func:`colorize_depth` picture with a colour bar in metres at its right edge.
+
+    The bar shows the colours of ``value_range`` (the range the picture was coloured with) from near (top) to far
+    (bottom) in the same inverse-depth steps, its two ends and up to 6 round depths between them labelled in metres
+    on a dark backing. ``value_range=None`` (nothing valid to colour) returns the picture unchanged.
+    """
+    picture = _check_image(picture, "picture").copy()
+    if value_range is None:
+        return picture
+    inv_low, inv_high = _inverse_depth_range(value_range)
+    height, width = picture.shape[:2]
+    bar_w, bar_h = max(6, width // 40), max(20, round(height * 0.6))
+    right, top = width - max(4, width // 60), (height - bar_h) // 2
+    left = right - bar_w
+    fraction = np.linspace(1.0, 0.0, bar_h)  # the colour level, top (near) to bottom (far)
+    levels = np.rint(fraction * 255.0).astype(np.uint8)[:, None].repeat(bar_w, axis=1)
+    bar = cv2.cvtColor(cv2.applyColorMap(levels, colormap), cv2.COLOR_BGR2RGB)
+    near, far = 1.0 / inv_high, 1.0 / inv_low
+
+    def position(depth: float) -> int:  # the bar's row of a depth
+        level = (1.0 / depth - inv_low) / (inv_high - inv_low) if inv_high > inv_low else 0.5
+        return top + round((1.0 - level) * (bar_h - 1))
+
+    ends = [float(f"{near:.2g}"), float(f"{far:.2g}")] if far > near else [float(f"{near:.2g}")]
+    inner = [t for t in _round_depths(near, far) if min(abs(position(t) - position(e)) for e in ends) > bar_h / 10]
+    ticks = sorted(set(ends + inner))
+    scale = max(min(height, width) / 900, 0.3)
+    font, thickness = cv2.FONT_HERSHEY_SIMPLEX, max(1, round(scale * 1.5))
+    labels = [f"{t:g} m" for t in ticks]
+    text_w = max((cv2.getTextSize(text, font, scale, thickness)[0][0] for text in labels), default=0)
+    backing = picture[max(0, top - 12) : min(height, top + bar_h + 12), max(0, left - text_w - 14) : width]
+    backing[:] = (backing.astype(np.uint16) * 2 // 5).astype(np.uint8)  # darkened, so the labels read on any colour
+    picture[top : top + bar_h, left:right] = bar
+    for depth, text in zip(ticks, labels, strict=True):
+        y = min(max(position(depth), top), top + bar_h - 1)  # the rounded ends may fall just outside
+        cv2.line(picture, (left - 4, y), (left - 1, y), (255, 255, 255), 1)
+        (w, h), _ = cv2.getTextSize(text, font, scale, thickness)
+        cv2.putText(picture, text, (left - 7 - w, y + h // 2), font, scale, (255, 255, 255), thickness, cv2.LINE_AA)
+    return picture
+
+
+def _round_depths(near: float, far: float) -> list[float]:
+    """3 to 6 round depths (1, 2 or 5 times a power of ten apart) within [near, far]; the two ends for a range too
+    narrow to hold three."""
+    span = far - near
+    if span <= 0:
+        return [near]
+    for exponent in range(int(np.floor(np.log10(span))) - 1, int(np.ceil(np.log10(span))) + 1):
+        for unit in (1.0, 2.0, 5.0):
+            step = unit * 10.0**exponent
+            ticks = np.arange(np.ceil(near / step) * step, far + step * 1e-9, step)
+            if len(ticks) <= 6:
+                return [float(f"{t:.6g}") for t in ticks] if len(ticks) >= 3 else [near, far]
+    return [near, far]
 
 
 def apply_mask(
