@@ -6,13 +6,13 @@ resized bilinearly to the original size **before** the argmax. Class names come 
 Large outputs take one of two paths. By default the argmax is taken at the network's resolution and refined only
 near class boundaries (``boundary_argmax_of_resized``): a bilinear output pixel mixes four network pixels, and where
 they share one argmax that class is the argmax of any mix of them, so only the pixels between differing network
-pixels are interpolated, and only for the classes that can win there (0.3 s instead of 1.8 s of CPU time at 12 MP).
-That interpolation is this module's float32 arithmetic, not PyTorch's kernel, so a pixel whose two best classes tie
-to within rounding may take the other one (``FAST_LABEL_AGREEMENT``); noise-like logits, where it would cost more,
-take the exact path. With ``exact=True`` (``Predictor(reference=True)``, ``--reference``) the official order is kept
-bit for bit: the classes are resized one at a time with a running maximum (``argmax_of_resized``), identical to
-resizing all logits at once in about 10 bytes per output pixel instead of 4 x C + 8 (12.5 GB for 29 classes at
-100 MP).
+pixels are interpolated, and only for the classes that can win there (several times less CPU at 12 MP:
+``benchmarks/bench_seg_postprocess.py``). That interpolation is this module's float32 arithmetic, not PyTorch's
+kernel, so a pixel whose two best classes tie to within rounding may take the other one (``FAST_LABEL_AGREEMENT``);
+noise-like logits, where it would cost more, take the exact path. With ``exact=True`` (``Predictor(reference=True)``,
+``--reference``) the official order is kept bit for bit: the classes are resized one at a time with a running
+maximum (``argmax_of_resized``), identical to resizing all logits at once in about 10 bytes per output pixel instead
+of 4 x C + 8 (12.5 GB for 29 classes at 100 MP).
 """
 
 from __future__ import annotations
@@ -379,9 +379,9 @@ def postprocess(
     argmax over classes — the reference order (resizing labels instead would differ at every boundary). When all
     resized logits would take more than ``CLASSWISE_MIN_BYTES`` (64 MiB, about 0.6 MP for 29 classes), the argmax
     is taken at the network's resolution and refined at the class boundaries (``boundary_argmax_of_resized``:
-    5x faster at 12 MP, labels equal on at least ``FAST_LABEL_AGREEMENT`` of the pixels), or with ``exact=True``
-    the classes are resized one at a time (``argmax_of_resized``): the same labels bit for bit, in ~10 bytes per
-    pixel instead of 4 x C + 8 (1.1 GB instead of 13 GB at 100 MP).
+    several times faster at 12 MP, labels equal on at least ``FAST_LABEL_AGREEMENT`` of the pixels), or with
+    ``exact=True`` the classes are resized one at a time (``argmax_of_resized``): the same labels bit for bit, in
+    ~10 bytes per pixel instead of 4 x C + 8 (1.1 GB instead of 13 GB at 100 MP).
 
     Args:
         logits: raw network output (any float dtype, any device).
