@@ -129,3 +129,20 @@ def test_predict_reference_gives_the_official_labels_and_the_default_agrees(tiny
     assert np.array_equal(labels["reference"], expected)
     assert _agreement(labels["default"], expected) >= seg.FAST_LABEL_AGREEMENT
     assert _agreement(_nearest(captured[0].float(), (3000, 2000)), expected) < seg.FAST_LABEL_AGREEMENT
+
+
+def test_edge_shapes_without_or_with_few_boundaries():
+    """One network pixel, a few, thin outputs (each refined exactly here, or handed to the exact path), and logits
+    with one class everywhere (no boundary at all)."""
+    generator = torch.Generator().manual_seed(5)
+    refined = 0
+    for hw, size in [((1, 1), (50, 60)), ((2, 3), (200, 300)), ((5, 4), (3000, 10)), ((3, 3), (2000, 2000))]:
+        logits = torch.randn(1, 7, *hw, generator=generator)
+        fast = seg.boundary_argmax_of_resized(logits, size)
+        if fast is not None:
+            refined += 1
+            assert np.array_equal(fast.numpy(), _official(logits, size)), (hw, size)
+    assert refined >= 3
+    flat = torch.zeros(1, 5, 16, 12)
+    flat[0, 3] = 1.0
+    assert (seg.boundary_argmax_of_resized(flat, (900, 700)).numpy() == 3).all()

@@ -199,7 +199,7 @@ class _Axis:
 
     def nodes(self, runs: torch.Tensor) -> torch.Tensor:
         """(m, G + 1) output rows of the block nodes of network rows ``runs`` (G: the most blocks of a run)."""
-        steps = torch.arange(int(self.groups[runs].max()) + 1, device=runs.device) * self.block
+        steps = torch.arange(int(self.groups[runs].max()) + 1 if len(runs) else 1, device=runs.device) * self.block
         return self.start[runs, None] + torch.minimum(steps, self.span[runs, None] - 1)
 
 
@@ -248,8 +248,6 @@ def boundary_argmax_of_resized(
     y, x = mixed.nonzero().unbind(1)  # the M mixed cells
     if len(y) > height * width / 64:  # noise-like logits (see _too_much)
         return None
-    cell_number = torch.full((low_h, low_w), -1, dtype=torch.long, device=device)
-    cell_number[y, x] = torch.arange(len(y), device=device)
     # Corner logits (M, 4, C) and candidates: the classes whose largest corner logit reaches the largest
     # smallest-corner logit (no mix of the corners can take a class below that one).
     by_pixel = planes.permute(1, 2, 0).reshape(low_h * low_w, count)  # (h * w, C) view: a pixel's logits
