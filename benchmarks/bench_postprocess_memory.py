@@ -5,7 +5,9 @@ Each measurement runs in a fresh Python process and reports the process's peak r
 
 - ``whole``: ``seg.postprocess(logits, meta, classwise=False)`` — the reference code path (resize the (1, 29,
   1024, 768) logits to full size, then argmax);
-- ``classwise``: ``seg.postprocess(logits, meta)`` — the default, which resizes one class at a time above 64 MiB;
+- ``classwise``: ``seg.postprocess(logits, meta, exact=True)`` — ``--reference``'s path, which resizes one class at
+  a time above 64 MiB (the default now refines the network-resolution argmax at the boundaries instead:
+  ``benchmarks/bench_seg_postprocess.py``);
 - ``predictor``: ``Predictor("seg", tiny random model)`` on a synthetic RGB array of that size (preprocessing,
   forward and post-processing; the input array exists before the baseline);
 - ``cli``: ``sapiens2 predict --task seg`` on a synthetic JPEG of that size (decode, predict, write the label PNG
@@ -78,7 +80,7 @@ def child(mode: str, height: int, width: int, workdir: Path, classwise: bool) ->
         meta = [ResizeInfo(original_hw=(height, width), input_hw=INPUT_HW, resized_hw=INPUT_HW)]
         baseline = _status_kib("VmRSS")
         start = time.perf_counter()
-        (result,) = seg.postprocess(logits, meta, classwise=False if mode == "whole" else None)
+        (result,) = seg.postprocess(logits, meta, classwise=False if mode == "whole" else None, exact=True)
         labels = result.labels
     elif mode == "predictor":
         from sapiens2 import Predictor

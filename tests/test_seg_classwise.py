@@ -127,7 +127,9 @@ def test_postprocess_goes_classwise_only_above_the_threshold(monkeypatch: pytest
     big = 1024  # 116 MiB
     seg.postprocess(logits, [_meta((small, small), (32, 24))])
     assert calls == []
-    (big_result,) = seg.postprocess(logits, [_meta((big, big), (32, 24))])
+    seg.postprocess(logits, [_meta((big, big), (32, 24))])
+    assert calls == []  # the default refines the network-resolution argmax instead (tests/test_seg_boundary.py)
+    (big_result,) = seg.postprocess(logits, [_meta((big, big), (32, 24))], exact=True)
     assert calls == [(big, big)]
     (with_probabilities,) = seg.postprocess(logits, [_meta((big, big), (32, 24))], return_probabilities=True)
     assert calls == [(big, big)]  # probabilities need every resized class map: the whole path

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import cv2
 import numpy as np
 import pytest
@@ -324,3 +326,65 @@ def test_side_by_side_joins_image_and_picture_and_matches_heights():
     assert grey.shape == (512, 768, 3) and (grey[:, 512:] == 7).all()
     with pytest.raises(ValueError, match="picture"):
         side_by_side(image, np.zeros((512, 512, 3), np.float32))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The whole-image box (issue 41): not drawn; labels kept whole inside the image.
+
+
+def _edge_difference(picture: np.ndarray, photo: np.ndarray) -> float:
+    """Mean |picture - photo| over the outermost two pixel rows and columns (a frame drawn there makes it large)."""
+    diff = np.abs(picture.astype(np.int16) - photo.astype(np.int16))
+    edges = np.concatenate([diff[:2].reshape(-1, 3), diff[-2:].reshape(-1, 3), diff[:, :2].reshape(-1, 3),
+                            diff[:, -2:].reshape(-1, 3)])  # fmt: skip
+    return float(edges.mean())
+
+
+def _label_pixels(picture: np.ndarray, photo: np.ndarray) -> np.ndarray:
+    """(row, col) of the pixels where a thin red label (``id_color(0)``, blurred by JPEG) was drawn on the photo."""
+    picture, photo = picture.astype(np.int16), photo.astype(np.int16)
+    reddish = picture[..., 0] > picture[..., 1] + 50
+    return np.argwhere(reddish & (np.abs(picture - photo).sum(axis=2) > 100))
+
+
+def test_pose_picture_without_detector_draws_no_frame_and_its_label_inside(tiny_checkpoints, tmp_path, capsys):
+    """``sapiens2 predict --task pose --detector none``: the person's box is the whole image; the picture's edges
+    stay the photo's, and "#0" sits whole inside its top-left corner. Negative control: a box one pixel short of the
+    whole image is drawn, and the same edge check sees it."""
+    from sapiens2.cli import main
+
+    photo = read_image(DATA / "astronaut.png")
+    common = ["predict", "--task", "pose", str(DATA / "astronaut.png"), "--device", "cpu", "--input-size", "64", "48",
+              f"--model=pose={tiny_checkpoints['pose']}"]  # fmt: skip
+    assert main([*common, "-o", str(tmp_path / "whole"), "--detector", "none"]) == 0, capsys.readouterr().err
+    picture = read_image(tmp_path / "whole" / "astronaut_pose.jpg")
+    assert _edge_difference(picture, photo) < 8
+    assert id_color(0) == (255, 55, 55)
+    label = _label_pixels(picture[:40, :60], photo[:40, :60])
+    assert len(label) > 20 and label[:, 0].min() >= 1 and label[:, 1].min() >= 1
+    boxes = {"images": [{"id": 1, "file_name": "astronaut.png"}],
+             "annotations": [{"image_id": 1, "bbox": [0, 0, 509, 509], "score": 1.0}]}  # fmt: skip
+    (tmp_path / "boxes.json").write_text(json.dumps(boxes))
+    argv = [*common, "-o", str(tmp_path / "inset"), "--boxes", str(tmp_path / "boxes.json")]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert _edge_difference(read_image(tmp_path / "inset" / "astronaut_pose.jpg"), photo) > 30
+
+
+def test_box_labels_at_the_image_edge_are_moved_inside_whole():
+    """A label whose box touches the right or top edge is drawn whole: as many id-coloured pixels as the same
+    label in the middle of the image, all inside."""
+    image = np.zeros((300, 400, 3), np.uint8)
+    names = keypoint_metadata().names
+
+    def label_pixels(box):
+        result = PoseResult(np.array([box], float), np.ones(1), np.zeros((1, 308, 2)), np.zeros((1, 308)), None,
+                            (300, 400), names)  # fmt: skip
+        plain = draw_pose(image, result, draw_boxes=True)
+        labelled = draw_pose(image, result, draw_boxes=True, box_ids=[27])
+        return np.argwhere((labelled != plain).any(axis=2))
+
+    middle = label_pixels([150, 150, 250, 250])
+    for box in ([392, 120, 399, 200], [100, 0, 200, 120], [395, 0, 399, 299]):
+        moved = label_pixels(box)
+        assert abs(len(moved) - len(middle)) <= 0.1 * len(middle), (box, len(moved), len(middle))
+        assert moved[:, 1].max() < 400 and moved[:, 0].min() >= 0

@@ -45,7 +45,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     model.add_argument(
         "--reference",
         action="store_true",
-        help="the official demo's post-processing where ours differs (normals not re-normalised after resizing)",
+        help="the official demo's post-processing where ours differs (normals not re-normalised after resizing; "
+        "seg labels of large photos resized class by class, not refined at the boundaries)",
     )
     out = parser.add_argument_group("outputs")
     out.add_argument("--mask-from", choices=("seg",), default=None, help="blank normal/pointmap/albedo background")

@@ -23,6 +23,7 @@ __all__ = [
     "colorize_depth",
     "colorize_labels",
     "colorize_normals",
+    "depth_colorbar",
     "depth_range",
     "draw_pose",
     "draw_seg_legend",
@@ -292,11 +293,7 @@ def colorize_depth(
         value_range = depth_range(depth, mask, percentiles)
         if value_range is None:  # nothing valid: all black
             return np.zeros((*depth.shape, 3), dtype=np.uint8)
-    near, far = (float(v) for v in value_range)
-    if not (np.isfinite(near) and np.isfinite(far) and 0 < near <= far):
-        raise ValueError(f"value_range must be finite (near, far) metres with 0 < near <= far, got {value_range}")
-    inv_low = max(1.0 / _FARTHEST_M, 1.0 / far)
-    inv_high = min(1.0 / max(near, 1e-6), 1.0 / _NEAREST_M)
+    inv_low, inv_high = _inverse_depth_range(value_range)
     # Whole-image arithmetic, invalid pixels zeroed at the end: boolean indexing of a 1080p frame costs ~10x more
     # (the video overlay colours every frame). float64 as before, so the levels are the same.
     if inv_high > inv_low:
@@ -312,6 +309,73 @@ def colorize_depth(
         levels = np.full(depth.shape, 128, dtype=np.uint8)
     picture = cv2.cvtColor(cv2.applyColorMap(levels, colormap), cv2.COLOR_BGR2RGB)  # applyColorMap gives BGR
     return cv2.bitwise_and(picture, picture, mask=valid.view(np.uint8))  # black outside the valid pixels
+
+
+def _inverse_depth_range(value_range: tuple[float, float]) -> tuple[float, float]:
+    """The inverse depths (1/m) that :func:`colorize_depth` maps to the colormap's two ends for (near, far)."""
+    near, far = (float(v) for v in value_range)
+    if not (np.isfinite(near) and np.isfinite(far) and 0 < near <= far):
+        raise ValueError(f"value_range must be finite (near, far) metres with 0 < near <= far, got {value_range}")
+    return max(1.0 / _FARTHEST_M, 1.0 / far), min(1.0 / max(near, 1e-6), 1.0 / _NEAREST_M)
+
+
+def depth_colorbar(
+    picture: np.ndarray, value_range: tuple[float, float] | None, colormap: int = cv2.COLORMAP_TURBO
+) -> np.ndarray:
+    """A copy of a :func:`colorize_depth` picture with a colour bar in metres at its right edge.
+
+    The bar shows the colours of ``value_range`` (the range the picture was coloured with) from near (top) to far
+    (bottom) in the same inverse-depth steps, its two ends and up to 6 round depths between them labelled in metres
+    on a dark backing. ``value_range=None`` (nothing valid to colour) returns the picture unchanged.
+    """
+    picture = _check_image(picture, "picture").copy()
+    if value_range is None:
+        return picture
+    inv_low, inv_high = _inverse_depth_range(value_range)
+    height, width = picture.shape[:2]
+    bar_w, bar_h = max(6, width // 40), max(20, round(height * 0.6))
+    right, top = width - max(4, width // 60), (height - bar_h) // 2
+    left = right - bar_w
+    fraction = np.linspace(1.0, 0.0, bar_h)  # the colour level, top (near) to bottom (far)
+    levels = np.rint(fraction * 255.0).astype(np.uint8)[:, None].repeat(bar_w, axis=1)
+    bar = cv2.cvtColor(cv2.applyColorMap(levels, colormap), cv2.COLOR_BGR2RGB)
+    near, far = 1.0 / inv_high, 1.0 / inv_low
+
+    def position(depth: float) -> int:  # the bar's row of a depth
+        level = (1.0 / depth - inv_low) / (inv_high - inv_low) if inv_high > inv_low else 0.5
+        return top + round((1.0 - level) * (bar_h - 1))
+
+    ends = [float(f"{near:.2g}"), float(f"{far:.2g}")] if far > near else [float(f"{near:.2g}")]
+    inner = [t for t in _round_depths(near, far) if min(abs(position(t) - position(e)) for e in ends) > bar_h / 10]
+    ticks = sorted(set(ends + inner))
+    scale = max(min(height, width) / 900, 0.3)
+    font, thickness = cv2.FONT_HERSHEY_SIMPLEX, max(1, round(scale * 1.5))
+    labels = [f"{t:g} m" for t in ticks]
+    text_w = max((cv2.getTextSize(text, font, scale, thickness)[0][0] for text in labels), default=0)
+    backing = picture[max(0, top - 12) : min(height, top + bar_h + 12), max(0, left - text_w - 14) : width]
+    backing[:] = (backing.astype(np.uint16) * 2 // 5).astype(np.uint8)  # darkened, so the labels read on any colour
+    picture[top : top + bar_h, left:right] = bar
+    for depth, text in zip(ticks, labels, strict=True):
+        y = min(max(position(depth), top), top + bar_h - 1)  # the rounded ends may fall just outside
+        cv2.line(picture, (left - 4, y), (left - 1, y), (255, 255, 255), 1)
+        (w, h), _ = cv2.getTextSize(text, font, scale, thickness)
+        cv2.putText(picture, text, (left - 7 - w, y + h // 2), font, scale, (255, 255, 255), thickness, cv2.LINE_AA)
+    return picture
+
+
+def _round_depths(near: float, far: float) -> list[float]:
+    """3 to 6 round depths (1, 2 or 5 times a power of ten apart) within [near, far]; the two ends for a range too
+    narrow to hold three."""
+    span = far - near
+    if span <= 0:
+        return [near]
+    for exponent in range(int(np.floor(np.log10(span))) - 1, int(np.ceil(np.log10(span))) + 1):
+        for unit in (1.0, 2.0, 5.0):
+            step = unit * 10.0**exponent
+            ticks = np.arange(np.ceil(near / step) * step, far + step * 1e-9, step)
+            if len(ticks) <= 6:
+                return [float(f"{t:.6g}") for t in ticks] if len(ticks) >= 3 else [near, far]
+    return [near, far]
 
 
 def apply_mask(
@@ -391,10 +455,13 @@ def draw_pose(
         fmt: keypoint format to draw (see ``sapiens2.pose.keypoints.FORMATS``).
         radius: keypoint radius in pixels; default from :func:`pose_sizes`.
         thickness: link width in pixels; default from :func:`pose_sizes`.
-        draw_boxes: also draw the person boxes (under the skeletons), clipped to the image.
+        draw_boxes: also draw the person boxes (under the skeletons), clipped to the image. A box that is the
+            image itself (its clipped edges within a pixel of the image's, as ``--detector none`` gives) is not
+            drawn: it would only frame the picture.
         box_color: RGB colour of the boxes.
         box_ids: with ``draw_boxes``, one id per person (None: no label), written as ``#id`` above its box in
-            :func:`id_color` (``sapiens2 predict``: the person's position in ``_pose.json``; video: the track id).
+            :func:`id_color` (``sapiens2 predict``: the person's position in ``_pose.json``; video: the track id),
+            or just inside its top when there is no room above; always whole inside the image.
 
     Returns:
         (H, W, 3) uint8 RGB copy with the drawing.
@@ -413,7 +480,7 @@ def draw_pose(
     if draw_boxes:
         limits = [width - 1, height - 1, width - 1, height - 1]
         for box in np.clip(np.asarray(pose.boxes, dtype=np.float64), 0, limits):
-            if np.isfinite(box).all():
+            if np.isfinite(box).all() and not _is_whole_image(box, limits):
                 x1, y1, x2, y2 = np.round(box).astype(np.int64).tolist()
                 # Axis-aligned: drawn crisp (no anti-aliasing), unlike the skeleton.
                 cv2.rectangle(canvas, (x1, y1), (x2, y2), tuple(int(c) for c in box_color), thickness)
@@ -440,15 +507,27 @@ def id_color(identity: int) -> tuple[int, int, int]:
     return tuple(int(c) for c in cv2.cvtColor(np.uint8([[[hue, 200, 255]]]), cv2.COLOR_HSV2RGB)[0, 0])
 
 
+def _is_whole_image(box: np.ndarray, limits: list[int]) -> bool:
+    """Whether a clipped (x1, y1, x2, y2) box lies within a pixel of every image edge (``limits``: W-1, H-1, ...)."""
+    return bool(box[0] <= 1 and box[1] <= 1 and box[2] >= limits[2] - 1 and box[3] >= limits[3] - 1)
+
+
 def _draw_box_ids(canvas: np.ndarray, boxes: np.ndarray, ids: Sequence[int | None]) -> None:
-    """``#id`` at the top-left corner of each box (inside the image), as the video overlay labels its tracks."""
+    """``#id`` at the top-left corner of each box, as the video overlay labels its tracks: above the box's top edge,
+    or just below it when the text would not fit above; shifted left or up so that it is whole in the image."""
     height, width = canvas.shape[:2]
     scale = max(height, width) / 1000
     font_scale, thickness = max(scale, 0.4), max(1, round(2 * scale))
+    font = cv2.FONT_HERSHEY_SIMPLEX
     for box, identity in zip(boxes, ids, strict=True):
         if identity is None or not np.isfinite(box).all():
             continue
-        x1, y1 = float(np.clip(box[0], 0, width - 1)), float(np.clip(box[1], 0, height - 1))
-        origin = (int(x1) + 2, max(int(y1) - 4, 12))
-        font, color = cv2.FONT_HERSHEY_SIMPLEX, id_color(identity)
-        cv2.putText(canvas, f"#{int(identity)}", origin, font, font_scale, color, thickness, cv2.LINE_AA)
+        text = f"#{int(identity)}"
+        (text_w, text_h), descent = cv2.getTextSize(text, font, font_scale, thickness)
+        x1, y1 = int(np.clip(box[0], 0, width - 1)), int(np.clip(box[1], 0, height - 1))
+        baseline = y1 - 4 - descent  # above the edge, the descent clear of it
+        if baseline - text_h < 0:  # no room above: just inside, under the edge
+            baseline = y1 + 4 + text_h
+        left = max(0, min(x1 + 2, width - 1 - text_w))
+        baseline = max(text_h, min(baseline, height - 1 - descent))
+        cv2.putText(canvas, text, (left, baseline), font, font_scale, id_color(identity), thickness, cv2.LINE_AA)

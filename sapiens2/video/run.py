@@ -228,7 +228,14 @@ class _Drawer:
 
     def __call__(self, item: _Item) -> np.ndarray:
 
-        from ..predict.visualize import colorize_depth, colorize_normals, depth_range, draw_pose, seg_overlay
+        from ..predict.visualize import (
+            colorize_depth,
+            colorize_normals,
+            depth_colorbar,
+            depth_range,
+            draw_pose,
+            seg_overlay,
+        )
 
         results = item.results
         picture = item.frame.image
@@ -248,7 +255,8 @@ class _Drawer:
             if found is not None:  # one slowly moving range for the video: no colour flicker
                 old = self.depth_range or found
                 self.depth_range = (0.9 * old[0] + 0.1 * found[0], 0.9 * old[1] + 0.1 * found[1])
-            panels.append(colorize_depth(results["pointmap"].depth, value_range=self.depth_range))
+            depth = colorize_depth(results["pointmap"].depth, value_range=self.depth_range)
+            panels.append(depth_colorbar(depth, self.depth_range))  # the range's colours in metres
         if "albedo" in results:
             panels.append(results["albedo"].albedo)
         if "matting" in results:
