@@ -11,7 +11,7 @@ from typing import NoReturn
 from ..messages import report_error, report_warning
 from ..serve.options import KEYPOINT_FORMATS, ServeOptions, config_file_text
 from ..tasks import TASKS
-from .predict import add_max_megapixels_flag, add_model_flags, add_threads_flag, cli_option, model_options
+from .predict import add_max_megapixels_flag, add_model_flags, cli_option, model_options, note_unused_model_flags
 
 _FLAGS = {
     "tasks": "--task",
@@ -31,13 +31,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--task", default="pose,seg", help=f"comma-separated tasks of {', '.join(TASKS)} "
                         "(default pose,seg)")  # fmt: skip
-    model = parser.add_argument_group("model")
-    add_model_flags(model, batch_help="person crops per forward pass (pose; default 8)")
+    model = add_model_flags(parser, "the --task tasks, and the person detector for pose",
+                            batch_help="person crops per forward pass (pose; default 8)")  # fmt: skip
     model.set_defaults(batch_size=8)
-    add_threads_flag(model)
-    model.add_argument("--detector", default="rtmdet", help="pose person detector: rtmdet (default: downloaded once), "
-                       "a local rtmdet_m.pth, or none (the whole image as one person)")  # fmt: skip
-    model.add_argument("--no-flip-test", action="store_true", help="skip the pose flip test (faster, less accurate)")
     model.add_argument("--keypoint-format", default="sapiens308", choices=KEYPOINT_FORMATS,
                        help="pose keypoint set when a request names none (?keypoint_format=)")  # fmt: skip
     serving = parser.add_argument_group("serving")
@@ -72,9 +68,6 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         tasks=[t.strip() for t in args.task.split(",") if t.strip()],
         **values,
         devices=args.devices or device,  # --device cpu: one replica there
-        threads=args.threads,
-        detector=args.detector,
-        flip_test=not args.no_flip_test,
         keypoint_format=args.keypoint_format,
         host=args.host,
         port=args.port,
@@ -110,6 +103,7 @@ def _wait_for_signal() -> None:
 
 def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
+    note_unused_model_flags(args, list(options.tasks))
     try:
         options.check(serve_option)
     except ValueError as error:
@@ -138,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             resolve_sources(files, list(options.tasks), serve_option)
         except (ValueError, FileNotFoundError) as error:
-            report_error(str(error))
+            report_error(error)
             return 2
     try:
         from ..serve import require_serve
