@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 import re
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import NoReturn
 
 from ..messages import report_error, report_warning
@@ -102,6 +103,11 @@ def _wait_for_signal() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    began = time.monotonic()
+
+    def progress(message: str) -> None:  # each stage as it begins, on stderr: a start takes seconds to a minute
+        print(f"{time.monotonic() - began:5.1f} s  {message}", file=sys.stderr, flush=True)
+
     options = options_from_args(args)
     note_unused_model_flags(args, list(options.tasks))
     try:
@@ -135,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             report_error(error)
             return 2
     try:
+        progress("importing Ray Serve")
         from ..serve import require_serve
 
         app = require_serve()
@@ -142,13 +149,15 @@ def run(args: argparse.Namespace) -> int:
         report_error(str(error))
         return 2
     try:
-        url = app.start(options, ray_address=args.ray_address)
+        url = app.start(options, ray_address=args.ray_address, progress=progress)
     except Exception as error:  # a model that does not load, a port that is taken ...
         report_error(f"cannot start the service: {type(error).__name__}: {str(error).splitlines()[0]}")
         app.stop()
         return 1
     auth = " (bearer token required)" if options.token else ""
-    print(f"serving {', '.join(options.tasks)} at {url}/v1/{{task}}{auth}; OpenAPI at {url}/docs; Ctrl+C stops")
+    progress("ready")
+    print(f"serving {', '.join(options.tasks)} at {url}/v1/{{task}}{auth}; OpenAPI at {url}/docs; Ctrl+C stops",
+          flush=True)  # fmt: skip
     try:
         _wait_for_signal()
     finally:
