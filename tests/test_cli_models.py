@@ -151,7 +151,10 @@ SHARED_FLAGS = ["--model", "pose=p.safetensors", "--model", "seg=s.safetensors",
 COMMANDS = {
     "predict": (["--task", "seg", "x.jpg", "-o", "out"], "the --task tasks"),
     "mocap": (["x.mp4", "-o", "out"], "pose, pointmap, seg"),
-    "relight": (["x.jpg", "--env", "neon", "-o", "out"], "normal, albedo, and matting or seg"),
+    "relight": (
+        ["x.jpg", "--env", "neon", "-o", "out"],
+        "normal, albedo (no weights are released: --model albedo=PATH), and matting or seg",
+    ),
     "serve": (["--task", "seg"], "the --task tasks"),
     "demo": ([], "each task on first use"),
     "eval": (["--task", "seg", "--data", "d"], "the --task model"),

@@ -68,8 +68,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                        help="metres from the camera to the person, for point lights and highlights (default 3)")
     light.add_argument("--focal", type=_positive, default=None, metavar="PX",
                        help="focal length in pixels (default: the longer image side)")  # fmt: skip
-    add_model_flags(parser, "normal, albedo, and matting or seg for the matte (see --matte)",
-                    batch_help="images per forward pass")  # fmt: skip
+    add_model_flags(parser, "normal, albedo (no weights are released: --model albedo=PATH), and matting or seg for "
+                    "the matte (see --matte)", batch_help="images per forward pass")  # fmt: skip
     out = parser.add_argument_group("inputs and outputs")
     out.add_argument("--skip-existing", action="store_true", help="skip inputs whose relit output exists")
     out.add_argument("--no-recursive", action="store_true", help="do not descend into subfolders")
