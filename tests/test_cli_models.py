@@ -213,3 +213,13 @@ def test_relight_takes_detector_and_uses_segs_foreground_when_no_matting_model_i
     done = sapiens2(tmp_path, "relight", PHOTO, "-o", tmp_path / "matting", "--matte", "matting", *flags)
     assert done.returncode == 2, done.stderr
     assert_names_each_file(error_lines("relight", done.stderr), dict([model_line("matting")]))
+
+
+def test_eval_takes_its_tasks_model_from_model_task_equals_source():
+    from sapiens2.cli.eval import options_from_args
+
+    args = build_parser().parse_args(["eval", "--task", "seg", "--data", "d", "--model", "0.4b", *SHARED_FLAGS])
+    options = options_from_args(args)
+    assert (options.model, options.detector, options.flip_test, options.threads) == ("s.safetensors", "none", False, 1)
+    args = build_parser().parse_args(["eval", "--task", "normal", "--data", "d", "--model", "0.4b", *SHARED_FLAGS])
+    assert options_from_args(args).model == "0.4b"  # no normal=...: the plain source
