@@ -40,6 +40,15 @@ class CheckpointNotFoundError(FileNotFoundError):
     """A checkpoint could not be found locally or downloaded."""
 
 
+class MissingFilesError(CheckpointNotFoundError):
+    """Several files a run needs cannot be found: ``problems`` holds one line per file, each with its remedy
+    (``messages.report_error`` prints one error line each)."""
+
+    def __init__(self, problems: Iterable[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
 class CheckpointMismatchError(ValueError):
     """A checkpoint's keys or shapes do not fit the model."""
 
@@ -60,6 +69,39 @@ def _online_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def find_download(repo_id: str, filename: str, *, local_hint: str | None = None) -> Path | None:
+    """Where ``download`` would get ``filename`` from Hugging Face repo ``repo_id``, downloading nothing: its path
+    in the local cache, or None when it can be downloaded now. A run asks this of every file it needs before it
+    downloads any, so that all the missing ones are named at once.
+
+    Raises:
+        CheckpointNotFoundError: not cached, and offline (``HF_HUB_OFFLINE=1`` or no connection): one message
+            naming the repo, the file and how to pass a local path instead (``local_hint``, see ``download``).
+    """
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(repo_id, filename, local_files_only=True))
+    except (LocalEntryNotFoundError, EntryNotFoundError, FileNotFoundError):
+        pass
+    if constants.HF_HUB_OFFLINE or not _online_reachable():
+        why = "HF_HUB_OFFLINE=1 is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} is not reachable"
+        raise CheckpointNotFoundError(
+            f"Cannot download '{filename}' from Hugging Face repo '{repo_id}': {why} and the file is not in the "
+            f"local cache ({constants.HF_HUB_CACHE}). {_download_remedy(repo_id, filename, local_hint)}"
+        )
+    return None
+
+
+def _download_remedy(repo_id: str, filename: str, local_hint: str | None) -> str:
+    local_hint = (local_hint or "load_backbone('/path/to/{filename}')").replace("{filename}", filename)
+    return (
+        f"Download it on a machine with internet access (hf download {repo_id} {filename}) "
+        f"and pass the local path instead, e.g. {local_hint}."
+    )
+
+
 def download(repo_id: str, filename: str, *, local_hint: str | None = None) -> Path:
     """Return the local path of ``filename`` from Hugging Face repo ``repo_id``, downloading it into the HF cache.
 
@@ -71,27 +113,16 @@ def download(repo_id: str, filename: str, *, local_hint: str | None = None) -> P
     Raises:
         CheckpointNotFoundError: not cached and not downloadable, or the repo/file does not exist.
     """
-    from huggingface_hub import constants, hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError
 
-    try:
-        return Path(hf_hub_download(repo_id, filename, local_files_only=True))
-    except (LocalEntryNotFoundError, EntryNotFoundError, FileNotFoundError):
-        pass
-    local_hint = (local_hint or "load_backbone('/path/to/{filename}')").replace("{filename}", filename)
-    how = (
-        f"Download it on a machine with internet access (hf download {repo_id} {filename}) "
-        f"and pass the local path instead, e.g. {local_hint}."
-    )
-    if constants.HF_HUB_OFFLINE or not _online_reachable():
-        why = "HF_HUB_OFFLINE=1 is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} is not reachable"
-        raise CheckpointNotFoundError(
-            f"Cannot download '{filename}' from Hugging Face repo '{repo_id}': {why} and the file is not in the "
-            f"local cache ({constants.HF_HUB_CACHE}). {how}"
-        )
+    cached = find_download(repo_id, filename, local_hint=local_hint)
+    if cached is not None:
+        return cached
     try:
         return Path(hf_hub_download(repo_id, filename))
     except (HfHubHTTPError, OSError) as error:
+        how = _download_remedy(repo_id, filename, local_hint)
         raise CheckpointNotFoundError(
             f"Cannot download '{filename}' from Hugging Face repo '{repo_id}': {error}. The Sapiens2 weights are "
             f"gated under Meta's license: accept it on the repo page and log in (hf auth login), or {how[0].lower()}"
@@ -741,10 +772,12 @@ __all__ = [
     "TASKS",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
+    "MissingFilesError",
     "check_keys",
     "describe_arch",
     "detect_task",
     "download",
+    "find_download",
     "infer_arch",
     "init_task_model",
     "load_backbone",

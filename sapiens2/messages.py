@@ -13,7 +13,15 @@ from __future__ import annotations
 import logging
 import sys
 
-__all__ = ["LogFormatter", "command_name", "log_to_stderr", "report_error", "report_warning", "set_command"]
+__all__ = [
+    "LogFormatter",
+    "command_name",
+    "log_to_stderr",
+    "report_error",
+    "report_note",
+    "report_warning",
+    "set_command",
+]
 
 _command = ""  # the running command (one per process: the CLI runs one)
 
@@ -31,14 +39,22 @@ def command_name() -> str:
     return f"sapiens2 {_command}" if _command else "sapiens2"
 
 
-def report_error(message: str) -> None:
-    """Print ``sapiens2 COMMAND: error: message`` on stderr (one line: the problem, then the remedy)."""
-    print(f"{command_name()}: error: {message}", file=sys.stderr)
+def report_error(message: str | BaseException) -> None:
+    """Print ``sapiens2 COMMAND: error: message`` on stderr (one line: the problem, then the remedy). An exception
+    that lists several problems in its ``problems`` (every model file a run lacks) prints one such line each."""
+    for line in getattr(message, "problems", None) or [str(message)]:
+        print(f"{command_name()}: error: {line}", file=sys.stderr)
 
 
 def report_warning(message: str) -> None:
     """Print ``sapiens2 COMMAND: warning: message`` on stderr."""
     print(f"{command_name()}: warning: {message}", file=sys.stderr)
+
+
+def report_note(message: str) -> None:
+    """Print ``sapiens2 COMMAND: note: message`` on stderr: something the run did that the user may not expect
+    (a flag it ignores, a default it chose), not a problem."""
+    print(f"{command_name()}: note: {message}", file=sys.stderr)
 
 
 class LogFormatter(logging.Formatter):

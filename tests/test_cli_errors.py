@@ -3,7 +3,8 @@ traceback; exit status 2 for a usage error (nothing was run), 1 for a run whose 
 
 Every command is run through the real entry point with a bad path, a bad flag value and a misspelt flag. None of
 them may load a model first: the bad path is found before anything heavy (these tests run offline with the default
-models, which are not on disk, so a model load shows up as a download error instead of the expected line).
+models, which are not on disk: each model file the run lacks is one more error line, named before the inputs are
+read; the cases that read an input give local model files, w.safetensors, never read).
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ CASES = {
         "flag": (["cfg.yaml", "--resmue"], 2, ["did you mean --resume?"]),
     },
     "eval": {
-        "path": (["--task", "seg", "--data", "missing"], 2, ["'missing'", "neither a folder nor a manifest"]),
+        "path": (
+            ["--task", "seg", "--data", "missing", "--model", "w.safetensors"],
+            2,
+            ["'missing'", "neither a folder nor a manifest"],
+        ),
         "value": (["--task", "seg", "--data", ".", "--batch-size", "0"], 2, ["--batch-size must be >= 1"]),
         "flag": (["--task", "seg", "--data", ".", "--batch-sise", "2"], 2, ["did you mean --batch-size?"]),
     },
@@ -65,13 +70,20 @@ CASES = {
         "flag": (["--prot", "8000"], 2, ["did you mean --port?"]),
     },
     "relight": {
-        "path": (["missing.jpg", "--env", "studio", "-o", "out", "--model", "albedo=w.safetensors"], 1,
-                 ["'missing.jpg' does not exist"]),  # (no released albedo weights: a local file, never read)
+        "path": (
+            ["missing.jpg", "--env", "studio", "-o", "out", "--model", "w.safetensors"],
+            1,
+            ["'missing.jpg' does not exist"],
+        ),
         "value": (["x.jpg", "--env", "studio", "-o", "out", "--exposure", "nan"], 2, ["--exposure", "'nan'"]),
         "flag": (["x.jpg", "--env", "studio", "-o", "out", "--exposre", "1"], 2, ["did you mean --exposure?"]),
     },
     "mocap": {
-        "path": (["missing.mp4", "-o", "out"], 1, ["missing.mp4", "no such file"]),
+        "path": (
+            ["missing.mp4", "-o", "out", "--model", "w.safetensors", "--detector", "none"],
+            1,
+            ["missing.mp4", "no such file"],
+        ),
         "value": (["missing.mp4", "-o", "out", "--stride", "0"], 2, ["--stride must be >= 1"]),
         "flag": (["missing.mp4", "-o", "out", "--strdie", "2"], 2, ["did you mean --stride?"]),
     },
@@ -93,7 +105,7 @@ def problem_lines(command: str, err: str) -> list[str]:
         while lines and lines[0].startswith(" "):  # the usage's continuation lines
             lines = lines[1:]
     for line in lines:
-        assert re.match(rf"sapiens2 {command}: (error|warning): \S", line), (command, err)
+        assert re.match(rf"sapiens2 {command}: (error|warning|note): \S", line), (command, err)
     return lines
 
 

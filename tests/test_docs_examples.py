@@ -1,6 +1,7 @@
 """The examples of README.md and docs/*.md: every Python block stands on its own (its imports, no name from nowhere),
 every ``sapiens2 ...`` command line parses, and the runnable blocks run as written (slow: tiny local models stand in
-for the downloads through ``sapiens2.checkpoints.download``, the one place that downloads)."""
+for the downloads through ``sapiens2.checkpoints.download``, the one place that downloads, and
+``checkpoints.find_download``, which a run asks first whether each file is cached)."""
 
 from __future__ import annotations
 
@@ -140,6 +141,7 @@ def stand_ins(tmp_path, monkeypatch):
         return models / f"{task}.safetensors"
 
     monkeypatch.setattr(checkpoints, "download", download)
+    monkeypatch.setattr(checkpoints, "find_download", download)  # the stand-ins are "in the cache"
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy(SAMPLE_IMAGE, work / "photo.jpg")

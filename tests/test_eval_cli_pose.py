@@ -98,6 +98,7 @@ class _NoisyTruth:
 def test_compare_prints_a_b_and_the_difference(demo, tmp_path, monkeypatch, capsys):
     _NoisyTruth.root = demo
     monkeypatch.setattr(eval_run, "Predictor", _NoisyTruth)
+    monkeypatch.setattr(eval_run, "check_model_files", lambda *args: None)  # the sources are noise levels
     out = tmp_path / "cmp"
     assert main(["eval", "--task", "pose", "--data", str(demo), "--compare", "0.03", "0.1", "-o", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -122,6 +123,7 @@ def test_compare_prints_a_b_and_the_difference(demo, tmp_path, monkeypatch, caps
 def test_pose_flags_reach_the_predictor(demo, monkeypatch, capsys):
     _NoisyTruth.root = demo
     monkeypatch.setattr(eval_run, "Predictor", _NoisyTruth)
+    monkeypatch.setattr(eval_run, "check_model_files", lambda *args: None)  # the sources are noise levels
     _NoisyTruth.made = []
     assert main(["eval", "--task", "pose", "--data", str(demo), "--model", "0", "--batch-size", "3"]) == 0
     argv = ["eval", "--task", "pose", "--data", str(demo), "--model", "0", "--boxes", "detector", "--no-flip-test"]
@@ -132,7 +134,8 @@ def test_pose_flags_reach_the_predictor(demo, monkeypatch, capsys):
     # Ground-truth boxes never load a detector; no --input-size leaves the size to the model (models.input_size), as
     # in predict.
     assert gt == {"task": "pose", "model": "0", "device": None, "dtype": "fp32", "input_size": None,
-                  "batch_size": 3, "detector": None, "flip_test": True, "threads": None}  # fmt: skip
+                  "batch_size": 3, "detector": None, "flip_test": True, "threads": None, "mode": None,
+                  "compile": False, "quantize": None}  # fmt: skip
     assert (whole["detector"], whole["flip_test"], whole["dtype"]) == (None, False, "bf16")
     assert given["detector"] == "my_rtmdet.pth"
     options = options_from_args(build_parser().parse_args(["eval", "--task", "pose", "--data", "d.json"]))
@@ -154,6 +157,7 @@ def test_a_coco_json_file_is_read_as_its_folders_annotations(tmp_path, monkeypat
     (root / "two.json").write_text(json.dumps(data))
     _NoisyTruth.root = root
     monkeypatch.setattr(eval_run, "Predictor", _NoisyTruth)
+    monkeypatch.setattr(eval_run, "check_model_files", lambda *args: None)  # the sources are noise levels
     report = evaluate(EvalOptions("pose", root / "two.json", model="0.05"))
     direct = evaluate_pose(_truth_predictor(root, 0.05, seed=3), root, annotations="two.json", progress=False)
     assert report.metrics == direct.metrics and report.counts["images"] == 2 == report.counts["ground_truth"]

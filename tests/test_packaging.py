@@ -81,3 +81,17 @@ def test_every_asset_is_package_data():
     assert "assets/astronaut.jpg" in assets
     unshipped = [a for a in assets if not any(fnmatch.fnmatch(a, pattern) for pattern in patterns)]
     assert not unshipped, f"assets missing from [tool.setuptools.package-data]: {unshipped}"
+
+
+def test_the_readme_names_the_core_and_tables_every_extra():
+    """README's user install (``pip install sapiens2`` plus the extras one picks) names the core dependencies and has
+    a row for every extra pyproject.toml declares, and for nothing else."""
+    readme = (REPO / "README.md").read_text()
+    setup = readme[readme.index("## Set-up") : readme.index("## Tests")]
+    assert "\npip install sapiens2 " in setup
+    core = [re.split(r"[<>=;\[ ]", requirement)[0] for requirement in PYPROJECT["project"]["dependencies"]]
+    assert all(name in setup for name in core), [name for name in core if name not in setup]
+    rows = re.findall(r"^\| `([a-z0-9_-]+)` \|", setup, re.M)
+    assert sorted(rows) == sorted(PYPROJECT["project"]["optional-dependencies"]), rows
+    tests = readme[readme.index("## Tests") :]
+    assert 'pip install -e ".[dev]"' in tests and 'python -m pytest -q -m "not slow"' in tests

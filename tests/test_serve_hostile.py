@@ -146,6 +146,26 @@ def test_the_local_ray_instance_listens_on_loopback_only(server):
     assert exposed == [], f"listening beyond loopback: {exposed}"
 
 
+def test_start_up_says_each_stage_as_it_begins_and_readyz_how_long_the_models_took(server):
+    """A start takes seconds to a minute: the command prints each stage with the seconds since it began, the local
+    Ray instance is sized to the one CPU replica (Ray starts an idle worker per CPU it is given), and /readyz says
+    how long the replica took to load its models."""
+    import json
+    import re
+
+    stages = [re.match(r"^\s*([0-9.]+) s  (.+)$", line) for line in server.stderr.read_text().splitlines()]
+    stages = [(float(m.group(1)), m.group(2)) for m in stages if m]
+    expected = ["importing Ray Serve", "starting Ray on this machine (loopback only, 1 CPU(s) for the replicas)",
+                "starting Ray Serve (its controller and HTTP proxy)",
+                "starting the gateway and 1 model replica(s) (cpu), each loading seg", "ready"]  # fmt: skip
+    assert [message for _, message in stages] == expected, stages
+    seconds = [at for at, _ in stages]
+    assert seconds == sorted(seconds) and seconds[-1] > seconds[0], stages
+    status, body = get(server.url + "/readyz")
+    load_s = json.loads(body)["replica"]["load_s"]
+    assert status == 200 and 0 < load_s < seconds[-1] - seconds[-2], (load_s, stages)
+
+
 def test_a_port_in_use_is_one_line_naming_it_at_once(server, tiny_checkpoints):
     with socket.socket() as other:  # a plain server (no SO_REUSEPORT), and this service's own port
         other.bind(("127.0.0.1", 0))

@@ -9,9 +9,9 @@ import shutil
 import tempfile
 
 from ..demo.options import DemoOptions
-from ..messages import report_error
+from ..messages import report_error, report_warning
 from ..tasks import TASKS
-from .predict import add_max_megapixels_flag, add_model_flags, add_threads_flag, cli_option, model_options
+from .predict import add_max_megapixels_flag, add_model_flags, cli_option, model_options
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -21,16 +21,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         description="Serve a web page to try every task on your photos: sapiens2 demo, then open the printed URL. "
         "Models load on first use; offline, pass local files: sapiens2 demo --model pose=PATH --detector none",
     )
-    model = parser.add_argument_group("model")
-    add_model_flags(model, batch_help="person crops per forward pass (pose)")
-    add_threads_flag(model)
-    model.add_argument(
-        "--detector",
-        default="rtmdet",
-        help="pose person detector: rtmdet (default: downloaded once), a local rtmdet_m.pth, or none (the whole "
-        "image as one person)",
-    )
-    model.add_argument("--no-flip-test", action="store_true", help="skip the pose flip test (faster, less accurate)")
+    add_model_flags(parser, f"each task on first use ({', '.join(TASKS)}), and the person detector for pose",
+                    batch_help="person crops per forward pass (pose)")  # fmt: skip
     serve = parser.add_argument_group("serving")
     serve.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine "
                        "only; 0.0.0.0: the network)")  # fmt: skip
@@ -75,9 +67,6 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
     """The parsed flags as a ``DemoOptions`` (``--model`` as ``sapiens2 predict`` reads it)."""
     return DemoOptions(
         **model_options(args),
-        threads=args.threads,
-        detector=args.detector,
-        flip_test=not args.no_flip_test,
         host=args.host,
         port=args.port,
         share=args.share,
@@ -121,6 +110,23 @@ def _stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, interrupt)
 
 
+def warn_missing_model_files(options: DemoOptions) -> None:
+    """One warning per model file the page's ticked tasks (``--task``) will lack on first use (offline, not
+    cached), each with its remedy, all before the page starts: the page still serves the tasks it can load."""
+    from ..checkpoints import MissingFilesError
+    from ..predict.batch import resolve_sources
+    from ..predict.options import PredictOptions
+
+    files = PredictOptions(tasks=tuple(options.tasks), output=".", model=options.model, models=options.models,
+                           detector=options.detector)  # fmt: skip
+    try:
+        resolve_sources(files, list(options.tasks), cli_option, download=False)
+    except MissingFilesError as error:
+        for problem in error.problems:
+            report_warning(problem)
+        report_warning("the page starts; the task(s) above fail on first use until their files are given")
+
+
 def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     try:
@@ -128,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         report_error(str(error))
         return 2
+    warn_missing_model_files(options)
     try:
         from ..demo import launch
 

@@ -9,7 +9,14 @@ from ..checkpoints import CheckpointMismatchError, CheckpointNotFoundError
 from ..eval.pose import KEYPOINT_FORMATS
 from ..eval.run import TASK_EVALUATORS, EvalOptions, evaluate
 from ..messages import report_error
-from .predict import add_input_size_flag, add_max_megapixels_flag, add_threads_flag, flag_message
+from .predict import (
+    add_max_megapixels_flag,
+    add_model_flags,
+    cli_option,
+    flag_message,
+    model_options,
+    note_unused_model_flags,
+)
 
 # Problems with the user's data, model or flags: one line on stderr, exit status 2 (no traceback). A run that
 # skipped unreadable samples prints its report and exits 1, as predict does when items fail.
@@ -32,26 +39,18 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="the labelled dataset folder, or a manifest: a text file of image paths (each in some ROOT/images/); "
         "pose: a COCO-style JSON file (images in its folder's images/)",
     )
-    parser.add_argument(
-        "--model",
-        default="1b",
-        help="size (0.4b, 0.8b, 1b, 5b), repo id, weight file, folder (a finished training run) or training "
-        "checkpoint (default 1b)",
-    )
-    parser.add_argument(
+    model = add_model_flags(parser, "the --task model (or the two --compare models), and the person detector with "
+                            "--boxes detector", batch_help="images per forward pass")  # fmt: skip
+    model.add_argument(
         "--compare",
         nargs=2,
         metavar=("A", "B"),
         default=None,
-        help="evaluate two model sources on the same data and print A, B and B - A (instead of --model)",
+        help="evaluate two model sources on the same data and print A, B and B - A (instead of --model); a source "
+        "may also be a finished training run's folder or a training checkpoint",
     )
     parser.add_argument("--split", default="val", help="DATA/<split>.txt lists the images if it exists (default val)")
     parser.add_argument("-o", "--output", type=Path, default=None, help="folder for report.json, report.md, charts")
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")
-    parser.add_argument("--batch-size", type=int, default=4, help="images per forward pass")
-    add_input_size_flag(parser)
-    add_threads_flag(parser)
     add_max_megapixels_flag(parser)
     parser.add_argument("--label-map", default=None, help="seg: remap stored ids with a seg29.json table")
     pose = parser.add_argument_group("pose")
@@ -67,43 +66,34 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         choices=KEYPOINT_FORMATS,
         help="keypoint layout of the annotations (default sapiens308)",
     )
-    pose.add_argument(
-        "--detector",
-        default="rtmdet",
-        help="with --boxes detector: rtmdet (default: downloaded once), a local rtmdet_m.pth, or none (whole image)",
-    )
-    pose.add_argument("--no-flip-test", action="store_true", help="skip the flip test (faster, less accurate)")
     parser.set_defaults(func=run)
 
 
 def options_from_args(args: argparse.Namespace) -> EvalOptions:
     """The parsed flags as an ``EvalOptions``."""
+    values = model_options(args)
+    models = values.pop("models")
+    values["model"] = models.get(args.task, values["model"])  # --model TASK=SOURCE, as every command takes it
     return EvalOptions(
         task=args.task,
         data=args.data,
-        model=args.model,
+        **values,
         split=args.split,
-        dtype=args.dtype,
-        batch_size=args.batch_size,
-        device=args.device,
-        input_size=tuple(args.input_size) if args.input_size else None,
-        threads=args.threads,
         output=args.output,
         compare=tuple(args.compare) if args.compare else None,
         label_map=args.label_map,
         boxes=args.boxes,
         keypoint_format=args.keypoint_format,
-        detector=args.detector,
-        flip_test=not args.no_flip_test,
         max_megapixels=args.max_megapixels,
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    note_unused_model_flags(args, [args.task], detector=args.boxes == "detector")
     try:
-        report = evaluate(options_from_args(args))
+        report = evaluate(options_from_args(args), option=cli_option)
     except _USER_ERRORS as error:
-        report_error(flag_message(error, EvalOptions))
+        report_error(error if getattr(error, "problems", None) else flag_message(error, EvalOptions))
         return 2
     print(report.to_markdown(), end="")
     skipped = len(report.skipped) + (0 if report.baseline is None else len(report.baseline.skipped))

@@ -7,7 +7,14 @@ import argparse
 from pathlib import Path
 
 from ..messages import report_error
-from .predict import add_frame_range_flags, add_model_flags, cli_option, flag_message, model_options
+from .predict import (
+    add_frame_range_flags,
+    add_model_flags,
+    cli_option,
+    flag_message,
+    model_options,
+    note_unused_model_flags,
+)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -27,15 +34,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "URLs (rtsp/http ...)",
     )
     parser.add_argument("-o", "--output", required=True, type=Path, help="output folder")
-    model = parser.add_argument_group("model (one per task: --model pose=SRC --model pointmap=SRC --model seg=SRC)")
-    add_model_flags(model, batch_help="images (pose: person crops) per forward pass")
-    pose = parser.add_argument_group("pose")
-    pose.add_argument(
-        "--detector",
-        default="rtmdet",
-        help="rtmdet (default: downloaded once), a local rtmdet_m.pth, or none (the whole image as one person)",
-    )
-    pose.add_argument("--no-flip-test", action="store_true", help="skip the flip test (faster, less accurate)")
+    add_model_flags(parser, "pose, pointmap, seg (not with --no-seg) and the person detector",
+                    batch_help="images (pose: person crops) per forward pass")  # fmt: skip
     video = parser.add_argument_group("video")
     add_frame_range_flags(video, fps_help="the frame rate of a folder of frames (default 30)")
     video.add_argument("--detect-every", type=int, default=1, help="pose: run the detector every N frames, "
@@ -61,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
     from ..predict.options import PredictOptions
     from ..video.run import VideoOptions
 
+    note_unused_model_flags(args, ["pose", "pointmap", *([] if args.no_seg else ["seg"])])
     inputs = [int(i) if i.isdigit() and not Path(i).exists() else i for i in args.inputs]  # 0: the first camera
-    options = PredictOptions(tasks=("pose", "pointmap"), output=args.output, inputs=inputs, **model_options(args),
-                             detector=args.detector, flip_test=not args.no_flip_test)  # fmt: skip
+    options = PredictOptions(tasks=("pose", "pointmap"), output=args.output, inputs=inputs, **model_options(args))
     try:
         video = VideoOptions(start=args.start, end=args.end, stride=args.stride, detect_every=args.detect_every,
                              smooth="none", fps=args.fps, overlay=not args.no_overlay, save_dense=False)  # fmt: skip

@@ -39,9 +39,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("-o", "--output", required=True, type=Path, help="output folder (mirrors the input layout)")
     parser.add_argument("--task", required=True, help=f"comma-separated tasks: {', '.join(TASKS)}")
-    model = parser.add_argument_group("model")
-    add_model_flags(model, batch_help="images (pose: person crops) per forward pass")
-    add_threads_flag(model, bulk=True)
+    model = add_model_flags(parser, "the --task tasks, and the person detector for pose",
+                            batch_help="images (pose: person crops) per forward pass", bulk=True)  # fmt: skip
     model.add_argument(
         "--reference",
         action="store_true",
@@ -70,11 +69,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     out.add_argument("--no-recursive", action="store_true", help="do not descend into subfolders")
     add_max_megapixels_flag(out)
     pose = parser.add_argument_group("pose")
-    pose.add_argument(
-        "--detector",
-        default="rtmdet",
-        help="rtmdet (default: downloaded once), a local rtmdet_m.pth, or none (the whole image as one person)",
-    )
     pose.add_argument("--boxes", type=Path, default=None, help="person boxes: COCO-style JSON (skips the detector)")
     pose.add_argument(
         "--keypoint-format",
@@ -91,7 +85,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--keypoint-format (coco17 scores against COCO-17 ground truth); image ids are those of a COCO --boxes "
         "file, else 1, 2, ... in input order; FILE_dataset.json beside it lists the images (id, file_name)",
     )
-    pose.add_argument("--no-flip-test", action="store_true", help="skip the flip test (faster, less accurate)")
     bulk = parser.add_argument_group("bulk (docs/bulk.md: exactly once, resumable; ledger in OUTPUT/_bulk)")
     bulk.add_argument(
         "--devices",
@@ -184,9 +177,21 @@ def add_threads_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, 
     parser.add_argument("--threads", type=_threads, default=None, metavar="N", help=THREADS_HELP + extra)
 
 
-def add_model_flags(group: argparse._ArgumentGroup, batch_help: str) -> None:
-    """``--model``, ``--device``, ``--dtype``, ``--batch-size``, ``--input-size``, ``--mode``, ``--compile`` and
-    ``--quantize``: the model flags of every command that runs Predictors (predict, demo)."""
+DETECTOR_HELP = "rtmdet (default: downloaded once), a local rtmdet_m.pth, or none (the whole image as one person)"
+
+
+def add_model_flags(
+    parser: argparse.ArgumentParser, loads: str, batch_help: str, *, bulk: bool = False
+) -> argparse._ArgumentGroup:
+    """The one model group of every command that loads models (predict, mocap, relight, serve, demo, eval): ``--model``
+    (``[TASK=]SOURCE``, repeatable), ``--device``, ``--dtype``, ``--batch-size``, ``--input-size``, ``--mode``,
+    ``--compile``, ``--quantize``, ``--threads`` and the pose flags ``--detector``, ``--no-flip-test``. Every
+    command takes them all, so one offline line (``--model pose=PATH --model seg=PATH --detector none``) works
+    everywhere; a command ignores those it does not need with a note (``note_unused_model_flags``). ``loads`` names
+    the tasks the command loads, shown in the group's title; returns the group for the command's own model flags."""
+    group = parser.add_argument_group(
+        f"model (loads {loads}; offline, give each as a local file: --model TASK=PATH, and --detector PATH or none)"
+    )
     group.add_argument(
         "--model",
         action="append",
@@ -220,6 +225,11 @@ def add_model_flags(group: argparse._ArgumentGroup, batch_help: str) -> None:
         help="the transformer blocks' linear layers in low precision through torchao (pip install "
         "'sapiens2[lowp]'): fp8 (GPUs with FP8 tensor cores), int8, int8-weight; see docs/benchmarks.md for accuracy",
     )
+    add_threads_flag(group, bulk=bulk)
+    # default None: told apart from a --detector given to a command that runs no pose model (a note says so)
+    group.add_argument("--detector", default=None, help="pose: the person detector: " + DETECTOR_HELP)
+    group.add_argument("--no-flip-test", action="store_true", help="pose: skip the flip test (faster, less accurate)")
+    return group
 
 
 def model_sources(values: list[str]) -> tuple[str, dict[str, str]]:
@@ -235,7 +245,8 @@ def model_sources(values: list[str]) -> tuple[str, dict[str, str]]:
 
 
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The values of ``add_model_flags`` by the field names ``PredictOptions`` and ``DemoOptions`` share."""
+    """The values of ``add_model_flags`` by the field names ``PredictOptions``, ``DemoOptions`` and
+    ``ServeOptions`` share."""
     model, models = model_sources(args.model)
     return {
         "model": model,
@@ -247,7 +258,27 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
         "mode": args.mode,
         "compile": args.compile,
         "quantize": args.quantize,
+        "threads": args.threads,
+        "detector": args.detector or "rtmdet",
+        "flip_test": not args.no_flip_test,
     }
+
+
+def note_unused_model_flags(args: argparse.Namespace, tasks: list[str], detector: bool = True) -> None:
+    """One note per model flag the run will not use: ``--model TASK=...`` for a task it does not load, and
+    ``--detector`` / ``--no-flip-test`` when it runs no pose model (``detector``: False when its pose needs no
+    person detector, e.g. boxes given). Nothing is refused: the same offline line works for every command."""
+    from ..messages import report_note
+
+    loads = ", ".join(tasks) or "no model"
+    for task, source in model_sources(args.model)[1].items():
+        if task in TASKS and task not in tasks:
+            report_note(f"--model {task}={source} is ignored: this run loads {loads}")
+    if args.detector is not None and not ("pose" in tasks and detector):
+        why = "it runs no person detector" if "pose" in tasks else "it runs no pose model"
+        report_note(f"--detector {args.detector} is ignored: {why} (it loads {loads})")
+    if args.no_flip_test and "pose" not in tasks:
+        report_note(f"--no-flip-test is ignored: it runs no pose model (it loads {loads})")
 
 
 def options_from_args(args: argparse.Namespace) -> PredictOptions:
@@ -266,17 +297,14 @@ def options_from_args(args: argparse.Namespace) -> PredictOptions:
         skip_existing=args.skip_existing,
         recursive=not args.no_recursive,
         max_megapixels=args.max_megapixels,
-        detector=args.detector,
         boxes=args.boxes,
         keypoint_format=args.keypoint_format,
         coco_results=args.coco_results,
-        flip_test=not args.no_flip_test,
         devices=args.devices,
         engine=args.engine,
         ray_address=args.ray_address,
         sink=args.sink,
         shard_size=args.shard_size,
-        threads=args.threads,
     )
 
 
@@ -306,6 +334,8 @@ def flag_message(error: Exception, options: type, flags: dict[str, str] | None =
 
 def run(args: argparse.Namespace) -> int:
     from ..video.decode import is_video_input
+
+    note_unused_model_flags(args, [t.strip() for t in args.task.split(",") if t.strip()], detector=not args.boxes)
 
     videos = [i for i in args.inputs if is_video_input(i) or (args.frames and Path(i).is_dir())]
     if not videos:

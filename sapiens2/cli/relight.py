@@ -8,13 +8,15 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from ..messages import report_error
+from ..messages import report_error, report_note
 from .predict import (
     add_frame_range_flags,
     add_max_megapixels_flag,
     add_model_flags,
     cli_option,
     model_options,
+    model_sources,
+    note_unused_model_flags,
 )
 
 LIGHT_HELP = (
@@ -51,9 +53,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     light.add_argument("--specular", type=_non_negative, default=None,
                        help="Blinn-Phong highlight strength of the lights (default: the preset's, else 0)")  # fmt: skip
     light.add_argument("--shininess", type=_positive, default=None, help="highlight exponent (default 32)")
-    light.add_argument("--matte", default="matting", choices=MATTES,
-                       help="where the relit person replaces the plate: the matting model's alpha (default), the seg "
-                       "model's foreground, or none (every pixel)")  # fmt: skip
+    light.add_argument("--matte", default=None, choices=MATTES,
+                       help="where the relit person replaces the plate: the matting model's soft alpha (the "
+                       "default), the seg model's foreground (a hard edge: hair and motion blur are cut; the "
+                       "default when --model seg=PATH is given and no --model matting=PATH), or none (every "
+                       "pixel)")  # fmt: skip
     light.add_argument("--keep-shading", action="store_true",
                        help="keep the original's shading detail: plate / (albedo x its estimated shading)")  # fmt: skip
     stops = f"from -{MAX_EXPOSURE:g} to {MAX_EXPOSURE:g}"
@@ -64,8 +68,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                        help="metres from the camera to the person, for point lights and highlights (default 3)")
     light.add_argument("--focal", type=_positive, default=None, metavar="PX",
                        help="focal length in pixels (default: the longer image side)")  # fmt: skip
-    model = parser.add_argument_group("model")
-    add_model_flags(model, batch_help="images per forward pass")
+    add_model_flags(parser, "normal, albedo (no weights are released: --model albedo=PATH), and matting or seg for "
+                    "the matte (see --matte)", batch_help="images per forward pass")  # fmt: skip
     out = parser.add_argument_group("inputs and outputs")
     out.add_argument("--skip-existing", action="store_true", help="skip inputs whose relit output exists")
     out.add_argument("--no-recursive", action="store_true", help="do not descend into subfolders")
@@ -123,6 +127,19 @@ def lighting_from_args(args: argparse.Namespace):
                     specular, shininess, name=args.env or "lights")  # fmt: skip
 
 
+def default_matte(args: argparse.Namespace) -> str:
+    """``--matte`` when not given: seg's foreground when the user names a seg model and no matting model (offline,
+    with local files for normal, albedo and seg only), with a note; else the matting model's alpha."""
+    models = model_sources(args.model)[1]
+    if args.matte is not None:
+        return args.matte
+    if "seg" in models and "matting" not in models:
+        report_note("the matte is the seg model's foreground (--model seg=... and no --model matting=...); "
+                    "--matte matting takes the matting model's soft alpha instead")  # fmt: skip
+        return "seg"
+    return "matting"
+
+
 def run(args: argparse.Namespace) -> int:
     from ..predict.options import PredictOptions
     from ..vfx.run import RelightOptions, relight_files
@@ -139,10 +156,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     options = PredictOptions(tasks=(), output=args.output, inputs=args.inputs, sample=args.sample,
                              **model_options(args), skip_existing=args.skip_existing,
-                             recursive=not args.no_recursive, max_megapixels=args.max_megapixels,
-                             detector="none")  # fmt: skip
-    relight_options = RelightOptions(lighting=lighting, matte=args.matte, keep_shading=args.keep_shading,
+                             recursive=not args.no_recursive, max_megapixels=args.max_megapixels)  # fmt: skip
+    relight_options = RelightOptions(lighting=lighting, matte=default_matte(args), keep_shading=args.keep_shading,
                                      exposure=args.exposure, distance=args.distance, focal=args.focal,
                                      video=video, frames=args.frames)  # fmt: skip
+    note_unused_model_flags(args, relight_options.tasks())
     return relight_files(options, relight_options, option=cli_option)
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import NoReturn
 
 from ..messages import report_error, report_warning
 from ..serve.options import KEYPOINT_FORMATS, ServeOptions, config_file_text
 from ..tasks import TASKS
-from .predict import add_max_megapixels_flag, add_model_flags, add_threads_flag, cli_option, model_options
+from .predict import add_max_megapixels_flag, add_model_flags, cli_option, model_options, note_unused_model_flags
 
 _FLAGS = {
     "tasks": "--task",
@@ -31,13 +32,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--task", default="pose,seg", help=f"comma-separated tasks of {', '.join(TASKS)} "
                         "(default pose,seg)")  # fmt: skip
-    model = parser.add_argument_group("model")
-    add_model_flags(model, batch_help="person crops per forward pass (pose; default 8)")
+    model = add_model_flags(parser, "the --task tasks, and the person detector for pose",
+                            batch_help="person crops per forward pass (pose; default 8)")  # fmt: skip
     model.set_defaults(batch_size=8)
-    add_threads_flag(model)
-    model.add_argument("--detector", default="rtmdet", help="pose person detector: rtmdet (default: downloaded once), "
-                       "a local rtmdet_m.pth, or none (the whole image as one person)")  # fmt: skip
-    model.add_argument("--no-flip-test", action="store_true", help="skip the pose flip test (faster, less accurate)")
     model.add_argument("--keypoint-format", default="sapiens308", choices=KEYPOINT_FORMATS,
                        help="pose keypoint set when a request names none (?keypoint_format=)")  # fmt: skip
     serving = parser.add_argument_group("serving")
@@ -72,9 +69,6 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         tasks=[t.strip() for t in args.task.split(",") if t.strip()],
         **values,
         devices=args.devices or device,  # --device cpu: one replica there
-        threads=args.threads,
-        detector=args.detector,
-        flip_test=not args.no_flip_test,
         keypoint_format=args.keypoint_format,
         host=args.host,
         port=args.port,
@@ -109,7 +103,13 @@ def _wait_for_signal() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    began = time.monotonic()
+
+    def progress(message: str) -> None:  # each stage as it begins, on stderr: a start takes seconds to a minute
+        print(f"{time.monotonic() - began:5.1f} s  {message}", file=sys.stderr, flush=True)
+
     options = options_from_args(args)
+    note_unused_model_flags(args, list(options.tasks))
     try:
         options.check(serve_option)
     except ValueError as error:
@@ -138,9 +138,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             resolve_sources(files, list(options.tasks), serve_option)
         except (ValueError, FileNotFoundError) as error:
-            report_error(str(error))
+            report_error(error)
             return 2
     try:
+        progress("importing Ray Serve")
         from ..serve import require_serve
 
         app = require_serve()
@@ -148,13 +149,15 @@ def run(args: argparse.Namespace) -> int:
         report_error(str(error))
         return 2
     try:
-        url = app.start(options, ray_address=args.ray_address)
+        url = app.start(options, ray_address=args.ray_address, progress=progress)
     except Exception as error:  # a model that does not load, a port that is taken ...
         report_error(f"cannot start the service: {type(error).__name__}: {str(error).splitlines()[0]}")
         app.stop()
         return 1
     auth = " (bearer token required)" if options.token else ""
-    print(f"serving {', '.join(options.tasks)} at {url}/v1/{{task}}{auth}; OpenAPI at {url}/docs; Ctrl+C stops")
+    progress("ready")
+    print(f"serving {', '.join(options.tasks)} at {url}/v1/{{task}}{auth}; OpenAPI at {url}/docs; Ctrl+C stops",
+          flush=True)  # fmt: skip
     try:
         _wait_for_signal()
     finally:

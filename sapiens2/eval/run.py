@@ -78,6 +78,7 @@ class EvalOptions:
             ``rtmdet_m.pth``, a callable, or ``"none"`` (the whole image as one person).
         flip_test: pose only: average with the horizontally flipped crop (the official setting).
         threads: torch's CPU threads; None: one per core this process may use (``Predictor``'s ``threads``).
+        mode, compile, quantize: as ``Predictor``'s (the fast or reference network, torch.compile, low precision).
         max_megapixels: images with more pixels are skipped and counted, judged from the file header before
             decoding (``data.io.read_image``'s limit, as in ``predict``); None: no limit [``--max-megapixels``].
     """
@@ -100,6 +101,9 @@ class EvalOptions:
     flip_test: bool = True
     threads: int | None = None
     max_megapixels: float | None = DEFAULT_MAX_MEGAPIXELS
+    mode: str | None = None
+    compile: bool = False
+    quantize: str | None = None
 
     def __post_init__(self) -> None:
         if self.input_size is not None:
@@ -391,13 +395,17 @@ def _batches(names: list[str], size: int) -> Iterator[list[str]]:
         yield names[start : start + size]
 
 
-def evaluate_dense(options: EvalOptions, model: ModelSource) -> EvalReport:
-    """Evaluate one model on a labelled dense set (seg, normal, pointmap, albedo); see :func:`evaluate`."""
+def evaluate_dense(
+    options: EvalOptions, model: ModelSource, before_load: Callable[[], None] = lambda: None
+) -> EvalReport:
+    """Evaluate one model on a labelled dense set (seg, normal, pointmap, albedo); see :func:`evaluate`.
+    ``before_load`` runs once the data are checked, before the model loads (``evaluate``: the model files)."""
     from tqdm.auto import tqdm
 
     labelled = LabelledSet(options.task, options.data, split=options.split, label_map=options.label_map,
                            max_megapixels=options.max_megapixels)  # fmt: skip
     labelled.check()  # a mislabelled set fails here, before the model is loaded
+    before_load()
     predictor = Predictor(
         options.task,
         model,
@@ -406,6 +414,9 @@ def evaluate_dense(options: EvalOptions, model: ModelSource) -> EvalReport:
         input_size=options.input_size,
         batch_size=options.batch_size,
         threads=options.threads,
+        mode=options.mode,
+        compile=options.compile,
+        quantize=options.quantize,
     )
     score = DENSE_SCORES[options.task]()
     skipped: list[str] = []
@@ -477,14 +488,18 @@ def pose_source(data: str | os.PathLike) -> tuple[Path, str]:
     return path, "annotations.json"
 
 
-def evaluate_pose_set(options: EvalOptions, model: ModelSource) -> EvalReport:
+def evaluate_pose_set(
+    options: EvalOptions, model: ModelSource, before_load: Callable[[], None] = lambda: None
+) -> EvalReport:
     """Evaluate one pose model on a labelled pose folder (or COCO JSON file) through
-    :func:`sapiens2.eval.pose.evaluate_pose`; see :func:`evaluate`."""
+    :func:`sapiens2.eval.pose.evaluate_pose`; see :func:`evaluate`. ``before_load`` runs once the annotations
+    are checked, before the model loads (``evaluate``: the model files)."""
     root, annotations = pose_source(options.data)
     detector = options.detector if options.boxes == "detector" else None
     detector = None if detector == "none" else detector
 
     def make() -> Predictor:
+        before_load()
         return Predictor(
             "pose",
             model,
@@ -495,6 +510,9 @@ def evaluate_pose_set(options: EvalOptions, model: ModelSource) -> EvalReport:
             threads=options.threads,
             detector=detector,
             flip_test=options.flip_test,
+            mode=options.mode,
+            compile=options.compile,
+            quantize=options.quantize,
         )
 
     results_path = None
@@ -536,9 +554,9 @@ def evaluate_pose_set(options: EvalOptions, model: ModelSource) -> EvalReport:
     )
 
 
-# The one dispatch point: task -> function(options, model source) -> EvalReport. A task plugs in with one entry;
-# tests/test_task_table.py checks the keys are the tasks sapiens2.tasks marks evaluable.
-TASK_EVALUATORS: dict[str, Callable[[EvalOptions, ModelSource], EvalReport]] = {
+# The one dispatch point: task -> function(options, model source, before_load) -> EvalReport. A task plugs in with
+# one entry; tests/test_task_table.py checks the keys are the tasks sapiens2.tasks marks evaluable.
+TASK_EVALUATORS: dict[str, Callable[[EvalOptions, ModelSource, Callable[[], None]], EvalReport]] = {
     "pose": evaluate_pose_set,
     "seg": evaluate_dense,
     "normal": evaluate_dense,
@@ -547,7 +565,34 @@ TASK_EVALUATORS: dict[str, Callable[[EvalOptions, ModelSource], EvalReport]] = {
 }
 
 
-def evaluate(options: EvalOptions) -> EvalReport:
+def check_model_files(options: EvalOptions, option: Callable[..., str] | None = None) -> None:
+    """Look for every model file the evaluation needs (each model source, the person detector with
+    ``boxes="detector"``), downloading nothing: the missing ones are all named at once, each with how to pass a
+    local file in the words of ``option`` (default: ``predict.options.python_option``).
+
+    Raises:
+        checkpoints.MissingFilesError: one line per file that is neither here nor downloadable now.
+    """
+    from ..checkpoints import MissingFilesError
+    from ..predict.batch import resolve_sources
+    from ..predict.options import PredictOptions, python_option
+
+    detector = options.detector if options.boxes == "detector" else "none"
+    detector = os.fspath(detector) if isinstance(detector, (str, os.PathLike)) else "none"  # a callable: as given
+    problems: list[str] = []
+    for source in options.compare or (options.model,):
+        if not isinstance(source, (str, os.PathLike)):  # an nn.Module
+            continue
+        files = PredictOptions(tasks=(options.task,), output=".", model=source, detector=detector)
+        try:
+            resolve_sources(files, [options.task], option or python_option, download=False)
+        except MissingFilesError as error:
+            problems += [problem for problem in error.problems if problem not in problems]
+    if problems:
+        raise MissingFilesError(problems)
+
+
+def evaluate(options: EvalOptions, *, option: Callable[..., str] | None = None) -> EvalReport:
     """Run a model (or, with ``options.compare``, two) over a labelled set and return the paper's metrics.
 
     Seg: ``mIoU``, ``mAcc``, ``aAcc`` (percent) and a ``per_class`` table; normal: ``normal_mae`` (mean),
@@ -568,17 +613,23 @@ def evaluate(options: EvalOptions) -> EvalReport:
 
     Raises:
         ValueError / FileNotFoundError: unknown task, no images, or a mislabelled set (naming the file), before any
-            model is loaded; model sources as ``sapiens2.load_model`` raises them.
+            model is loaded; model sources as ``sapiens2.load_model`` raises them; every model file that cannot
+            be had (offline, not cached), all at once once the data are checked (``check_model_files``, which names
+            the options in the words of ``option``).
     """
     if options.task not in TASK_EVALUATORS:
         known = TASKS.get(options.task)
         why = f" (it has no labelled layout or metrics: {known.summary})" if known and not known.evaluable else ""
         raise ValueError(f"cannot evaluate task {options.task!r}{why}; choose one of {', '.join(TASK_EVALUATORS)}")
     evaluator = TASK_EVALUATORS[options.task]
+
+    def check_files() -> None:  # after the data's own checks: every model file at once (both --compare sources)
+        check_model_files(options, option)
+
     if options.compare is None:
-        report = evaluator(options, options.model)
+        report = evaluator(options, options.model, check_files)
     else:
-        first = evaluator(options, options.compare[0])
+        first = evaluator(options, options.compare[0], check_files)
         try:
             second = evaluator(options, options.compare[1])
         except BaseException:

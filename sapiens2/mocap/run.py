@@ -494,7 +494,7 @@ def run_mocap_inputs(options: Any, mocap: MocapOptions, *, option: Any = None, p
         sources = drop_missing(options.inputs)  # then the inputs, before any model loads
         predictors = make_predictors(options, tasks, option) if sources else {}
     except (ValueError, OSError) as error:
-        report_error(str(error))
+        report_error(error)
         return setup_status(error)
     status = run_each(sources, lambda source: run_mocap(predictors, source, options.output, mocap, progress=progress))
     return max(status, int(len(sources) < len(options.inputs)))

@@ -23,12 +23,15 @@ def resolve_sources(
 ) -> tuple[dict[str, Any], Any]:
     """Every model file and the person detector's, found (or downloaded) before any model is loaded.
 
-    A missing file fails at once, with how to pass a local one in the caller's options. ``download=False`` only
-    checks that each source can be found, downloading nothing (a file to download is then its (repo id, file name)):
-    a run checks its models that way before it reads its inputs.
+    Every file is looked for before any is downloaded, and all the missing ones are named at once: a
+    ``checkpoints.MissingFilesError`` with one line per file, each saying how to pass a local one in the caller's
+    options (``--model TASK=PATH``, ``--detector PATH`` or ``--detector none``). ``download=False`` only checks that
+    each source can be had (a local file, a cached one, or one to download now: then its (repo id, file name)),
+    downloading nothing: a run checks its models that way before it reads its inputs.
     """
-    from ..checkpoints import locate_checkpoint, resolve_checkpoint
-    from ..pose.detector import DETECTOR_FILENAME, resolve_detector_checkpoint
+    from ..checkpoints import MissingFilesError, find_download, locate_checkpoint
+    from ..checkpoints import download as fetch
+    from ..pose.detector import DETECTOR_FILENAME, DETECTOR_REPO_ID
 
     for task, source in options.models.items():
         if task not in TASKS:
@@ -37,23 +40,45 @@ def resolve_sources(
             except ValueError as error:
                 raise ValueError(f"{option('models', {task: source})}: {error}") from None
     models = {task: options.models.get(task, options.model) for task in tasks}
-    find = resolve_checkpoint if download else locate_checkpoint
-    sources = {task: find(models[task], task, local_hint=option("models", {task: "/path/to/{filename}"}))
-               for task in tasks}  # fmt: skip
+    hints = {task: option("models", {task: "/path/to/{filename}"}) for task in tasks}
+    found: dict[str, Any] = {}
+    problems = []
+    for task in tasks:
+        try:
+            found[task] = locate_checkpoint(models[task], task, local_hint=hints[task])
+        except FileNotFoundError as error:  # no such file, no released weights: named with the option
+            problems.append(f"{option('models', {task: models[task]})}: {error}")
+            continue
+        try:
+            if isinstance(found[task], tuple):  # in the cache already, or to download: refused now when offline
+                found[task] = find_download(*found[task], local_hint=hints[task]) or found[task]
+        except FileNotFoundError as error:
+            problems.append(str(error))
     detector = None
     if "pose" in tasks and options.detector != "none" and not options.boxes:
         if options.detector == "rtmdet":
             where, whole = option("detector", f"/path/to/{DETECTOR_FILENAME}"), option("detector", "none")
-            hint = f"{where} (or {whole}: the whole image as one person)"
-            detector = resolve_detector_checkpoint(None, local_hint=hint) if download else None
+            hints["detector"] = f"{where} (or {whole}: the whole image as one person)"
+            try:
+                detector = find_download(DETECTOR_REPO_ID, DETECTOR_FILENAME, local_hint=hints["detector"])
+            except FileNotFoundError as error:
+                problems.append(str(error))
+            detector = detector or (DETECTOR_REPO_ID, DETECTOR_FILENAME)
         elif Path(options.detector).expanduser().is_file():
             detector = Path(options.detector).expanduser()
         else:
-            raise FileNotFoundError(
+            problems.append(
                 f"{option('detector', options.detector)}: no such file; give a local {DETECTOR_FILENAME}, rtmdet "
                 "(downloaded once) or none (the whole image as one person)"
             )
-    return sources, detector
+    if problems:
+        raise MissingFilesError(problems)
+    if download:  # every file can be had: fetch those not here yet
+        found = {task: fetch(*where, local_hint=hints[task]) if isinstance(where, tuple) else where
+                 for task, where in found.items()}  # fmt: skip
+        if isinstance(detector, tuple):
+            detector = fetch(*detector, local_hint=hints["detector"])
+    return found, detector
 
 
 def make_predictors(

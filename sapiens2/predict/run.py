@@ -132,7 +132,7 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
     try:
         predictors = make_predictors(options, tasks, option)
     except (ValueError, OSError) as error:
-        report_error(str(error))
+        report_error(error)
         return setup_status(error)
     coco, coco_ids = None, {}
     if options.coco_results:
@@ -374,7 +374,7 @@ def _predict_bulk(
     try:
         resolved = resolve_sources(options, tasks, option)
     except (ValueError, OSError) as error:
-        report_error(str(error))
+        report_error(error)
         return setup_status(error)
     bulk = BulkOptions(
         inputs=[*options.inputs, *([SAMPLE_IMAGE] if options.sample else [])],

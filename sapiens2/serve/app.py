@@ -24,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -80,6 +81,7 @@ class ModelReplica:
         from ..predict.batch import make_predictors
         from ..predict.options import PredictOptions, python_option
 
+        started = time.perf_counter()
         self.options = o = ServeOptions.from_dict(options)
         predict_options = PredictOptions(
             tasks=o.tasks, output=".", model=o.model, models=o.models, device=device, dtype=o.dtype,
@@ -87,6 +89,7 @@ class ModelReplica:
             detector=o.detector, flip_test=o.flip_test, threads=threads if device == "cpu" else None,
         )  # fmt: skip
         self.predictors = make_predictors(predict_options, list(o.tasks), python_option)
+        self.load_s = round(time.perf_counter() - started, 3)  # finding and loading the models (/readyz)
         self.device = device
         # Every batch on one thread: the Predictors are not shared between threads, and the C heap keeps one arena
         # instead of one per worker of asyncio's default pool (whose free pages made the resident memory wander).
@@ -95,8 +98,8 @@ class ModelReplica:
         self._batched.set_batch_wait_timeout_s(o.max_wait_ms / 1000.0)
 
     def describe(self) -> dict[str, Any]:
-        """This replica's process id, device and tasks (``/readyz``)."""
-        return {"pid": os.getpid(), "device": self.device, "tasks": list(self.predictors)}
+        """This replica's process id, device, tasks and the seconds its models took to load (``/readyz``)."""
+        return {"pid": os.getpid(), "device": self.device, "tasks": list(self.predictors), "load_s": self.load_s}
 
     async def infer(self, task: str, image: np.ndarray) -> dict[str, Any]:
         """One image through one task, batched with other requests': ``{"result", "batch"}`` or ``{"error"}``."""
@@ -525,19 +528,37 @@ def build(args: dict[str, Any]) -> Any:
 _started_ray = False  # whether start() started the local Ray instance (stop() ends it)
 
 
-def start(options: ServeOptions, ray_address: str | None = None, num_cpus: int | None = None) -> str:
+def start(
+    options: ServeOptions,
+    ray_address: str | None = None,
+    num_cpus: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> str:
     """Start Ray (or join ``ray_address``), Serve on ``options.host:port`` and the application; returns its URL once
-    every replica is up. A local Ray instance listens on loopback only (``bulk.ray_engine.start_local_ray``)."""
+    every replica is up. A local Ray instance listens on loopback only (``bulk.ray_engine.start_local_ray``) and is
+    sized to the service: ``num_cpus`` (default: one per CPU replica, at least one), so Ray starts no idle worker
+    processes beyond those (it starts one per CPU it is given, and on a many-core machine they compete with the
+    service's own processes as it starts). ``progress`` is told of each stage as it begins (``sapiens2 serve``
+    prints them)."""
     global _started_ray
+    say = progress or (lambda message: None)
+    devices = replica_devices(options.devices)
     if not ray.is_initialized():
         settings = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
         if ray_address is None:
             options.check_listen()
+            if num_cpus is None:
+                num_cpus = max(1, devices.count("cpu"))
+            say(f"starting Ray on this machine (loopback only, {num_cpus} CPU(s) for the replicas)")
             start_local_ray(num_cpus=num_cpus, **settings)
             _started_ray = True
         else:
+            say(f"joining the Ray cluster at {ray_address}")
             ray.init(address=ray_address, **settings)
+    say("starting Ray Serve (its controller and HTTP proxy)")
     serve.start(http_options={"host": options.host, "port": int(options.port)})
+    say(f"starting the gateway and {len(devices)} model replica(s) ({', '.join(devices)}), each loading "
+        f"{', '.join(options.tasks)}")  # fmt: skip
     serve.run(build_app(options), name=APP_NAME, route_prefix="/", blocking=False)
     host = "127.0.0.1" if options.host in ("0.0.0.0", "::") else options.host
     return f"http://{host}:{int(options.port)}"

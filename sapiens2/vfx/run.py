@@ -109,7 +109,7 @@ def relight_files(options: Any, relight_options: RelightOptions, *, option: Any 
         check_input_size(options.input_size, option=option)
         resolve_sources(options, tasks, option, download=False)  # a model file that does not exist: usage error
     except (ValueError, OSError) as error:
-        report_error(str(error))
+        report_error(error)
         return setup_status(error)
     present = drop_missing(options.inputs)  # a missing file or folder has its line now, before any model loads
     videos = [i for i in present if is_video_input(i) or (relight_options.frames and Path(i).is_dir())]
@@ -119,7 +119,7 @@ def relight_files(options: Any, relight_options: RelightOptions, *, option: Any 
     try:
         predictors = make_predictors(options, tasks, option)
     except (ValueError, OSError) as error:
-        report_error(str(error))
+        report_error(error)
         return setup_status(error)
     status = int(len(present) < len(options.inputs))
     if images or options.sample:

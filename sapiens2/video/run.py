@@ -718,7 +718,7 @@ def predict_videos(options: Any, video: VideoOptions, *, option: Any = None) -> 
         sources = drop_missing(options.inputs)  # then the inputs, before any model loads
         predictors = make_predictors(options, tasks, option) if sources else {}
     except (ValueError, OSError) as error:
-        report_error(str(error))
+        report_error(error)
         return setup_status(error)
     video = dataclasses.replace(video, keypoint_format=options.keypoint_format, skip_existing=options.skip_existing,
                                 output_format=options.output_format, normal_convention=options.normal_convention)
