@@ -382,3 +382,47 @@ def test_blender_imports_fbx_with_our_fk(tmp_path):
         ours, _ = forward_kinematics(motion)
         np.testing.assert_allclose(positions, ours[frames], atol=BAR, err_msg=name)
         assert np.abs(positions - ours[frames]).max() < 1e-5, name
+
+
+BLENDER_SCENE_SCRIPT = """
+import json, sys
+import bpy
+path, frames, output = sys.argv[-3:]
+bpy.ops.wm.read_factory_settings(use_empty=True)
+scene = bpy.context.scene
+bpy.ops.import_scene.fbx(filepath=path)
+armatures = [o for o in scene.objects if o.type == "ARMATURE"]
+result = {"fps": scene.render.fps / scene.render.fps_base, "frames": {}}
+for frame in map(int, frames.split(",")):
+    scene.frame_set(frame)
+    result["frames"][frame] = {a.name: {b.name: list(a.matrix_world @ b.head) for b in a.pose.bones} for a in armatures}
+with open(output, "w") as handle:
+    json.dump(result, handle)
+"""
+
+
+@pytest.mark.slow
+def test_blender_imports_a_scene_with_each_track_at_its_time(tmp_path):
+    """A scene of two tracks, the second 0.5 s later: Blender makes an armature per track, sets the scene's frame
+    rate, and each armature's pose-bone heads at its own frames (Blender frame 1 is time 0) are its motion's FK."""
+    from conftest import blender_python
+
+    tracks = two_tracks()
+    path = write_fbx_scene(tracks, tmp_path / "scene.fbx")
+    script, output = tmp_path / "blender_scene.py", tmp_path / "scene.json"
+    script.write_text(BLENDER_SCENE_SCRIPT)
+    wanted = {name: [round(start * motion.fps) + f for f in (0, 4, motion.num_frames - 1)] for name, motion, start in
+              tracks}  # fmt: skip
+    frames = sorted({1 + f for fs in wanted.values() for f in fs})
+    command = [blender_python(), str(script), str(path), ",".join(map(str, frames)), str(output)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(output.read_text())
+    assert result["fps"] == pytest.approx(24.0)
+    for name, motion, start in tracks:
+        ours, _ = forward_kinematics(motion)
+        for frame in wanted[name]:
+            heads = result["frames"][str(1 + frame)][name]
+            world = np.array([heads[joint] for joint in motion.skeleton.names])
+            theirs = np.stack([world[:, 0], -world[:, 2], world[:, 1]], -1)  # Blender's Z up -> camera axes
+            np.testing.assert_allclose(theirs, ours[frame - round(start * motion.fps)], atol=1e-5, err_msg=name)
