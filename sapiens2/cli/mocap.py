@@ -54,7 +54,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                      help="leave out tracks seen on fewer frames (default 5)")  # fmt: skip
     out.add_argument("--skip-existing", action="store_true", help="skip inputs whose mocap summary exists")
     out.add_argument("--scene", action="store_true",
-                     help="FBX: every track of an input in one file, <input>_mocap/scene.fbx, not one per track")  # fmt: skip
+                     help="FBX: every track of an input in one file (<input>_mocap/scene.fbx)")  # fmt: skip
     parser.set_defaults(func=run)
 
 
