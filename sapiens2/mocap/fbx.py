@@ -40,8 +40,8 @@ KTIME_PER_SECOND = 46_186_158_000  # FBX time unit
 CENTIMETRES = 100.0  # file units per metre (UnitScaleFactor 1: one unit is 1 cm)
 _MAGIC = b"Kaydara FBX Binary  \x00\x1a\x00"
 _NULL_RECORD = b"\x00" * 13  # ends a list of child records (4 + 4 + 4 + 1 bytes of zeros at version 7400)
-# The footer's two fixed blocks and the file id that goes with them, as every FBX 7.x writer seen by the open readers
-# puts them (readers skip the footer; Autodesk's SDK checks the id against the creation time).
+# The footer's two fixed blocks, and a file id and creation time that go with them, as the open writers (Blender's
+# exporter) put them; the open readers skip all four. Fixed values keep the bytes the same when written again.
 _FOOTER_ID = bytes.fromhex("fabcab09d0c8d466b176fb831cf7267e")
 _FOOTER_END = bytes.fromhex("f85a8c6adef5d97eece90ce3758f290b")
 _FILE_ID = bytes.fromhex("28b32aebb624ccc2bfc8b02aa92bfcf1")
@@ -140,7 +140,7 @@ def encode_fbx(nodes: Sequence[FbxNode], version: int = FBX_VERSION) -> bytes:
     for node in nodes:
         _encode_node(node, out)
     out += _NULL_RECORD + _FOOTER_ID
-    out += b"\x00" * (16 - len(out) % 16)  # to a multiple of 16 (a whole 16 when there already)
+    out += b"\x00" * (-len(out) % 16)  # to a multiple of 16, so the whole file is one too
     out += struct.pack("<I", 0) + struct.pack("<I", version) + b"\x00" * 120 + _FOOTER_END
     return bytes(out)
 
