@@ -569,11 +569,12 @@ def test_walk_exports_in_blender_and_the_validator(tmp_path):
 
 @pytest.mark.slow
 def test_solved_walk_exports_agree(tmp_path):
-    """The synthetic walk rendered, lifted and solved (sapiens2.mocap.lift/solve), then exported: Blender's BVH and
-    GLB joints, the C3D keypoints and joint centres and the CSV all give the solved positions."""
+    """The synthetic walk rendered, lifted and solved (sapiens2.mocap.lift/solve), then exported: Blender's BVH,
+    GLB and FBX joints, the C3D keypoints and joint centres and the CSV all give the solved positions."""
     from mocap_synth import walk_clip
 
     from sapiens2.mocap.c3d import write_c3d
+    from sapiens2.mocap.fbx import write_fbx
     from sapiens2.mocap.gltf import write_glb
     from sapiens2.mocap.lift import lift_frame
     from sapiens2.mocap.solve import solve_track
@@ -592,8 +593,11 @@ def test_solved_walk_exports_agree(tmp_path):
                                           tmp_path)  # fmt: skip
     from_glb, _ = blender_joint_positions(write_glb(motion, tmp_path / "walk.glb"), "glb", motion.fps, frames, names,
                                           tmp_path)  # fmt: skip
+    from_fbx, _ = blender_joint_positions(write_fbx(motion, tmp_path / "walk.fbx"), "fbx", motion.fps, frames, names,
+                                          tmp_path)  # fmt: skip
     np.testing.assert_allclose(from_bvh, solved.positions[frames], atol=1e-3)
     np.testing.assert_allclose(from_glb, solved.positions[frames], atol=1e-3)
+    np.testing.assert_allclose(from_fbx, from_bvh, atol=1e-3)  # the issue's bar: FBX's FK equals the BVH's
     c3d = ezc3d.c3d(str(write_c3d(motion, tmp_path / "walk.c3d", fill_gaps=True)))
     points = c3d["data"]["points"][:3].transpose(2, 1, 0) / 1000.0 * [1, -1, -1]
     assert c3d_labels(c3d) == list(motion.markers.names) + [f"{name}_JC" for name in names]
