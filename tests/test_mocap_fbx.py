@@ -17,8 +17,15 @@ from conftest import assimp_command, require_module
 from test_mocap_export import blender_joint_positions, random_motion
 
 import sapiens2.mocap.fbx as fbx
-from sapiens2.mocap.fbx import FbxNode, Int64, encode_fbx, euler_xyz_degrees, write_fbx, write_fbx_scene
-from sapiens2.mocap.rig import Motion, forward_kinematics, quat_from_axis_angle, quat_multiply, quat_to_matrix
+from sapiens2.mocap.fbx import FbxNode, FbxTrack, Int64, encode_fbx, euler_xyz_degrees, write_fbx, write_fbx_scene
+from sapiens2.mocap.rig import (
+    Motion,
+    forward_kinematics,
+    quat_from_axis_angle,
+    quat_multiply,
+    quat_to_matrix,
+    quat_to_y_up,
+)
 
 BAR = 1e-3  # the issue's bar: 1 mm
 Y_UP_CM = np.array([1.0, -1.0, -1.0]) / 100.0  # a file point (Y up, cm) -> camera axes, metres (and back: inverse)
@@ -76,7 +83,8 @@ for track, (joints, times) in request.items():
         posed = scene.evaluate(anim, time)
         keep.append(posed)
         matrices = listed([node.node_to_world for node in listed(posed.nodes)])
-        positions.append([list(matrices[i].c3) for i in slots])
+        positions.append([[list(matrices[i].c0), list(matrices[i].c1), list(matrices[i].c2), list(matrices[i].c3)]
+                          for i in slots])
     result["positions"][track] = positions
 print(json.dumps(result))
 sys.stdout.flush()
@@ -86,7 +94,8 @@ os._exit(0)
 
 def ufbx_read(path, tracks: dict[str, tuple[tuple[str, ...], np.ndarray]]) -> dict:
     """What ufbx reads from ``path``: its scene settings, node tree, poses, curves, and for each track name ->
-    (joint names, times in seconds) the world joint positions it evaluates (``positions``, camera axes, metres)."""
+    (joint names, times in seconds) the world joint positions it evaluates (``positions``, camera axes, metres) and
+    the joints' world rotations (``rotations``, the file's Y-up axes)."""
     require_module("ufbx")
     request = json.dumps({name: [list(joints), times.tolist()] for name, (joints, times) in tracks.items()})
     done = subprocess.run(
@@ -95,13 +104,20 @@ def ufbx_read(path, tracks: dict[str, tuple[tuple[str, ...], np.ndarray]]) -> di
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert result["warnings"] == []
-    result["positions"] = {name: np.array(p) * Y_UP_CM for name, p in result["positions"].items()}
+    world = {name: np.array(m) for name, m in result["positions"].items()}  # (T, J, 4 columns, 3)
+    result["positions"] = {name: m[..., 3, :] * Y_UP_CM for name, m in world.items()}
+    result["rotations"] = {name: m[..., :3, :].swapaxes(-1, -2) for name, m in world.items()}  # Y up, (T, J, 3, 3)
     return result
 
 
 def assimp_positions(path, tmp_path) -> tuple[dict, dict[str, np.ndarray]]:
     """assimp's scene as JSON (``assimp export -fassjson``) and the world joint positions (camera axes, metres) at
-    each of its animation's keys, by node name: static node transforms, animated ones where a channel has keys."""
+    each of its animation's keys, by node name: static node transforms, animated ones where a channel has keys.
+
+    A joint with a ``PreRotation`` becomes a chain of helper nodes (``<joint>_$AssimpFbx$_Translation``,
+    ``..._PreRotation``) above the joint's own node, and assimp before 6.0 bakes the whole chain (translation,
+    pre-rotation, rotation) into the joint's channel as well (assimp issue #3390, fixed by its PR #5815): the channel
+    is the joint's whole local transform, so it replaces the helpers' static ones here."""
     output = tmp_path / f"{path.stem}_assimp.json"
     done = subprocess.run(
         [assimp_command(), "export", str(path), str(output), "-fassjson"], capture_output=True, text=True, timeout=120
@@ -117,6 +133,9 @@ def assimp_positions(path, tmp_path) -> tuple[dict, dict[str, np.ndarray]]:
 
     def local(node: dict) -> np.ndarray:
         static = np.array(node["transformation"], np.float64).reshape(4, 4)  # row-major, translation in column 3
+        joint, helper, _ = node["name"].partition("_$AssimpFbx$_")
+        if helper and joint in channels:
+            static = np.eye(4)
         matrices = np.repeat(static[None], count, 0)
         channel = channels.get(node["name"])
         if channel is not None:
@@ -319,47 +338,78 @@ def test_a_wrong_rotation_order_fails_the_fk_check(tmp_path, monkeypatch):
             np.testing.assert_allclose(theirs, ours, atol=BAR)
 
 
-def two_tracks() -> list[tuple[str, Motion, float]]:
-    """Two people in one video: the second enters 0.5 s later, on another skeleton (other bone lengths)."""
+def random_axes(joints: int, seed: int) -> np.ndarray:
+    """(J, 4) random bone axes (rest orientations in the world), as a rig with its own joint orients has."""
+    rng = np.random.default_rng(seed)
+    return quat_from_axis_angle(rng.normal(size=(joints, 3)), rng.uniform(-math.pi, math.pi, joints))
+
+
+def two_tracks() -> list[FbxTrack]:
+    """Two people in one video: the second enters 0.5 s later, on another skeleton (other bone lengths) whose
+    joints have axes of their own (``FbxTrack.orientations``)."""
     first = random_motion(frames=12, seed=14, fps=24.0)
     other = random_motion(frames=9, seed=15, fps=24.0)
     skeleton = other.skeleton
     longer = type(skeleton)(skeleton.names, skeleton.parents, skeleton.offsets * 1.1)
     second = Motion(longer, other.fps, other.root_translation + [0.8, 0.0, 0.5], other.rotations)
-    return [("track_1", first, 0.0), ("track_4", second, 0.5)]
+    return [FbxTrack("track_1", first), FbxTrack("track_4", second, 0.5, random_axes(skeleton.num_joints, 16))]
+
+
+def test_bone_axes_turn_the_joints_not_move_them(tmp_path):
+    """With ``orientations`` (a rig's bone axes) each joint's world rotation is the motion's global rotation times
+    its axes (ufbx), and the joints stay where our FK puts them (ufbx, assimp); written without pre-rotations (the
+    axes taken for the world's) they move."""
+    motion = random_motion(frames=10, seed=17)
+    axes = random_axes(motion.skeleton.num_joints, 18)
+    path = write_fbx_scene([FbxTrack("rig", motion, orientations=axes)], tmp_path / "rig.fbx")
+    ours, global_rotations = forward_kinematics(motion)
+    read = ufbx_read(path, {"rig": (motion.skeleton.names, _times(motion))})
+    np.testing.assert_allclose(read["positions"]["rig"], ours, atol=1e-5)
+    expected = quat_to_matrix(quat_to_y_up(quat_multiply(global_rotations, axes)))
+    np.testing.assert_allclose(read["rotations"]["rig"], expected, atol=1e-6)
+    _, positions = assimp_positions(path, tmp_path)
+    np.testing.assert_allclose(np.stack([positions[n] for n in motion.skeleton.names], 1), ours, atol=5e-5)
+    # The check can fail: the file without the axes has the same joints but the world's axes at every joint.
+    plain = write_fbx(motion, tmp_path / "plain.fbx", name="rig")
+    unturned = ufbx_read(plain, {"rig": (motion.skeleton.names, _times(motion))})["rotations"]["rig"]
+    np.testing.assert_allclose(unturned, quat_to_matrix(quat_to_y_up(global_rotations)), atol=1e-6)
+    assert np.abs(unturned - expected).max() > 0.5
 
 
 def test_a_scene_holds_every_track_at_its_time(tmp_path):
     tracks = two_tracks()
     path = write_fbx_scene(tracks, tmp_path / "scene.fbx")
-    expected = {name: (motion.skeleton.names, _times(motion, start)) for name, motion, start in tracks}
+    expected = {t.name: (t.motion.skeleton.names, _times(t.motion, t.start)) for t in tracks}
     read = ufbx_read(path, expected)
-    for name, motion, _ in tracks:
-        np.testing.assert_allclose(read["positions"][name], forward_kinematics(motion)[0], atol=1e-5, err_msg=name)
-    assert [name for name, parent in zip(read["names"], read["parents"], strict=True) if parent == 0] == [
-        "track_1",
-        "track_4",
-    ]
+    for track in tracks:
+        ours, _ = forward_kinematics(track.motion)
+        np.testing.assert_allclose(read["positions"][track.name], ours, atol=1e-5, err_msg=track.name)
+    tops = [name for name, parent in zip(read["names"], read["parents"], strict=True) if parent == 0]
+    assert tops == ["track_1", "track_4"]
     assert read["time"] == pytest.approx([0.0, 0.5 + 8 / 24]) and len(read["bind_poses"]) == 2
 
 
 def test_the_scene_refuses_bad_tracks(tmp_path):
-    (name, motion, _), (_, other, _) = two_tracks()
+    first, second = two_tracks()
+    path = tmp_path / "scene.fbx"
     with pytest.raises(ValueError, match="scene.fbx: an FBX scene needs at least one track"):
-        write_fbx_scene([], tmp_path / "scene.fbx")
+        write_fbx_scene([], path)
     with pytest.raises(ValueError, match="track names repeat: \\['track_1'\\]"):
-        write_fbx_scene([(name, motion, 0.0), (name, other, 1.0)], tmp_path / "scene.fbx")
+        write_fbx_scene([first, FbxTrack("track_1", second.motion)], path)
+    other = second.motion
     slower = Motion(other.skeleton, 30.0, other.root_translation, other.rotations)
     with pytest.raises(ValueError, match="one frame rate, got \\[24.0, 30.0\\]"):
-        write_fbx_scene([(name, motion, 0.0), ("track_2", slower, 1.0)], tmp_path / "scene.fbx")
-    assert not (tmp_path / "scene.fbx").exists()
+        write_fbx_scene([first, FbxTrack("track_2", slower)], path)
+    with pytest.raises(ValueError, match="scene.fbx: track_4: orientations must be \\(J=21, 4\\), got \\(3, 4\\)"):
+        write_fbx_scene([first, FbxTrack("track_4", other, orientations=np.zeros((3, 4)))], path)
+    assert not path.exists()
 
 
 def test_rewriting_gives_the_same_bytes(tmp_path):
     tracks = two_tracks()
     for folder in ("a", "b"):
         write_fbx_scene(tracks, tmp_path / folder / "scene.fbx")
-        write_fbx(tracks[0][1], tmp_path / folder / "track_1.fbx")
+        write_fbx(tracks[0].motion, tmp_path / folder / "track_1.fbx")
     for name in ("scene.fbx", "track_1.fbx"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
@@ -401,26 +451,27 @@ with open(output, "w") as handle:
 
 @pytest.mark.slow
 def test_blender_imports_a_scene_with_each_track_at_its_time(tmp_path):
-    """A scene of two tracks, the second 0.5 s later: Blender makes an armature per track, sets the scene's frame
-    rate, and each armature's pose-bone heads at its own frames (Blender frame 1 is time 0) are its motion's FK."""
+    """A scene of two tracks, the second 0.5 s later and with bone axes of its own: Blender makes an armature per
+    track, sets the scene's frame rate, and each armature's pose-bone heads at its own frames (Blender frame 1 is
+    time 0) are its motion's FK."""
     from conftest import blender_python
 
     tracks = two_tracks()
     path = write_fbx_scene(tracks, tmp_path / "scene.fbx")
     script, output = tmp_path / "blender_scene.py", tmp_path / "scene.json"
     script.write_text(BLENDER_SCENE_SCRIPT)
-    wanted = {name: [round(start * motion.fps) + f for f in (0, 4, motion.num_frames - 1)] for name, motion, start in
-              tracks}  # fmt: skip
+    wanted = {t.name: [round(t.start * t.motion.fps) + f for f in (0, 4, t.motion.num_frames - 1)] for t in tracks}
     frames = sorted({1 + f for fs in wanted.values() for f in fs})
     command = [blender_python(), str(script), str(path), ",".join(map(str, frames)), str(output)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(output.read_text())
     assert result["fps"] == pytest.approx(24.0)
-    for name, motion, start in tracks:
-        ours, _ = forward_kinematics(motion)
-        for frame in wanted[name]:
-            heads = result["frames"][str(1 + frame)][name]
-            world = np.array([heads[joint] for joint in motion.skeleton.names])
+    for track in tracks:
+        ours, _ = forward_kinematics(track.motion)
+        for frame in wanted[track.name]:
+            heads = result["frames"][str(1 + frame)][track.name]
+            world = np.array([heads[joint] for joint in track.motion.skeleton.names])
             theirs = np.stack([world[:, 0], -world[:, 2], world[:, 1]], -1)  # Blender's Z up -> camera axes
-            np.testing.assert_allclose(theirs, ours[frame - round(start * motion.fps)], atol=1e-5, err_msg=name)
+            own = frame - round(track.start * track.motion.fps)
+            np.testing.assert_allclose(theirs, ours[own], atol=1e-5, err_msg=track.name)

@@ -6,11 +6,17 @@ Axes and units are those of our BVH: Y up, right-handed (camera (x, y, z) -> (x,
 centimetres (``GlobalSettings``: ``UpAxis`` Y, ``FrontAxis`` +Z, ``CoordAxis`` +X, ``UnitScaleFactor`` 1, i.e.
 1 cm per unit, what Maya, MotionBuilder and Blender's importer expect). Each joint's ``Lcl Translation`` is its rest
 offset, its ``Lcl Rotation`` the animated local rotation as Euler angles in degrees, ``RotationOrder`` XYZ (the
-matrix is Rz @ Ry @ Rx), kept continuous from frame to frame; there are no pre- or post-rotations or pivots, so the
-FBX transform of a joint is ``T(offset) @ R`` and forward kinematics equals ``rig.forward_kinematics``. The root
-joint's ``Lcl Translation`` is animated too (the root translation). Every frame is a key (linear interpolation) at
-its time: frame / fps from the track's start (``start`` seconds later in a scene). ``GlobalSettings`` carries the
-frame rate (``TimeMode`` custom, ``CustomFrameRate``).
+matrix is Rz @ Ry @ Rx), kept continuous from frame to frame; there are no post-rotations or pivots, so the FBX
+transform of a joint is ``T(offset) @ R`` and forward kinematics equals ``rig.forward_kinematics``. The root joint's
+``Lcl Translation`` is animated too (the root translation). Every frame is a key (linear interpolation) at its time:
+frame / fps from the track's start (``start`` seconds later in a scene). ``GlobalSettings`` carries the frame rate
+(``TimeMode`` custom, ``CustomFrameRate``).
+
+A rig whose joints carry axes of their own in the rest pose (bone axes: Maya's joint orient, Mixamo's) gives them as
+``FbxTrack.orientations``, each joint's rest orientation W in the world; the joint then turns in its own axes: its
+``PreRotation`` is ``W_parent^-1 W`` (its rest orientation in its parent's axes; ``RotationActive`` on), its offset
+is written in its parent's axes, ``W_parent^-1 offset``, and its animated rotation is ``W^-1 L W`` for the motion's
+local rotation L, so the node's world rotation is the motion's global rotation times W, at the same joint positions.
 
 The file layout (the node records, their typed properties, the footer) follows the open readers' description of
 binary FBX (the Blender Foundation's "FBX binary file format specification", ufbx, assimp): ``encode_fbx`` writes
@@ -33,7 +39,9 @@ import numpy as np
 from sapiens2.data.io import atomic_write
 from sapiens2.mocap.rig import Motion, quat_to_y_up, to_y_up
 
-__all__ = ["FBX_VERSION", "FbxNode", "Int64", "encode_fbx", "euler_xyz_degrees", "write_fbx", "write_fbx_scene"]
+__all__ = [
+    "FBX_VERSION", "FbxNode", "FbxTrack", "Int64", "encode_fbx", "euler_xyz_degrees", "write_fbx", "write_fbx_scene",
+]  # fmt: skip
 
 FBX_VERSION = 7400  # 32-bit record offsets (7500 and later use 64-bit ones)
 KTIME_PER_SECOND = 46_186_158_000  # FBX time unit
@@ -56,6 +64,24 @@ _CREATOR = "sapiens2 mocap"
 
 class Int64(int):
     """An integer written as FBX type ``L`` (64-bit); a plain ``int`` is written as ``I`` (32-bit)."""
+
+
+@dataclass(frozen=True)
+class FbxTrack:
+    """One skeleton's animation in an FBX scene.
+
+    Attributes:
+        name: the name of its top ``Null`` model (what Blender names the armature), unique in the scene.
+        motion: the skeleton (joint names, parents, rest offsets) and its root translation and local rotations.
+        start: seconds from the scene's time 0 to the motion's first frame.
+        orientations: (J, 4) (x, y, z, w) each joint's axes in the rest pose, in the world (camera axes), or None
+            for the world's axes (the motion's own rest frame).
+    """
+
+    name: str
+    motion: Motion
+    start: float = 0.0
+    orientations: np.ndarray | None = None
 
 
 @dataclass
@@ -148,6 +174,14 @@ def encode_fbx(nodes: Sequence[FbxNode], version: int = FBX_VERSION) -> bytes:
 # ------------------------------------------------------------------------------------------------- rotations
 
 
+def _import_rotation():
+    try:
+        from scipy.spatial.transform import Rotation
+    except ImportError:
+        raise ImportError("FBX export needs scipy: pip install sapiens2[mocap]") from None
+    return Rotation
+
+
 def euler_xyz_degrees(rotations: np.ndarray) -> np.ndarray:
     """(T, J, 4) (x, y, z, w) local rotations -> (T, J, 3) FBX ``Lcl Rotation`` (x, y, z) in degrees, order XYZ
     (the matrix is Rz @ Ry @ Rx: scipy's extrinsic ``"xyz"``), continuous from frame to frame.
@@ -155,10 +189,7 @@ def euler_xyz_degrees(rotations: np.ndarray) -> np.ndarray:
     Of the two Euler solutions of each rotation, (x, y, z) and (x + 180, 180 - y, z + 180), and their turns by
     360, each frame takes the one nearest the frame before, so no key jumps for an importer to interpolate through.
     """
-    try:
-        from scipy.spatial.transform import Rotation
-    except ImportError:
-        raise ImportError("FBX export needs scipy: pip install sapiens2[mocap]") from None
+    Rotation = _import_rotation()
     rotations = np.asarray(rotations, np.float64)
     frames, joints = rotations.shape[:2]
     with warnings.catch_warnings():  # at y = ±90° scipy warns and puts the whole turn in x: still the rotation
@@ -229,13 +260,24 @@ def _properties(*entries: tuple) -> FbxNode:
     return node
 
 
-def _vector(name: str, values: np.ndarray) -> tuple:
-    return (name, name, "", "A", *(float(v) for v in values))
+def _vector(name: str, values: np.ndarray, kind: tuple[str, str, str] | None = None) -> tuple:
+    """A ``P`` entry of three doubles; (type, label, flags) as ``Lcl Translation`` & co. have them, or ``kind``."""
+    return (name, *(kind or (name, "", "A")), *(float(v) for v in values))
 
 
-def _model(scene: _Scene, name: str, kind: str, translation: np.ndarray) -> Int64:
-    """A ``Model`` (``Null`` or ``LimbNode``) at ``translation`` from its parent, not turned, with its attribute."""
+def _model(
+    scene: _Scene, name: str, kind: str, translation: np.ndarray, pre_rotation: np.ndarray | None = None
+) -> Int64:
+    """A ``Model`` (``Null`` or ``LimbNode``) at ``translation`` from its parent, not turned but for its
+    ``pre_rotation`` (XYZ degrees), with its attribute."""
+    turned = []
+    if pre_rotation is not None:
+        turned = [
+            ("RotationActive", "bool", "", "", 1),
+            _vector("PreRotation", pre_rotation, ("Vector3D", "Vector", "")),
+        ]
     properties = _properties(
+        *turned,
         ("RotationOrder", "enum", "", "", 0),  # XYZ
         ("InheritType", "enum", "", "", 1),  # RSrs: the parent's scale does not shear the child
         ("DefaultAttributeIndex", "int", "Integer", "", 0),
@@ -275,32 +317,53 @@ def _animate(scene: _Scene, layer: int, model: int, which: str, times: np.ndarra
         scene.connect(scene.new("AnimationCurve", "", "", keys), curve_node, channel)
 
 
-def _pose_node(model: int, position: np.ndarray) -> FbxNode:
-    """A bind pose entry: the model's world matrix as FBX stores it (16 doubles, the translation in 12 to 14)."""
+def _pose_node(model: int, position: np.ndarray, rotation: np.ndarray | None = None) -> FbxNode:
+    """A bind pose entry: the model's world matrix (``rotation`` (3, 3) or none, at ``position``) as FBX stores it,
+    16 doubles by rows of the transposed matrix: the translation in 12 to 14."""
     matrix = np.eye(4)
+    if rotation is not None:
+        matrix[:3, :3] = np.asarray(rotation).T
     matrix[3, :3] = position
     return FbxNode("PoseNode", children=[_leaf("Node", model), _leaf("Matrix", matrix.reshape(16))])
 
 
-def _add_track(scene: _Scene, layer: int, name: str, motion: Motion, start: float) -> None:
-    """One track: a ``Null`` at the scene's root holding the skeleton's ``LimbNode`` models (rest offsets, no
-    rotation), its bind pose (the rest pose) and its animation (root translation, every joint's rotation)."""
-    skeleton = motion.skeleton
+def _add_track(scene: _Scene, layer: int, track: FbxTrack) -> None:
+    """One track: a ``Null`` at the scene's root holding the skeleton's ``LimbNode`` models (rest offsets, not
+    turned but for their bone axes), its bind pose (the rest pose) and its animation (root translation, every
+    joint's rotation)."""
+    Rotation = _import_rotation()
+    motion, skeleton = track.motion, track.motion.skeleton
     offsets = to_y_up(skeleton.offsets) * CENTIMETRES
     rest = to_y_up(skeleton.rest_positions()) * CENTIMETRES
-    null = _model(scene, name, "Null", np.zeros(3))
+    rotations = quat_to_y_up(motion.rotations)  # (T, J, 4)
+    pre_rotations = axes = None
+    if track.orientations is not None:
+        world = np.asarray(track.orientations, np.float64)
+        if world.shape != (skeleton.num_joints, 4):
+            raise ValueError(f"{track.name}: orientations must be (J={skeleton.num_joints}, 4), got {world.shape}")
+        world = Rotation.from_quat(quat_to_y_up(world))
+        up = Rotation.concatenate([Rotation.identity() if p < 0 else world[p] for p in skeleton.parents])
+        offsets = up.inv().apply(offsets)  # in the parent's axes
+        pre_rotations = euler_xyz_degrees((up.inv() * world).as_quat()[None])[0]
+        local = Rotation.from_quat(rotations.reshape(-1, 4))
+        turns = np.tile(np.arange(skeleton.num_joints), motion.num_frames)
+        rotations = (world[turns].inv() * local * world[turns]).as_quat().reshape(rotations.shape)
+        axes = world.as_matrix()
+    null = _model(scene, track.name, "Null", np.zeros(3))
     scene.connect(null, 0)
     models: list[Int64] = []
     for joint, joint_name in enumerate(skeleton.names):
-        models.append(_model(scene, joint_name, "LimbNode", offsets[joint]))
+        pre = None if pre_rotations is None else pre_rotations[joint]
+        models.append(_model(scene, joint_name, "LimbNode", offsets[joint], pre))
         parent = skeleton.parents[joint]
         scene.connect(models[joint], null if parent < 0 else models[parent])
-    poses = [_pose_node(null, np.zeros(3))] + [_pose_node(m, rest[j]) for j, m in enumerate(models)]
+    poses = [_pose_node(null, np.zeros(3))]
+    poses += [_pose_node(m, rest[j], None if axes is None else axes[j]) for j, m in enumerate(models)]
     header = [_leaf("Type", "BindPose"), _leaf("Version", 100), _leaf("NbPoseNodes", len(poses))]
-    scene.new("Pose", name, "BindPose", header + poses)
-    times = _ktime(start + motion.times)
+    scene.new("Pose", track.name, "BindPose", header + poses)
+    times = _ktime(track.start + motion.times)
     _animate(scene, layer, models[0], "T", times, to_y_up(motion.root_translation) * CENTIMETRES)
-    euler = euler_xyz_degrees(quat_to_y_up(motion.rotations))
+    euler = euler_xyz_degrees(rotations)
     for joint, model in enumerate(models):
         _animate(scene, layer, model, "R", times, euler[:, joint])
 
@@ -312,35 +375,37 @@ def write_fbx(motion: Motion, path: str | os.PathLike, *, name: str = "track") -
     Returns:
         ``path`` as a ``Path``.
     """
-    return write_fbx_scene([(name, motion, 0.0)], path)
+    return write_fbx_scene([FbxTrack(name, motion)], path)
 
 
-def write_fbx_scene(tracks: Sequence[tuple[str, Motion, float]], path: str | os.PathLike) -> Path:
+def write_fbx_scene(tracks: Sequence[FbxTrack], path: str | os.PathLike) -> Path:
     """Write several tracks into one binary FBX file (atomically), each as ``write_fbx`` does, its keys ``start``
     seconds after the scene's time 0, all in one animation stack.
 
     Args:
-        tracks: (name, motion, start seconds) per track; names unique, every motion at the same frame rate.
+        tracks: ``FbxTrack`` per skeleton; names unique, every motion at the same frame rate.
         path: the ``.fbx`` file.
 
     Returns:
         ``path`` as a ``Path``.
 
     Raises:
-        ValueError: no tracks, names that repeat, or frame rates that differ.
+        ValueError: naming the file: no tracks, names that repeat, frame rates that differ, orientations of
+            another shape than (J, 4).
     """
     tracks = list(tracks)
     if not tracks:
         raise ValueError(f"{path}: an FBX scene needs at least one track")
-    names = [name for name, _, _ in tracks]
+    names = [track.name for track in tracks]
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: track names repeat: {sorted({n for n in names if names.count(n) > 1})}")
-    fps = tracks[0][1].fps
-    if any(abs(motion.fps - fps) > 1e-9 * fps for _, motion, _ in tracks):
-        rates = sorted({motion.fps for _, motion, _ in tracks})
+    fps = tracks[0].motion.fps
+    if any(abs(track.motion.fps - fps) > 1e-9 * fps for track in tracks):
+        rates = sorted({track.motion.fps for track in tracks})
         raise ValueError(f"{path}: the tracks of one FBX scene need one frame rate, got {rates}")
-    first = min(start for _, _, start in tracks)
-    last = max(start + (motion.num_frames - 1) / fps for _, motion, start in tracks)
+    _import_rotation()
+    first = min(track.start for track in tracks)
+    last = max(track.start + (track.motion.num_frames - 1) / fps for track in tracks)
     span = [Int64(v) for v in _ktime([first, last]).tolist()]
     scene = _Scene()
     times = _properties(*((f"{which}{end}", "KTime", "Time", "", span[i]) for which in ("Local", "Reference")
@@ -348,8 +413,11 @@ def write_fbx_scene(tracks: Sequence[tuple[str, Motion, float]], path: str | os.
     stack = scene.new("AnimationStack", _TAKE, "", [times])
     layer = scene.new("AnimationLayer", "BaseLayer", "")
     scene.connect(layer, stack)
-    for name, motion, start in tracks:
-        _add_track(scene, layer, name, motion, start)
+    for track in tracks:
+        try:
+            _add_track(scene, layer, track)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
     return atomic_write(path, encode_fbx(_document(scene, fps, span)))
 
 

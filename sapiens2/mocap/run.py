@@ -339,13 +339,13 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
         start = time.perf_counter()
         formats = [f for f in options.formats if f not in together]
         files[track] = [str(p) for p in export_motion(solved.motion, folder / f"track_{track}", formats)]
-        scene.append((f"track_{track}", solved.motion, float(data.times[0])))
+        scene.append((f"track_{track}", solved.motion, float(data.times[0])))  # name, motion, start
         seconds["export"] += time.perf_counter() - start
     if together and scene:
         start = time.perf_counter()
-        from .fbx import write_fbx_scene
+        from .fbx import FbxTrack, write_fbx_scene
 
-        path = str(write_fbx_scene(scene, folder / "scene.fbx"))
+        path = str(write_fbx_scene([FbxTrack(*track) for track in scene], folder / "scene.fbx"))
         for paths in files.values():
             paths.append(path)
         seconds["export"] += time.perf_counter() - start
