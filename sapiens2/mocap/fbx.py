@@ -327,28 +327,35 @@ def _pose_node(model: int, position: np.ndarray, rotation: np.ndarray | None = N
     return FbxNode("PoseNode", children=[_leaf("Node", model), _leaf("Matrix", matrix.reshape(16))])
 
 
+def _in_bone_axes(track: FbxTrack, offsets: np.ndarray, rotations: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """A track's (J, 3) offsets and (T, J, 4) local rotations (Y up) re-expressed in its joints' own axes (the
+    module docstring): offsets in the parent's axes, rotations W^-1 L W; with the (J, 3) XYZ degrees of each
+    joint's ``PreRotation`` and the (J, 3, 3) axes in the world (for the bind pose)."""
+    Rotation = _import_rotation()
+    skeleton = track.motion.skeleton
+    world = np.asarray(track.orientations, np.float64)
+    if world.shape != (skeleton.num_joints, 4):
+        raise ValueError(f"{track.name}: orientations must be (J={skeleton.num_joints}, 4), got {world.shape}")
+    world = Rotation.from_quat(quat_to_y_up(world))
+    up = Rotation.concatenate([Rotation.identity() if p < 0 else world[p] for p in skeleton.parents])
+    pre_rotations = euler_xyz_degrees((up.inv() * world).as_quat()[None])[0]
+    joints = np.tile(np.arange(skeleton.num_joints), len(rotations))  # (T * J,): each key's joint
+    turned = world[joints].inv() * Rotation.from_quat(rotations.reshape(-1, 4)) * world[joints]
+    return up.inv().apply(offsets), turned.as_quat().reshape(rotations.shape), pre_rotations, world.as_matrix()
+
+
 def _add_track(scene: _Scene, layer: int, track: FbxTrack) -> None:
     """One track: a ``Null`` at the scene's root holding the skeleton's ``LimbNode`` models (rest offsets, not
     turned but for their bone axes), its bind pose (the rest pose) and its animation (root translation, every
     joint's rotation)."""
-    Rotation = _import_rotation()
     motion, skeleton = track.motion, track.motion.skeleton
     offsets = to_y_up(skeleton.offsets) * CENTIMETRES
     rest = to_y_up(skeleton.rest_positions()) * CENTIMETRES
     rotations = quat_to_y_up(motion.rotations)  # (T, J, 4)
     pre_rotations = axes = None
     if track.orientations is not None:
-        world = np.asarray(track.orientations, np.float64)
-        if world.shape != (skeleton.num_joints, 4):
-            raise ValueError(f"{track.name}: orientations must be (J={skeleton.num_joints}, 4), got {world.shape}")
-        world = Rotation.from_quat(quat_to_y_up(world))
-        up = Rotation.concatenate([Rotation.identity() if p < 0 else world[p] for p in skeleton.parents])
-        offsets = up.inv().apply(offsets)  # in the parent's axes
-        pre_rotations = euler_xyz_degrees((up.inv() * world).as_quat()[None])[0]
-        local = Rotation.from_quat(rotations.reshape(-1, 4))
-        turns = np.tile(np.arange(skeleton.num_joints), motion.num_frames)
-        rotations = (world[turns].inv() * local * world[turns]).as_quat().reshape(rotations.shape)
-        axes = world.as_matrix()
+        offsets, rotations, pre_rotations, axes = _in_bone_axes(track, offsets, rotations)
     null = _model(scene, track.name, "Null", np.zeros(3))
     scene.connect(null, 0)
     models: list[Int64] = []
