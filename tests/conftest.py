@@ -192,3 +192,11 @@ def gltf_validator() -> Path:
     folder = Path(os.environ.get("SAPIENS2_GLTF_VALIDATOR") or REPO / ".ci-node" / "node_modules" / "gltf-validator")
     return require(folder, f"the Khronos glTF validator is missing: {folder} (npm install --prefix .ci-node "
                    "gltf-validator, or set SAPIENS2_GLTF_VALIDATOR)")  # fmt: skip
+
+
+def assimp_command() -> str:
+    """The Open Asset Import Library's command-line tool (Debian ``assimp-utils``, installed by ``.ci/run``; or
+    ``$SAPIENS2_ASSIMP``). Skips locally, fails under CI."""
+    found = os.environ.get("SAPIENS2_ASSIMP") or shutil.which("assimp") or "/usr/bin/assimp"
+    require(Path(found), f"assimp is missing: {found} (apt-get install assimp-utils, or set SAPIENS2_ASSIMP)")
+    return found

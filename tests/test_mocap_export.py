@@ -357,11 +357,12 @@ def test_every_format_is_byte_identical_when_written_again(tmp_path):
     require_module("pygltflib")
     require_module("pyarrow")
     from sapiens2.mocap.c3d import write_c3d
+    from sapiens2.mocap.fbx import write_fbx
     from sapiens2.mocap.gltf import write_glb
 
     motion = random_motion(frames=6, seed=10)
     writers = {
-        "t.bvh": write_bvh, "t.glb": write_glb, "t.c3d": write_c3d, "t.csv": write_trajectories,
+        "t.bvh": write_bvh, "t.glb": write_glb, "t.fbx": write_fbx, "t.c3d": write_c3d, "t.csv": write_trajectories,
         "t.parquet": write_trajectories, "angles.csv": write_joint_angles,
     }  # fmt: skip
     first, second = tmp_path / "first", tmp_path / "second"
@@ -453,6 +454,8 @@ scene.render.fps, scene.render.fps_base = round(fps), round(fps) / fps
 if kind == "bvh":
     bpy.ops.import_anim.bvh(filepath=path, global_scale=0.01, frame_start=1, use_fps_scale=False,
                             update_scene_fps=False, update_scene_duration=True, rotate_mode="NATIVE")
+elif kind == "fbx":
+    bpy.ops.import_scene.fbx(filepath=path)
 else:
     bpy.ops.import_scene.gltf(filepath=path)
 armature = next(o for o in scene.objects if o.type == "ARMATURE")
@@ -470,12 +473,13 @@ def blender_joint_positions(path, kind: str, fps: float, frames: list[int], name
     """Pose-bone heads in world space after Blender imports ``path``, at our frame indices, in camera axes (m).
 
     Blender's importers turn Y-up files into its Z-up world: (x, y, z)_y_up -> (x, -z, y), so (x, y, z)_camera ->
-    (x, z, -y). Its BVH import starts at frame 1 (``frame_start``); glTF keys sit at time * fps, from frame 0.
+    (x, z, -y). Its BVH import starts at frame 1 (``frame_start``), FBX keys at time * fps + 1 (``anim_offset``);
+    glTF keys sit at time * fps, from frame 0.
     """
     script = tmp_path / "blender_fk.py"
     script.write_text(BLENDER_SCRIPT)
     output = tmp_path / f"{kind}_fk.json"
-    first = 1 if kind == "bvh" else 0
+    first = 1 if kind in ("bvh", "fbx") else 0
     command = [blender_python(), str(script), str(path), kind, str(fps), ",".join(str(f + first) for f in frames),
                str(output)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -597,11 +601,12 @@ def test_walk_exports_in_blender_and_the_validator(tmp_path):
 
 @pytest.mark.slow
 def test_solved_walk_exports_agree(tmp_path):
-    """The synthetic walk rendered, lifted and solved (sapiens2.mocap.lift/solve), then exported: Blender's BVH and
-    GLB joints, the C3D keypoints and joint centres and the CSV all give the solved positions."""
+    """The synthetic walk rendered, lifted and solved (sapiens2.mocap.lift/solve), then exported: Blender's BVH,
+    GLB and FBX joints, the C3D keypoints and joint centres and the CSV all give the solved positions."""
     from mocap_synth import walk_clip
 
     from sapiens2.mocap.c3d import write_c3d
+    from sapiens2.mocap.fbx import write_fbx
     from sapiens2.mocap.gltf import write_glb
     from sapiens2.mocap.lift import lift_frame
     from sapiens2.mocap.solve import solve_track
@@ -620,8 +625,11 @@ def test_solved_walk_exports_agree(tmp_path):
                                           tmp_path)  # fmt: skip
     from_glb, _ = blender_joint_positions(write_glb(motion, tmp_path / "walk.glb"), "glb", motion.fps, frames, names,
                                           tmp_path)  # fmt: skip
+    from_fbx, _ = blender_joint_positions(write_fbx(motion, tmp_path / "walk.fbx"), "fbx", motion.fps, frames, names,
+                                          tmp_path)  # fmt: skip
     np.testing.assert_allclose(from_bvh, solved.positions[frames], atol=1e-3)
     np.testing.assert_allclose(from_glb, solved.positions[frames], atol=1e-3)
+    np.testing.assert_allclose(from_fbx, from_bvh, atol=1e-3)  # the issue's bar: FBX's FK equals the BVH's
     c3d = ezc3d.c3d(str(write_c3d(motion, tmp_path / "walk.c3d", fill_gaps=True)))
     points = c3d["data"]["points"][:3].transpose(2, 1, 0) / 1000.0 * [1, -1, -1]
     assert c3d_labels(c3d) == list(motion.markers.names) + [f"{name}_JC" for name in names]

@@ -129,7 +129,7 @@ def test_the_hook_rides_the_one_video_pipeline(tmp_path):
     track = next(iter(report.tracks))
     folder = tmp_path / "out" / "walk_mocap"
     names = {Path(p).name for p in report.tracks[track]}
-    assert names == {f"track_{track}{s}" for s in (".bvh", ".glb", ".c3d", "_points.csv", "_points.parquet",
+    assert names == {f"track_{track}{s}" for s in (".bvh", ".glb", ".fbx", ".c3d", "_points.csv", "_points.parquet",
                                                      "_angles.csv", "_angles.png")}  # fmt: skip
     assert all((folder / n).stat().st_size > 0 for n in names)
     summary = json.loads((tmp_path / "out" / "walk_mocap.json").read_text())
@@ -156,6 +156,33 @@ def test_lifted_and_solved_keypoints_match_the_synthetic_truth(tmp_path):
     body = [names.index(n) for n in ("pelvis", "l_shin", "r_shin", "l_foot", "r_foot", "l_forearm", "r_forearm",
                                      "neck", "head")]  # fmt: skip
     assert np.median(error[:, body]) < 0.03, np.median(error[:, body], axis=0)
+
+
+def test_scene_fbx_holds_the_solved_tracks(tmp_path):
+    """``scene=True`` (``--scene``): the FBX formats go into one ``scene.fbx`` listed with every track's files, whose
+    joints ufbx evaluates where the CSV's solved joint centres are; a run without it goes back to a file per
+    track and drops the scene."""
+    from test_mocap_fbx import ufbx_read
+
+    clip, truth = synth_clip(tmp_path / "walk.mp4", 8)
+    video = VideoOptions(smooth="none", save_dense=False, overlay=False)
+    options = MocapOptions(video=video, formats=("fbx", "csv"), scene=True)
+    report = run_mocap(oracles(truth), clip, tmp_path / "out", options, progress=False)
+    assert report.error is None and len(report.tracks) == 1
+    track, files = next(iter(report.tracks.items()))
+    folder = tmp_path / "out" / "walk_mocap"
+    assert [Path(p).name for p in files] == [f"track_{track}_points.csv", "scene.fbx"]
+    summary = json.loads((tmp_path / "out" / "walk_mocap.json").read_text())
+    assert summary["tracks"][str(track)][-1] == "walk_mocap/scene.fbx"
+    table = np.genfromtxt(folder / f"track_{track}_points.csv", delimiter=",", names=True)
+    names = truth.motion.skeleton.names
+    solved = np.stack([np.stack([table[f"{n}_JC_{a}"] for a in "xyz"], -1) for n in names], 1)  # (T, J, 3)
+    read = ufbx_read(folder / "scene.fbx", {f"track_{track}": (names, table["time"])})
+    np.testing.assert_allclose(read["positions"][f"track_{track}"], solved, atol=1e-3)  # the issue's bar: 1 mm
+    again = run_mocap(oracles(truth), clip, tmp_path / "out", MocapOptions(video=video, formats=("fbx",)),
+                      progress=False)  # fmt: skip
+    assert [Path(p).name for p in again.tracks[track]] == [f"track_{track}.fbx"]
+    assert sorted(p.name for p in folder.iterdir()) == ["run.json", f"track_{track}.fbx"]
 
 
 # ------------------------------------------------------------------------------------------------ inputs and CLI
@@ -185,14 +212,15 @@ def test_cli_with_real_models_bad_inputs_cost_one_line_each(tiny_checkpoints, tm
         assert all(len(r["mocap"]) == 1 for r in records(out, name))  # the whole frame as one tracked person
         assert summary["tracks"] or summary["left_out"]  # random weights: a track may be unsolvable, and says why
         for files in summary["tracks"].values():
-            assert len(files) == 7 and all((out / f).is_file() for f in files)
+            assert len(files) == 8 and all((out / f).is_file() for f in files)
     assert list(json.loads((out / "still_mocap.json").read_text())["tracks"]) == ["1"]  # a photo: one-frame motion
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(("pan", "still"))) == []
 
 
 @pytest.mark.parametrize(
     ("flags", "words"),
-    [(["--formats", "bvh,fbx"], "--formats: unknown fbx"), (["--stride", "0"], "--stride"),
+    [(["--formats", "bvh,obj"], "--formats: unknown obj"), (["--stride", "0"], "--stride"),
+     (["--formats", "bvh,glb", "--scene"], "--scene needs a format that holds several tracks (fbx)"),
      (["--min-track-frames", "0"], "--min-track-frames")],
 )  # fmt: skip
 def test_usage_errors_name_the_flag_and_exit_2(tmp_path, capsys, flags, words):

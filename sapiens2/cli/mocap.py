@@ -22,7 +22,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
     parser = commands.add_parser(
         "mocap",
-        help="video of people -> metric 3D skeletons: BVH, glTF, C3D, CSV/Parquet, joint angles, a 3D overlay",
+        help="video of people -> metric 3D skeletons: BVH, glTF, FBX, C3D, CSV/Parquet, joint angles, a 3D overlay",
         description="Motion capture: pose + pointmap (+ seg) through the video pipeline, lifted to metres, solved "
         "on a skeleton per tracked person and exported (docs/mocap.md). Example: sapiens2 mocap clip.mp4 -o out/",
     )
@@ -53,6 +53,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     out.add_argument("--min-track-frames", type=int, default=5,
                      help="leave out tracks seen on fewer frames (default 5)")  # fmt: skip
     out.add_argument("--skip-existing", action="store_true", help="skip inputs whose mocap summary exists")
+    out.add_argument("--scene", action="store_true",
+                     help="FBX: every track of an input in one file (<input>_mocap/scene.fbx)")  # fmt: skip
     parser.set_defaults(func=run)
 
 
@@ -73,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         mocap = MocapOptions(video=video, smooth=args.smooth, seg=not args.no_seg, view=not args.no_view,
                              formats=[f.strip() for f in args.formats.split(",") if f.strip()],
-                             min_frames=args.min_track_frames, skip_existing=args.skip_existing)  # fmt: skip
+                             min_frames=args.min_track_frames, skip_existing=args.skip_existing,
+                             scene=args.scene)  # fmt: skip
     except ValueError as error:
         report_error(flag_message(error, MocapOptions, {"min_frames": "--min-track-frames"}))
         return 2

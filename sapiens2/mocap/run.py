@@ -6,14 +6,15 @@ decoding, tracking, ``detect_every``, chunked resume and overlay; this module ad
 frame (``mocap.lift.lift_frame``) and written into the frame's record in ``clip_frames.jsonl`` (so they are
 chunked, sealed and resumed with the frame), and a 3D view of the people (``mocap.view``) joins the overlay. When the
 video is complete, each track's lifted keypoints are read back from ``clip_frames.jsonl``, solved on the skeleton
-(``mocap.solve``: bone lengths, 3D smoothing, gap filling, rotations) and exported (BVH, glTF, C3D, CSV/Parquet,
-joint angles) from the solved ``rig.Motion`` alone. Exports are a function of the sealed records only, so a run
-killed with SIGKILL and resumed writes the same files, byte for byte, as one that was never stopped.
+(``mocap.solve``: bone lengths, 3D smoothing, gap filling, rotations) and exported (BVH, glTF, FBX, C3D,
+CSV/Parquet, joint angles) from the solved ``rig.Motion`` alone. Exports are a function of the sealed records only,
+so a run killed with SIGKILL and resumed writes the same files, byte for byte, as one that was never stopped.
 
 Layout for ``out/clip`` (``docs/mocap.md``)::
 
     clip_overlay.mp4, clip_frames.jsonl, clip_video.json       the video pipeline's outputs (records with "mocap")
-    clip_mocap/track_<id>.bvh .glb .c3d                         per track: animation and markers
+    clip_mocap/track_<id>.bvh .glb .fbx .c3d                    per track: animation and markers
+    clip_mocap/scene.fbx                                        with ``scene``: every track in one file (no track FBX)
     clip_mocap/track_<id>_points.csv .parquet                   per track: the solved 308 keypoints per frame
     clip_mocap/track_<id>_angles.csv .png                       per track: joint angles and their plot
     clip_mocap.json                                             the summary, written last (the run is complete)
@@ -42,6 +43,7 @@ __all__ = [
     "MocapHook",
     "MocapOptions",
     "MocapReport",
+    "SCENE_FORMATS",
     "RecordedTrack",
     "read_tracks",
     "record_lifted",
@@ -50,9 +52,11 @@ __all__ = [
     "solve_and_export",
 ]
 
-EXPORT_FORMATS = ("bvh", "glb", "c3d", "csv", "parquet", "angles")
-"""What ``MocapOptions.formats`` may name: BVH, glTF binary, C3D markers, the solved keypoints as CSV and Parquet,
-and the joint angles (CSV and a plot)."""
+EXPORT_FORMATS = ("bvh", "glb", "fbx", "c3d", "csv", "parquet", "angles")
+"""What ``MocapOptions.formats`` may name: BVH, glTF binary, binary FBX, C3D markers, the solved keypoints as CSV and
+Parquet, and the joint angles (CSV and a plot)."""
+SCENE_FORMATS = ("fbx",)
+"""The formats that hold several tracks in one file: with ``MocapOptions.scene`` each writes ``scene.<format>``."""
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +81,8 @@ class MocapOptions:
         min_frames: tracks seen on fewer frames are left out of the exports (listed in the summary); a source with
             fewer frames (a photo) exports every track [``--min-track-frames``].
         skip_existing: skip a source whose mocap summary exists [``--skip-existing``].
+        scene: the formats of ``SCENE_FORMATS`` write every track of a source into one file, ``scene.<format>``,
+            each at its time in the video, instead of a file per track [``--scene``].
     """
 
     video: Any = None
@@ -86,6 +92,7 @@ class MocapOptions:
     view: bool = True
     min_frames: int = 5
     skip_existing: bool = False
+    scene: bool = False
 
     def __post_init__(self) -> None:
         from ..video.run import VideoOptions
@@ -98,6 +105,8 @@ class MocapOptions:
         unknown = [f for f in formats if f not in EXPORT_FORMATS]
         if unknown:
             raise ValueError(f"formats: unknown {', '.join(unknown)} (choose from {', '.join(EXPORT_FORMATS)})")
+        if self.scene and not set(formats) & set(SCENE_FORMATS):
+            raise ValueError(f"scene needs a format that holds several tracks ({', '.join(SCENE_FORMATS)}) in formats")
         if self.smooth not in ("auto", *SMOOTH_MODES):
             raise ValueError(f"smooth must be auto, none, online or offline, got {self.smooth!r}")
         if self.min_frames < 1:
@@ -300,8 +309,9 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
                      mode: str, min_frames: int | None = None) -> tuple[dict[int, list[str]], dict[int, str],
                                                                       dict[str, float]]:  # fmt: skip
     """Solve every track seen on at least ``min_frames`` frames (default ``options.min_frames``) with
-    ``solve.solve_track`` (3D smoothing ``mode``) and write its exports into ``folder``; returns (id -> files, id ->
-    why left out, seconds of ``solve`` and ``export``)."""
+    ``solve.solve_track`` (3D smoothing ``mode``) and write its exports into ``folder``; with ``options.scene``
+    the ``SCENE_FORMATS`` go into one ``scene.<format>`` listed among every track's files. Returns (id -> files,
+    id -> why left out, seconds of ``solve`` and ``export``)."""
     min_frames = options.min_frames if min_frames is None else min_frames
     from .solve import SolveOptions, solve_track
 
@@ -309,8 +319,10 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
     left_out: dict[int, str] = {}
     seconds = {"solve": 0.0, "export": 0.0}
     folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("track_*"):  # an earlier run's exports (other tracks, other formats)
+    for old in [*folder.glob("track_*"), *folder.glob("scene.*")]:  # an earlier run's exports (other tracks, formats)
         old.unlink()
+    together = [f for f in options.formats if f in SCENE_FORMATS] if options.scene else []
+    scene: list[tuple[str, Any, float]] = []
     for track, data in tracks.items():
         seen = int(data.seen.sum())
         if seen < min_frames:
@@ -325,7 +337,17 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
         finally:
             seconds["solve"] += time.perf_counter() - start
         start = time.perf_counter()
-        files[track] = [str(p) for p in export_motion(solved.motion, folder / f"track_{track}", options.formats)]
+        formats = [f for f in options.formats if f not in together]
+        files[track] = [str(p) for p in export_motion(solved.motion, folder / f"track_{track}", formats)]
+        scene.append((f"track_{track}", solved.motion, float(data.times[0])))  # name, motion, start
+        seconds["export"] += time.perf_counter() - start
+    if together and scene:
+        start = time.perf_counter()
+        from .fbx import FbxTrack, write_fbx_scene
+
+        path = str(write_fbx_scene([FbxTrack(*track) for track in scene], folder / "scene.fbx"))
+        for paths in files.values():
+            paths.append(path)
         seconds["export"] += time.perf_counter() - start
     return files, left_out, seconds
 
@@ -341,6 +363,10 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str]) -> list[Path]
         from .gltf import write_glb
 
         written.append(Path(write_glb(motion, stem.with_name(stem.name + ".glb"))))
+    if "fbx" in formats:
+        from .fbx import write_fbx
+
+        written.append(Path(write_fbx(motion, stem.with_name(stem.name + ".fbx"), name=stem.name)))
     if "c3d" in formats:
         from .c3d import write_c3d
 
