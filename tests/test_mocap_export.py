@@ -328,9 +328,12 @@ def test_every_format_is_byte_identical_when_written_again(tmp_path):
     from sapiens2.mocap.gltf import write_glb
 
     motion = random_motion(frames=6, seed=10)
+    from sapiens2.mocap.usd import write_usd
+
+    require_module("pxr")
     writers = {
         "t.bvh": write_bvh, "t.glb": write_glb, "t.c3d": write_c3d, "t.csv": write_trajectories,
-        "t.parquet": write_trajectories, "angles.csv": write_joint_angles,
+        "t.parquet": write_trajectories, "angles.csv": write_joint_angles, "t.usda": write_usd, "t.usdc": write_usd,
     }  # fmt: skip
     first, second = tmp_path / "first", tmp_path / "second"
     for folder in (first, second):
@@ -421,6 +424,8 @@ scene.render.fps, scene.render.fps_base = round(fps), round(fps) / fps
 if kind == "bvh":
     bpy.ops.import_anim.bvh(filepath=path, global_scale=0.01, frame_start=1, use_fps_scale=False,
                             update_scene_fps=False, update_scene_duration=True, rotate_mode="NATIVE")
+elif kind == "usd":
+    bpy.ops.wm.usd_import(filepath=path)
 else:
     bpy.ops.import_scene.gltf(filepath=path)
 armature = next(o for o in scene.objects if o.type == "ARMATURE")
@@ -438,7 +443,8 @@ def blender_joint_positions(path, kind: str, fps: float, frames: list[int], name
     """Pose-bone heads in world space after Blender imports ``path``, at our frame indices, in camera axes (m).
 
     Blender's importers turn Y-up files into its Z-up world: (x, y, z)_y_up -> (x, -z, y), so (x, y, z)_camera ->
-    (x, z, -y). Its BVH import starts at frame 1 (``frame_start``); glTF keys sit at time * fps, from frame 0.
+    (x, z, -y). Its BVH import starts at frame 1 (``frame_start``); glTF keys sit at time * fps, from frame 0; USD
+    time codes are frames, from 0.
     """
     script = tmp_path / "blender_fk.py"
     script.write_text(BLENDER_SCRIPT)

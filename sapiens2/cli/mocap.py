@@ -15,7 +15,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
     parser = commands.add_parser(
         "mocap",
-        help="video of people -> metric 3D skeletons: BVH, glTF, C3D, CSV/Parquet, joint angles, a 3D overlay",
+        help="video of people -> metric 3D skeletons: BVH, glTF, C3D, USD, CSV/Parquet, joint angles, a 3D overlay",
         description="Motion capture: pose + pointmap (+ seg) through the video pipeline, lifted to metres, solved "
         "on a skeleton per tracked person and exported (docs/mocap.md). Example: sapiens2 mocap clip.mp4 -o out/",
     )
@@ -47,6 +47,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     out = parser.add_argument_group("mocap")
     out.add_argument("--formats", default=",".join(EXPORT_FORMATS),
                      help=f"comma-separated exports per track (default all): {', '.join(EXPORT_FORMATS)}")
+    out.add_argument("--scene", action="store_true",
+                     help="USD: one file with every track (scene.usdc) instead of one per track")  # fmt: skip
     out.add_argument("--no-seg", action="store_true",
                      help="run without the seg model (occlusion from depth jumps only; faster)")
     out.add_argument("--no-view", action="store_true", help="no 3D view beside the frame in the overlay")
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         mocap = MocapOptions(video=video, smooth=args.smooth, seg=not args.no_seg, view=not args.no_view,
-                             formats=[f.strip() for f in args.formats.split(",") if f.strip()],
+                             formats=[f.strip() for f in args.formats.split(",") if f.strip()], scene=args.scene,
                              min_frames=args.min_track_frames, skip_existing=args.skip_existing)  # fmt: skip
     except ValueError as error:
         report_error(flag_message(error, MocapOptions, {"min_frames": "--min-track-frames"}))

@@ -6,14 +6,15 @@ decoding, tracking, ``detect_every``, chunked resume and overlay; this module ad
 frame (``mocap.lift.lift_frame``) and written into the frame's record in ``clip_frames.jsonl`` (so they are
 chunked, sealed and resumed with the frame), and a 3D view of the people (``mocap.view``) joins the overlay. When the
 video is complete, each track's lifted keypoints are read back from ``clip_frames.jsonl``, solved on the skeleton
-(``mocap.solve``: bone lengths, 3D smoothing, gap filling, rotations) and exported (BVH, glTF, C3D, CSV/Parquet,
-joint angles) from the solved ``rig.Motion`` alone. Exports are a function of the sealed records only, so a run
-killed with SIGKILL and resumed writes the same files, byte for byte, as one that was never stopped.
+(``mocap.solve``: bone lengths, 3D smoothing, gap filling, rotations) and exported (BVH, glTF, C3D, USD,
+CSV/Parquet, joint angles) from the solved ``rig.Motion`` alone. Exports are a function of the sealed records only, so
+a run killed with SIGKILL and resumed writes the same files, byte for byte, as one that was never stopped.
 
 Layout for ``out/clip`` (``docs/mocap.md``)::
 
     clip_overlay.mp4, clip_frames.jsonl, clip_video.json       the video pipeline's outputs (records with "mocap")
-    clip_mocap/track_<id>.bvh .glb .c3d                         per track: animation and markers
+    clip_mocap/track_<id>.bvh .glb .c3d .usdc                   per track: animation and markers
+    clip_mocap/scene.usdc                                       with --scene: every track in one file (not per track)
     clip_mocap/track_<id>_points.csv .parquet                   per track: the solved 308 keypoints per frame
     clip_mocap/track_<id>_angles.csv .png                       per track: joint angles and their plot
     clip_mocap.json                                             the summary, written last (the run is complete)
@@ -39,10 +40,12 @@ from ..messages import report_error
 
 __all__ = [
     "EXPORT_FORMATS",
+    "SCENE_FORMATS",
     "MocapHook",
     "MocapOptions",
     "MocapReport",
     "RecordedTrack",
+    "export_scene",
     "read_tracks",
     "record_lifted",
     "run_mocap",
@@ -50,9 +53,11 @@ __all__ = [
     "solve_and_export",
 ]
 
-EXPORT_FORMATS = ("bvh", "glb", "c3d", "csv", "parquet", "angles")
-"""What ``MocapOptions.formats`` may name: BVH, glTF binary, C3D markers, the solved keypoints as CSV and Parquet,
-and the joint angles (CSV and a plot)."""
+EXPORT_FORMATS = ("bvh", "glb", "c3d", "usd", "csv", "parquet", "angles")
+"""What ``MocapOptions.formats`` may name: BVH, glTF binary, C3D markers, USD (UsdSkel, ``.usdc``), the solved keypoints
+as CSV and Parquet, and the joint angles (CSV and a plot)."""
+SCENE_FORMATS = ("usd",)
+"""The formats ``MocapOptions.scene`` writes as one file holding every track."""
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +78,8 @@ class MocapOptions:
             ``offline`` (zero-lag, bone lengths robust over the clip) [``--smooth``].
         seg: use the seg task's body parts to detect occluded keypoints (needs a seg Predictor) [off: ``--no-seg``].
         formats: the exports per track, from ``EXPORT_FORMATS`` [``--formats bvh,glb``].
+        scene: write the ``SCENE_FORMATS`` among ``formats`` as one file with every track (``scene.usdc``, each
+            track at its frames in the clip) instead of one per track [``--scene``].
         view: draw the 3D view beside the frame in the overlay [off: ``--no-view``].
         min_frames: tracks seen on fewer frames are left out of the exports (listed in the summary); a source with
             fewer frames (a photo) exports every track [``--min-track-frames``].
@@ -83,6 +90,7 @@ class MocapOptions:
     smooth: str = "auto"
     seg: bool = True
     formats: Sequence[str] = EXPORT_FORMATS
+    scene: bool = False
     view: bool = True
     min_frames: int = 5
     skip_existing: bool = False
@@ -309,8 +317,10 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
     left_out: dict[int, str] = {}
     seconds = {"solve": 0.0, "export": 0.0}
     folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("track_*"):  # an earlier run's exports (other tracks, other formats)
+    for old in [*folder.glob("track_*"), *folder.glob("scene.*")]:  # an earlier run's exports (other tracks, formats)
         old.unlink()
+    per_track = [f for f in options.formats if not (options.scene and f in SCENE_FORMATS)]
+    in_scene = []
     for track, data in tracks.items():
         seen = int(data.seen.sum())
         if seen < min_frames:
@@ -325,7 +335,14 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
         finally:
             seconds["solve"] += time.perf_counter() - start
         start = time.perf_counter()
-        files[track] = [str(p) for p in export_motion(solved.motion, folder / f"track_{track}", options.formats)]
+        files[track] = [str(p) for p in export_motion(solved.motion, folder / f"track_{track}", per_track)]
+        in_scene.append((track, solved.motion, round(float(data.times[0]) * fps)))  # its first frame in the clip
+        seconds["export"] += time.perf_counter() - start
+    if in_scene and per_track != list(options.formats):
+        start = time.perf_counter()
+        scene = export_scene(in_scene, folder / "scene", [f for f in options.formats if f not in per_track])
+        for track, _, _ in in_scene:
+            files[track] += [str(p) for p in scene]  # the files holding the track
         seconds["export"] += time.perf_counter() - start
     return files, left_out, seconds
 
@@ -345,6 +362,10 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str]) -> list[Path]
         from .c3d import write_c3d
 
         written.append(Path(write_c3d(motion, stem.with_name(stem.name + ".c3d"))))
+    if "usd" in formats:
+        from .usd import write_usd
+
+        written.append(Path(write_usd(motion, stem.with_name(stem.name + ".usdc"), name=stem.name)))
     if "csv" in formats or "parquet" in formats:
         from .tables import write_trajectories
 
@@ -355,6 +376,18 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str]) -> list[Path]
         from .tables import write_joint_angles
 
         written += [Path(p) for p in write_joint_angles(motion, stem.with_name(f"{stem.name}_angles.csv"))]
+    return written
+
+
+def export_scene(tracks: Sequence[tuple[int, Any, int]], stem: Path, formats: Sequence[str]) -> list[Path]:
+    """Write every (track id, ``Motion``, first frame in the clip) into one file per format of ``formats`` (from
+    ``SCENE_FORMATS``) at ``stem`` + the format's suffix; returns the files written."""
+    written: list[Path] = []
+    if "usd" in formats:
+        from .usd import SkeletalAnimation, write_usd
+
+        animations = [SkeletalAnimation.from_motion(motion, f"track_{track}", first) for track, motion, first in tracks]
+        written.append(Path(write_usd(animations, stem.with_name(stem.name + ".usdc"))))
     return written
 
 
