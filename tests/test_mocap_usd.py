@@ -276,3 +276,45 @@ def test_blender_imports_usd_with_the_bvhs_fk(tmp_path):
         np.testing.assert_allclose(from_usd, from_bvh, atol=1e-3)  # the issue's bar: 1 mm
         np.testing.assert_allclose(from_usd, ours[frames], atol=1e-3)
         print(f"{name}: Blender's USD vs BVH joints differ by at most {np.abs(from_usd - from_bvh).max() * 1e3:.4f} mm")
+
+
+# ----------------------------------------------------------------------------------------------- the mocap run
+
+
+def test_the_run_writes_per_track_files_or_one_scene(tmp_path):
+    """``solve_and_export`` (what ``sapiens2 mocap`` runs once the video is done) on two tracks of the synthetic walk,
+    rendered and lifted, seen from frame 0 and from frame 4: a ``.usdc`` per track whose UsdSkel pose is its BVH's;
+    with ``scene`` one ``scene.usdc`` holding both at their frames in the clip, and no per-track USD."""
+    from mocap_synth import walk_clip
+
+    from sapiens2.mocap.lift import lift_frame
+    from sapiens2.mocap.run import MocapOptions, RecordedTrack, solve_and_export
+
+    pxr()
+    clip = walk_clip(frames=10)
+    lifted = []
+    for t in range(clip.num_frames):
+        frame = clip.frame(t, rgb=False)
+        lifted.append(lift_frame(frame.keypoints, frame.scores, frame.pointmap, frame.seg))
+    frames = np.arange(clip.num_frames)
+    tracks = {1: RecordedTrack(1, frames, frames / clip.motion.fps, lifted),
+              2: RecordedTrack(2, frames[4:], frames[4:] / clip.motion.fps, lifted[4:])}  # fmt: skip
+    for scene in (False, True):
+        folder = tmp_path / f"scene_{scene}"
+        options = MocapOptions(formats=("bvh", "usd"), scene=scene)
+        files, left_out, _ = solve_and_export(tracks, folder, clip.motion.fps, options, "offline")
+        assert not left_out and sorted(files) == [1, 2]
+        for track, first in ((1, 0), (2, 4)):
+            names = sorted(f.rsplit("/", 1)[-1] for f in files[track])
+            usd, root = (folder / "scene.usdc", f"/scene/track_{track}") if scene else (
+                folder / f"track_{track}.usdc", f"/track_{track}")  # fmt: skip
+            assert names == sorted([f"track_{track}.bvh", usd.name])
+            times, joints, positions = usdskel_positions(usd, root)
+            bvh = read_bvh(folder / f"track_{track}.bvh")
+            np.testing.assert_array_equal(times, (first if scene else 0) + np.arange(bvh.num_frames))
+            from_bvh, _ = forward_kinematics(bvh)
+            order = [bvh.skeleton.index(name) for name in joints]
+            np.testing.assert_allclose(positions * CV_TO_Y_UP, from_bvh[:, order], atol=1e-5)
+            assert validation_errors(usd) == []
+        assert sorted(p.name for p in folder.iterdir()) == sorted(
+            ["track_1.bvh", "track_2.bvh", *(["scene.usdc"] if scene else ["track_1.usdc", "track_2.usdc"])])
