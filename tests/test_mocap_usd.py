@@ -57,8 +57,8 @@ def validation_errors(path_or_stage) -> list[str]:
     _, Usd, _, _, UsdValidation = pxr()
     stage = Usd.Stage.Open(str(path_or_stage)) if not isinstance(path_or_stage, Usd.Stage) else path_or_stage
     context = UsdValidation.ValidationContext(UsdValidation.ValidationRegistry().GetOrLoadAllValidators())
-    errors = context.Validate(stage)
-    return [f"{e.GetName()}: {e.GetMessage()}" for e in errors if e.GetType() == UsdValidation.ValidationErrorType.Error]
+    error = UsdValidation.ValidationErrorType.Error
+    return [f"{e.GetName()}: {e.GetMessage()}" for e in context.Validate(stage) if e.GetType() == error]
 
 
 # ------------------------------------------------------------------------------------------ what the file holds
@@ -316,5 +316,5 @@ def test_the_run_writes_per_track_files_or_one_scene(tmp_path):
             order = [bvh.skeleton.index(name) for name in joints]
             np.testing.assert_allclose(positions * CV_TO_Y_UP, from_bvh[:, order], atol=1e-5)
             assert validation_errors(usd) == []
-        assert sorted(p.name for p in folder.iterdir()) == sorted(
-            ["track_1.bvh", "track_2.bvh", *(["scene.usdc"] if scene else ["track_1.usdc", "track_2.usdc"])])
+        usd_files = ["scene.usdc"] if scene else ["track_1.usdc", "track_2.usdc"]
+        assert sorted(p.name for p in folder.iterdir()) == sorted(["track_1.bvh", "track_2.bvh", *usd_files])
