@@ -318,3 +318,53 @@ def test_the_run_writes_per_track_files_or_one_scene(tmp_path):
             assert validation_errors(usd) == []
         usd_files = ["scene.usdc"] if scene else ["track_1.usdc", "track_2.usdc"]
         assert sorted(p.name for p in folder.iterdir()) == sorted(["track_1.bvh", "track_2.bvh", *usd_files])
+
+
+BLENDER_SCENE_SCRIPT = """
+import json, sys
+import bpy
+path, output = sys.argv[-2:]
+bpy.ops.wm.read_factory_settings(use_empty=True)
+bpy.ops.wm.usd_import(filepath=path)
+scene = bpy.context.scene
+result = {"range": [scene.frame_start, scene.frame_end], "tracks": {}}
+for armature in (o for o in scene.objects if o.type == "ARMATURE"):
+    first, last = map(int, armature.animation_data.action.frame_range)
+    poses = result["tracks"][armature.parent.name] = {}
+    for frame in range(first, last + 1):
+        scene.frame_set(frame)
+        poses[frame] = {b.name: list(armature.matrix_world @ b.head) for b in armature.pose.bones}
+with open(output, "w") as handle:
+    json.dump(result, handle)
+"""
+
+
+@pytest.mark.slow
+def test_blender_imports_a_scene_with_every_track_at_its_frames(tmp_path):
+    """A scene of three tracks starting at frames 0, 3 and 6 (two of one name): Blender makes an armature per track
+    (under its SkelRoot's name), each keyed over its own frames, posed as our forward kinematics (Blender's Z up:
+    camera (x, y, z) = Blender (x, -z, y))."""
+    import json
+
+    from conftest import blender_python
+
+    pxr()
+    from sapiens2.mocap.usd import SkeletalAnimation
+
+    motions = [random_motion(frames=5, seed=seed) for seed in range(3)]
+    names = ["track_1", "track_1", "track_5"]
+    animations = [SkeletalAnimation.from_motion(motions[i], names[i], start=3 * i) for i in range(3)]
+    path = write_usd(animations, tmp_path / "scene.usdc")
+    script, output = tmp_path / "scene.py", tmp_path / "scene.json"
+    script.write_text(BLENDER_SCENE_SCRIPT)
+    done = subprocess.run([blender_python(), str(script), str(path), str(output)], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(output.read_text())
+    assert result["range"] == [0, 10] and sorted(result["tracks"]) == ["track_1", "track_1_2", "track_5"]
+    for start, (root, motion) in enumerate(zip(["track_1", "track_1_2", "track_5"], motions, strict=True)):
+        poses = result["tracks"][root]
+        assert sorted(map(int, poses)) == list(range(3 * start, 3 * start + 5))
+        blender = np.array([[poses[str(3 * start + f)][n] for n in motion.skeleton.names] for f in range(5)])
+        camera = np.stack([blender[..., 0], -blender[..., 2], blender[..., 1]], -1)
+        np.testing.assert_allclose(camera, forward_kinematics(motion)[0], atol=1e-3)

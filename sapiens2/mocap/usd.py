@@ -248,8 +248,10 @@ def write_usd(tracks: Motion | SkeletalAnimation | Sequence[SkeletalAnimation], 
         names: set[str] = set()
         for animation in animations:
             base = child = _identifier(animation.name)
-            while child in names:
-                child = f"{base}_{len(names)}"
+            number = 1
+            while child in names:  # two tracks of one name: track_1, track_1_2
+                number += 1
+                child = f"{base}_{number}"
             names.add(child)
             _define_skeleton(stage, top.GetPath().AppendChild(child), animation)
     else:
