@@ -245,14 +245,17 @@ def test_bad_input_is_one_clear_error(tmp_path):
 
 
 def test_without_usd_core_the_error_names_the_extra(tmp_path):
-    script = ("import sys; sys.modules['pxr'] = None\n"
-              "sys.path.insert(0, 'tests')\n"
-              "from test_mocap_export import random_motion\n"
+    script = ("import sys; sys.modules['pxr'] = None  # as if usd-core were not installed\n"
+              "import numpy as np\n"
+              "from sapiens2.mocap.rig import Motion, Skeleton\n"
               "from sapiens2.mocap.usd import write_usd\n"
-              f"write_usd(random_motion(frames=2), {str(tmp_path / 't.usdc')!r})\n")  # fmt: skip
+              "skeleton = Skeleton(('root', 'tip'), (-1, 0), np.array([[0, 0, 0], [0, -0.5, 0]], float))\n"
+              "motion = Motion(skeleton, 30.0, np.zeros((3, 3)), np.tile([0.0, 0.0, 0.0, 1.0], (3, 2, 1)))\n"
+              f"write_usd(motion, {str(tmp_path / 't.usdc')!r})\n")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert done.stderr.splitlines()[-1] == "ImportError: USD export needs usd-core: pip install sapiens2[mocap]"
+    assert not (tmp_path / "t.usdc").exists()
 
 
 # ------------------------------------------------------------------------------------------------- Blender
@@ -276,6 +279,13 @@ def test_blender_imports_usd_with_the_bvhs_fk(tmp_path):
         np.testing.assert_allclose(from_usd, from_bvh, atol=1e-3)  # the bar: 1 mm
         np.testing.assert_allclose(from_usd, ours[frames], atol=1e-3)
         print(f"{name}: Blender's USD vs BVH joints differ by at most {np.abs(from_usd - from_bvh).max() * 1e3:.4f} mm")
+    # the negative control: (w, x, y, z) quaternions in the file put Blender's joints centimetres off the BVH's
+    from sapiens2.mocap.usd import SkeletalAnimation
+
+    right = SkeletalAnimation.from_motion(motion, "track_1")
+    broken = write_usd(dataclasses.replace(right, rotations=right.rotations[..., [3, 0, 1, 2]]), tmp_path / "w.usdc")
+    from_broken, _ = blender_joint_positions(broken, "usd", motion.fps, frames, names, tmp_path)
+    assert np.abs(from_broken - from_bvh).max() > 0.05
 
 
 # ----------------------------------------------------------------------------------------------- the mocap run
