@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from sapiens2.data.io import atomic_write
+from sapiens2.mocap.gltf import continuous_quaternions
 from sapiens2.mocap.rig import Motion
 
 __all__ = ["SUFFIXES", "SkeletalAnimation", "write_usd"]
@@ -55,10 +56,19 @@ def _rotation():
     return Rotation
 
 
-def _identifier(text: str) -> str:
-    """``text`` as a USD prim name (letters, digits and ``_``, not starting with a digit)."""
-    name = re.sub(r"[^A-Za-z0-9_]", "_", text) or "_"
-    return "_" + name if name[0].isdigit() else name
+def _identifiers(texts: Sequence[str]) -> list[str]:
+    """``texts`` as unique USD prim names (letters, digits and ``_``, not starting with a digit; a repeat gets
+    ``_2``, ``_3``)."""
+    names: list[str] = []
+    for text in texts:
+        base = re.sub(r"[^A-Za-z0-9_]", "_", text) or "_"
+        base = candidate = "_" + base if base[0].isdigit() else base
+        number = 1
+        while candidate in names:
+            number += 1
+            candidate = f"{base}_{number}"
+        names.append(candidate)
+    return names
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,27 +166,9 @@ def _skeleton_space(animation: SkeletalAnimation) -> tuple[np.ndarray, np.ndarra
     return Rotation.concatenate(rotations).as_quat(), np.array(positions)
 
 
-def _continuous(quaternions: np.ndarray) -> np.ndarray:
-    """(T, J, 4) with each quaternion's sign flipped to agree with the frame before (the same rotations), so an
-    importer that keys the four components interpolates the short way."""
-    result = quaternions.copy()
-    for frame in range(1, len(result)):
-        flip = (result[frame] * result[frame - 1]).sum(-1) < 0
-        result[frame, flip] *= -1
-    return result
-
-
 def _joint_paths(animation: SkeletalAnimation) -> list[str]:
     """Each joint as the path of names from the root (``pelvis/spine/chest``), made valid and unique."""
-    names, seen = [], set()
-    for name in animation.joints:
-        base = candidate = _identifier(name)
-        number = 1
-        while candidate in seen:
-            number += 1
-            candidate = f"{base}_{number}"
-        seen.add(candidate)
-        names.append(candidate)
+    names = _identifiers(animation.joints)
     paths: list[str] = []
     for joint, up in enumerate(animation.parents):
         paths.append(names[joint] if up < 0 else f"{paths[up]}/{names[joint]}")
@@ -198,7 +190,7 @@ def _define_skeleton(stage, path, animation: SkeletalAnimation) -> None:
     motion.CreateJointsAttr(joints)
     translations = np.tile(animation.rest_translations.astype(np.float32), (animation.num_frames, 1, 1))
     translations[:, 0] = animation.root_translation
-    quaternions = _continuous(animation.rotations).astype(np.float32)
+    quaternions = continuous_quaternions(animation.rotations).astype(np.float32)
     translate, rotate = motion.CreateTranslationsAttr(), motion.CreateRotationsAttr()
     for frame in range(animation.num_frames):
         time = Usd.TimeCode(animation.start + frame)
@@ -245,18 +237,11 @@ def write_usd(tracks: Motion | SkeletalAnimation | Sequence[SkeletalAnimation], 
     stage.GetRootLayer().documentation = "sapiens2 mocap"
     if scene:
         top = UsdGeom.Xform.Define(stage, Sdf.Path("/scene")).GetPrim()
-        names: set[str] = set()
-        for animation in animations:
-            base = child = _identifier(animation.name)
-            number = 1
-            while child in names:  # two tracks of one name: track_1, track_1_2
-                number += 1
-                child = f"{base}_{number}"
-            names.add(child)
+        for child, animation in zip(_identifiers([a.name for a in animations]), animations, strict=True):
             _define_skeleton(stage, top.GetPath().AppendChild(child), animation)
     else:
-        top = Sdf.Path("/" + _identifier(animations[0].name))
-        _define_skeleton(stage, top, animations[0])
-        top = stage.GetPrimAtPath(top)
+        root = Sdf.Path("/" + _identifiers([animations[0].name])[0])
+        _define_skeleton(stage, root, animations[0])
+        top = stage.GetPrimAtPath(root)
     stage.SetDefaultPrim(top)
     return atomic_write(path, lambda temporary: stage.GetRootLayer().Export(str(temporary)))
