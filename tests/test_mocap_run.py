@@ -181,7 +181,7 @@ def test_cli_with_real_models_bad_inputs_cost_one_line_each(tiny_checkpoints, tm
     assert "pan.mp4: 8 frames" in printed.out and "still.png: 1 frames" in printed.out
     for name, frames in (("pan", 8), ("still", 1)):
         summary = json.loads((out / f"{name}_mocap.json").read_text())
-        assert summary["frames"] == frames and summary["seg"] is True
+        assert summary["frames"] == frames and summary["seg"] is True and summary["scene"] is True
         assert all(len(r["mocap"]) == 1 for r in records(out, name))  # the whole frame as one tracked person
         assert summary["tracks"] or summary["left_out"]  # random weights: a track may be unsolvable, and says why
         for files in summary["tracks"].values():  # --scene: the USD of every track in one file

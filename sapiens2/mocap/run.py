@@ -487,7 +487,7 @@ def run_mocap(
     report.seconds.update(seconds)
     summary = {
         "source": text, "frames": report.video.frames, "fps": fps / stride, "smooth_3d": mode,
-        "seg": "seg" in tasks, "formats": list(options.formats), "error": report.error,
+        "seg": "seg" in tasks, "formats": list(options.formats), "scene": options.scene, "error": report.error,
         "tracks": {str(t): [str(Path(p).relative_to(stem.parent)) for p in paths] for t, paths in
                    report.tracks.items()},
         "left_out": {str(t): why for t, why in report.left_out.items()},
