@@ -359,11 +359,14 @@ def test_every_format_is_byte_identical_when_written_again(tmp_path):
     from sapiens2.mocap.c3d import write_c3d
     from sapiens2.mocap.fbx import write_fbx
     from sapiens2.mocap.gltf import write_glb
+    from sapiens2.mocap.usd import write_usd
 
+    require_module("pxr")
     motion = random_motion(frames=6, seed=10)
     writers = {
         "t.bvh": write_bvh, "t.glb": write_glb, "t.fbx": write_fbx, "t.c3d": write_c3d, "t.csv": write_trajectories,
-        "t.parquet": write_trajectories, "angles.csv": write_joint_angles,
+        "t.parquet": write_trajectories, "angles.csv": write_joint_angles, "t.usda": write_usd,
+        "t.usdc": write_usd,
     }  # fmt: skip
     first, second = tmp_path / "first", tmp_path / "second"
     for folder in (first, second):
@@ -456,6 +459,8 @@ if kind == "bvh":
                             update_scene_fps=False, update_scene_duration=True, rotate_mode="NATIVE")
 elif kind == "fbx":
     bpy.ops.import_scene.fbx(filepath=path)
+elif kind == "usd":
+    bpy.ops.wm.usd_import(filepath=path)
 else:
     bpy.ops.import_scene.gltf(filepath=path)
 armature = next(o for o in scene.objects if o.type == "ARMATURE")
@@ -474,7 +479,7 @@ def blender_joint_positions(path, kind: str, fps: float, frames: list[int], name
 
     Blender's importers turn Y-up files into its Z-up world: (x, y, z)_y_up -> (x, -z, y), so (x, y, z)_camera ->
     (x, z, -y). Its BVH import starts at frame 1 (``frame_start``), FBX keys at time * fps + 1 (``anim_offset``);
-    glTF keys sit at time * fps, from frame 0.
+    glTF keys sit at time * fps, from frame 0; USD time codes are frames, from 0.
     """
     script = tmp_path / "blender_fk.py"
     script.write_text(BLENDER_SCRIPT)

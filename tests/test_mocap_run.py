@@ -129,8 +129,8 @@ def test_the_hook_rides_the_one_video_pipeline(tmp_path):
     track = next(iter(report.tracks))
     folder = tmp_path / "out" / "walk_mocap"
     names = {Path(p).name for p in report.tracks[track]}
-    assert names == {f"track_{track}{s}" for s in (".bvh", ".glb", ".fbx", ".c3d", "_points.csv", "_points.parquet",
-                                                     "_angles.csv", "_angles.png")}  # fmt: skip
+    suffixes = (".bvh", ".glb", ".fbx", ".c3d", ".usdc", "_points.csv", "_points.parquet", "_angles.csv", "_angles.png")
+    assert names == {f"track_{track}{s}" for s in suffixes}
     assert all((folder / n).stat().st_size > 0 for n in names)
     summary = json.loads((tmp_path / "out" / "walk_mocap.json").read_text())
     assert [Path(p).name for p in summary["tracks"][str(track)]] == [Path(p).name for p in report.tracks[track]]
@@ -198,7 +198,7 @@ def test_cli_with_real_models_bad_inputs_cost_one_line_each(tiny_checkpoints, tm
     corrupt.write_bytes(b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 20)
     out = tmp_path / "out"
     argv = ["mocap", str(corrupt), str(tmp_path / "missing.mp4"), str(clip), str(still), "-o", str(out),
-            "--device", "cpu", "--input-size", "256", "192", "--detector", "none", "--no-flip-test",
+            "--device", "cpu", "--input-size", "256", "192", "--detector", "none", "--no-flip-test", "--scene",
             *[f"--model={t}={tiny_checkpoints[t]}" for t in ("pose", "pointmap", "seg")]]  # fmt: skip
     assert main(argv) == 1
     printed = capsys.readouterr()
@@ -208,11 +208,13 @@ def test_cli_with_real_models_bad_inputs_cost_one_line_each(tiny_checkpoints, tm
     assert "pan.mp4: 8 frames" in printed.out and "still.png: 1 frames" in printed.out
     for name, frames in (("pan", 8), ("still", 1)):
         summary = json.loads((out / f"{name}_mocap.json").read_text())
-        assert summary["frames"] == frames and summary["seg"] is True
+        assert summary["frames"] == frames and summary["seg"] is True and summary["scene"] is True
         assert all(len(r["mocap"]) == 1 for r in records(out, name))  # the whole frame as one tracked person
         assert summary["tracks"] or summary["left_out"]  # random weights: a track may be unsolvable, and says why
-        for files in summary["tracks"].values():
-            assert len(files) == 8 and all((out / f).is_file() for f in files)
+        for files in summary["tracks"].values():  # --scene: the FBX and USD of every track in one file each
+            assert len(files) == 9 and all((out / f).is_file() for f in files)
+            assert {f"{name}_mocap/scene.fbx", f"{name}_mocap/scene.usdc"} <= set(files)
+            assert not [f for f in files if f.endswith((".usdc", ".fbx")) and "track_" in f]
     assert list(json.loads((out / "still_mocap.json").read_text())["tracks"]) == ["1"]  # a photo: one-frame motion
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(("pan", "still"))) == []
 
@@ -220,7 +222,7 @@ def test_cli_with_real_models_bad_inputs_cost_one_line_each(tiny_checkpoints, tm
 @pytest.mark.parametrize(
     ("flags", "words"),
     [(["--formats", "bvh,obj"], "--formats: unknown obj"), (["--stride", "0"], "--stride"),
-     (["--formats", "bvh,glb", "--scene"], "--scene needs a format that holds several tracks (fbx)"),
+     (["--formats", "bvh,glb", "--scene"], "--scene needs a format that holds several tracks (fbx, usd)"),
      (["--min-track-frames", "0"], "--min-track-frames")],
 )  # fmt: skip
 def test_usage_errors_name_the_flag_and_exit_2(tmp_path, capsys, flags, words):

@@ -22,7 +22,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
     parser = commands.add_parser(
         "mocap",
-        help="video of people -> metric 3D skeletons: BVH, glTF, FBX, C3D, CSV/Parquet, joint angles, a 3D overlay",
+        help="video of people -> metric 3D skeletons: BVH, glTF, FBX, C3D, USD, CSV/Parquet, joint angles, a 3D overlay",
         description="Motion capture: pose + pointmap (+ seg) through the video pipeline, lifted to metres, solved "
         "on a skeleton per tracked person and exported (docs/mocap.md). Example: sapiens2 mocap clip.mp4 -o out/",
     )
@@ -54,7 +54,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                      help="leave out tracks seen on fewer frames (default 5)")  # fmt: skip
     out.add_argument("--skip-existing", action="store_true", help="skip inputs whose mocap summary exists")
     out.add_argument("--scene", action="store_true",
-                     help="FBX: every track of an input in one file (<input>_mocap/scene.fbx)")  # fmt: skip
+                     help="FBX and USD: every track of an input in one file (<input>_mocap/scene.fbx, "
+                     "scene.usdc) instead of one per track")  # fmt: skip
     parser.set_defaults(func=run)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from sapiens2.data.io import atomic_write
 from sapiens2.mocap.rig import Motion, cross, quat_to_y_up, to_y_up
 
-__all__ = ["bone_boxes", "write_glb"]
+__all__ = ["bone_boxes", "continuous_quaternions", "write_glb"]
 
 _FLOAT, _UNSIGNED_BYTE, _UNSIGNED_SHORT, _UNSIGNED_INT = 5126, 5121, 5123, 5125
 _ARRAY_BUFFER, _ELEMENT_ARRAY_BUFFER = 34962, 34963
@@ -84,8 +84,9 @@ def bone_boxes(rest: np.ndarray, parents: tuple[int, ...]) -> tuple[np.ndarray, 
     )
 
 
-def _continuous(quaternions: np.ndarray) -> np.ndarray:
-    """(T, ..., 4) with each quaternion's sign flipped to agree with the frame before (same rotations)."""
+def continuous_quaternions(quaternions: np.ndarray) -> np.ndarray:
+    """(T, ..., 4) with each quaternion's sign flipped to agree with the frame before (same rotations), so that an
+    importer interpolating the four components (glTF's linear keys, USD importers) turns the short way."""
     result = quaternions.copy()
     for frame in range(1, len(result)):
         flip = (result[frame] * result[frame - 1]).sum(-1, keepdims=True) < 0
@@ -170,7 +171,7 @@ def write_glb(motion: Motion, path: str | os.PathLike, *, name: str = "track") -
     gltf.skins = [pygltflib.Skin(name=name, joints=list(range(joints)), skeleton=0,
                                  inverseBindMatrices=blob.add(inverse_bind, "MAT4", _FLOAT))]  # fmt: skip
     times = blob.add(motion.times.astype(np.float32), "SCALAR", _FLOAT, bounds=True)
-    rotations = _continuous(quat_to_y_up(motion.rotations)).astype(np.float32)  # (T, J, 4)
+    rotations = continuous_quaternions(quat_to_y_up(motion.rotations)).astype(np.float32)  # (T, J, 4)
     samplers, channels = [], []
 
     def animate(node: int, target: str, values: np.ndarray) -> None:

@@ -6,15 +6,15 @@ decoding, tracking, ``detect_every``, chunked resume and overlay; this module ad
 frame (``mocap.lift.lift_frame``) and written into the frame's record in ``clip_frames.jsonl`` (so they are
 chunked, sealed and resumed with the frame), and a 3D view of the people (``mocap.view``) joins the overlay. When the
 video is complete, each track's lifted keypoints are read back from ``clip_frames.jsonl``, solved on the skeleton
-(``mocap.solve``: bone lengths, 3D smoothing, gap filling, rotations) and exported (BVH, glTF, FBX, C3D,
+(``mocap.solve``: bone lengths, 3D smoothing, gap filling, rotations) and exported (BVH, glTF, FBX, C3D, USD,
 CSV/Parquet, joint angles) from the solved ``rig.Motion`` alone. Exports are a function of the sealed records only,
 so a run killed with SIGKILL and resumed writes the same files, byte for byte, as one that was never stopped.
 
 Layout for ``out/clip`` (``docs/mocap.md``)::
 
     clip_overlay.mp4, clip_frames.jsonl, clip_video.json       the video pipeline's outputs (records with "mocap")
-    clip_mocap/track_<id>.bvh .glb .fbx .c3d                    per track: animation and markers
-    clip_mocap/scene.fbx                                        with ``scene``: every track in one file (no track FBX)
+    clip_mocap/track_<id>.bvh .glb .fbx .c3d .usdc              per track: animation and markers
+    clip_mocap/scene.fbx .usdc                                  with ``scene``: every track in one file (no track FBX/USD)
     clip_mocap/track_<id>_points.csv .parquet                   per track: the solved 308 keypoints per frame
     clip_mocap/track_<id>_angles.csv .png                       per track: joint angles and their plot
     clip_mocap.json                                             the summary, written last (the run is complete)
@@ -40,11 +40,13 @@ from ..messages import report_error
 
 __all__ = [
     "EXPORT_FORMATS",
+    "SCENE_FORMATS",
     "MocapHook",
     "MocapOptions",
     "MocapReport",
     "SCENE_FORMATS",
     "RecordedTrack",
+    "export_scene",
     "read_tracks",
     "record_lifted",
     "run_mocap",
@@ -52,10 +54,10 @@ __all__ = [
     "solve_and_export",
 ]
 
-EXPORT_FORMATS = ("bvh", "glb", "fbx", "c3d", "csv", "parquet", "angles")
-"""What ``MocapOptions.formats`` may name: BVH, glTF binary, binary FBX, C3D markers, the solved keypoints as CSV and
-Parquet, and the joint angles (CSV and a plot)."""
-SCENE_FORMATS = ("fbx",)
+EXPORT_FORMATS = ("bvh", "glb", "fbx", "c3d", "usd", "csv", "parquet", "angles")
+"""What ``MocapOptions.formats`` may name: BVH, glTF binary, binary FBX, C3D markers, USD (UsdSkel, ``.usdc``), the
+solved keypoints as CSV and Parquet, and the joint angles (CSV and a plot)."""
+SCENE_FORMATS = ("fbx", "usd")
 """The formats that hold several tracks in one file: with ``MocapOptions.scene`` each writes ``scene.<format>``."""
 
 logger = logging.getLogger(__name__)
@@ -321,8 +323,8 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
     folder.mkdir(parents=True, exist_ok=True)
     for old in [*folder.glob("track_*"), *folder.glob("scene.*")]:  # an earlier run's exports (other tracks, formats)
         old.unlink()
-    together = [f for f in options.formats if f in SCENE_FORMATS] if options.scene else []
-    scene: list[tuple[str, Any, float]] = []
+    per_track = [f for f in options.formats if not (options.scene and f in SCENE_FORMATS)]
+    in_scene: list[tuple[int, Any, float]] = []
     for track, data in tracks.items():
         seen = int(data.seen.sum())
         if seen < min_frames:
@@ -337,17 +339,14 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
         finally:
             seconds["solve"] += time.perf_counter() - start
         start = time.perf_counter()
-        formats = [f for f in options.formats if f not in together]
-        files[track] = [str(p) for p in export_motion(solved.motion, folder / f"track_{track}", formats)]
-        scene.append((f"track_{track}", solved.motion, float(data.times[0])))  # name, motion, start
+        files[track] = [str(p) for p in export_motion(solved.motion, folder / f"track_{track}", per_track)]
+        in_scene.append((track, solved.motion, float(data.times[0])))  # its start in the clip, in seconds
         seconds["export"] += time.perf_counter() - start
-    if together and scene:
+    if in_scene and per_track != list(options.formats):
         start = time.perf_counter()
-        from .fbx import FbxTrack, write_fbx_scene
-
-        path = str(write_fbx_scene([FbxTrack(*track) for track in scene], folder / "scene.fbx"))
-        for paths in files.values():
-            paths.append(path)
+        scene = export_scene(in_scene, folder / "scene", [f for f in options.formats if f not in per_track])
+        for track, _, _ in in_scene:
+            files[track] += [str(p) for p in scene]  # the files holding the track
         seconds["export"] += time.perf_counter() - start
     return files, left_out, seconds
 
@@ -371,6 +370,10 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str]) -> list[Path]
         from .c3d import write_c3d
 
         written.append(Path(write_c3d(motion, stem.with_name(stem.name + ".c3d"))))
+    if "usd" in formats:
+        from .usd import write_usd
+
+        written.append(Path(write_usd(motion, stem.with_name(stem.name + ".usdc"), name=stem.name)))
     if "csv" in formats or "parquet" in formats:
         from .tables import write_trajectories
 
@@ -381,6 +384,24 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str]) -> list[Path]
         from .tables import write_joint_angles
 
         written += [Path(p) for p in write_joint_angles(motion, stem.with_name(f"{stem.name}_angles.csv"))]
+    return written
+
+
+def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: Sequence[str]) -> list[Path]:
+    """Write every (track id, ``Motion``, its start in the clip in seconds) into one file per format of ``formats``
+    (from ``SCENE_FORMATS``) at ``stem`` + the format's suffix, each track at its time; returns the files written."""
+    written: list[Path] = []
+    if "fbx" in formats:
+        from .fbx import FbxTrack, write_fbx_scene
+
+        scene = [FbxTrack(f"track_{track}", motion, start) for track, motion, start in tracks]
+        written.append(Path(write_fbx_scene(scene, stem.with_name(stem.name + ".fbx"))))
+    if "usd" in formats:
+        from .usd import SkeletalAnimation, write_usd
+
+        animations = [SkeletalAnimation.from_motion(motion, f"track_{track}", round(start * motion.fps))
+                      for track, motion, start in tracks]  # fmt: skip
+        written.append(Path(write_usd(animations, stem.with_name(stem.name + ".usdc"))))
     return written
 
 
@@ -480,7 +501,7 @@ def run_mocap(
     report.seconds.update(seconds)
     summary = {
         "source": text, "frames": report.video.frames, "fps": fps / stride, "smooth_3d": mode,
-        "seg": "seg" in tasks, "formats": list(options.formats), "error": report.error,
+        "seg": "seg" in tasks, "formats": list(options.formats), "scene": options.scene, "error": report.error,
         "tracks": {str(t): [str(Path(p).relative_to(stem.parent)) for p in paths] for t, paths in
                    report.tracks.items()},
         "left_out": {str(t): why for t, why in report.left_out.items()},
