@@ -130,7 +130,7 @@ def test_the_hook_rides_the_one_video_pipeline(tmp_path):
     folder = tmp_path / "out" / "walk_mocap"
     names = {Path(p).name for p in report.tracks[track]}
     assert names == {f"track_{track}{s}" for s in (".bvh", ".glb", ".c3d", "_points.csv", "_points.parquet",
-                                                     "_angles.csv", "_angles.png")}  # fmt: skip
+                                                     "_angles.csv", "_angles.png", ".trc")}  # fmt: skip
     assert all((folder / n).stat().st_size > 0 for n in names)
     summary = json.loads((tmp_path / "out" / "walk_mocap.json").read_text())
     assert [Path(p).name for p in summary["tracks"][str(track)]] == [Path(p).name for p in report.tracks[track]]
@@ -185,7 +185,7 @@ def test_cli_with_real_models_bad_inputs_cost_one_line_each(tiny_checkpoints, tm
         assert all(len(r["mocap"]) == 1 for r in records(out, name))  # the whole frame as one tracked person
         assert summary["tracks"] or summary["left_out"]  # random weights: a track may be unsolvable, and says why
         for files in summary["tracks"].values():
-            assert len(files) == 7 and all((out / f).is_file() for f in files)
+            assert len(files) == 8 and all((out / f).is_file() for f in files)
     assert list(json.loads((out / "still_mocap.json").read_text())["tracks"]) == ["1"]  # a photo: one-frame motion
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(("pan", "still"))) == []
 
