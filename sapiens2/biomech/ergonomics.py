@@ -225,6 +225,14 @@ def _reba_trunk(flexion: np.ndarray) -> np.ndarray:
                     np.where(flexion < 0, extension, _band(flexion, (20.0, 60.0), (2, 3, 4))))  # fmt: skip
 
 
+def _worse_side(best: dict[str, np.ndarray], side: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per frame, the arm parts of whichever side scores higher (``best`` empty: ``side``)."""
+    if not best:
+        return side
+    worse = side["score"] > best["score"]
+    return {k: np.where(worse, v, best[k]) for k, v in side.items()}
+
+
 def rula_scores(angles: Mapping[str, np.ndarray], conditions: WorkConditions = WorkConditions()
                 ) -> dict[str, np.ndarray]:  # fmt: skip
     """RULA per frame: ``score`` (grand score 1-7, the worse side), ``level`` (action level 1-4) and the parts
@@ -252,12 +260,7 @@ def rula_scores(angles: Mapping[str, np.ndarray], conditions: WorkConditions = W
         score_a = _RULA_A[upper - 1, lower - 1, wrist - 1, 0]  # wrist twist 1: mid-range
         score_c = score_a + muscle + load
         grand = _RULA_C[np.minimum(score_c, 8) - 1, np.minimum(score_d, 7) - 1]
-        parts = {"score": grand, "upper_arm": upper, "lower_arm": lower, "wrist": wrist}
-        if not best:
-            best = parts
-        else:
-            worse = grand > best["score"]
-            best = {k: np.where(worse, v, best[k]) for k, v in parts.items()}
+        best = _worse_side(best, {"score": grand, "upper_arm": upper, "lower_arm": lower, "wrist": wrist})
     best |= {"neck": neck_score, "trunk": trunk_score, "legs": legs}
     best["level"] = _band(best["score"], (2, 4, 6), (1, 2, 3, 4))
     return {k: np.asarray(v, np.int64) for k, v in best.items()}
@@ -288,12 +291,7 @@ def reba_scores(angles: Mapping[str, np.ndarray], conditions: WorkConditions = W
         wrist = np.where(np.abs(angles[f"{side}_wrist_flexion"]) <= 15.0, 1, 2)
         score_b = _REBA_B[upper - 1, lower - 1, wrist - 1] + conditions.coupling
         final = _REBA_C[np.minimum(score_a, 12) - 1, np.minimum(score_b, 12) - 1] + activity
-        parts = {"score": final, "upper_arm": upper, "lower_arm": lower, "wrist": wrist}
-        if not best:
-            best = parts
-        else:
-            worse = final > best["score"]
-            best = {k: np.where(worse, v, best[k]) for k, v in parts.items()}
+        best = _worse_side(best, {"score": final, "upper_arm": upper, "lower_arm": lower, "wrist": wrist})
     best |= {"trunk": trunk, "neck": neck, "legs": legs}
     best["level"] = _band(best["score"], (1, 3, 7, 10), (0, 1, 2, 3, 4))
     return {k: np.asarray(v, np.int64) for k, v in best.items()}
