@@ -273,6 +273,10 @@ POSES = [
     # + trunk twisted 30° (+1), head turned 30° (+1), knees 70° (REBA legs +2): RULA neck 4, trunk 5, legs 2 ->
     # B=7; C[7,7]=7 (level 4). REBA trunk 5, neck 3, legs 4 -> A=9; B=8; C[9,8]=11 (level 4, very high)
     (RAISED | dict(knee=70, twist=30, head_twist=30), 7, 4, 11, 4),
+    # a squat: trunk 22°, neck 10°, arms hanging, elbows 80°, knees 90° on both feet: RULA upper 1, lower 1, wrist
+    # 1 -> A=1; neck 1, trunk 3, legs 1 -> B[1,3,1]=3; C[1,3]=3 (level 2). REBA trunk 3, neck 1, legs 1+2 ->
+    # A[3,1,3]=5; B[1,1,1]=1; C[5,1]=4 (level 2, medium)
+    (dict(trunk=22, neck=10, knee=90), 3, 2, 4, 2),
 ]
 
 
