@@ -6,14 +6,14 @@ REBA: Hignett S, McAtamney L (2000). Rapid Entire Body Assessment (REBA). Applie
 (Tables A, B, C; action levels 0-4).
 
 Angles (``posture_angles``) come from lab-frame points (``mocap.trc.marker_tracks`` names, Y up): trunk flexion
-against vertical, side bending, and twist (the shoulder line against the hip line about the trunk's axis); neck flexion (mid-shoulder -> mid-ear
-against the trunk), side bending and twist (the nose's direction against the trunk's forward); per arm the upper
-arm's elevation from the trunk's downward axis (negative when it points mostly backward: extension) and whether it
-is abducted (its outward component past 45°), elbow flexion, the wrist's flexion about the knuckle line, whether the
-hand works across the body's midline or out to the side; per leg the knee flexion, and whether the feet share the
-weight (their heights within 5 cm). What a video does not show is an input with the methods' neutral default:
-load or force (``load_kg``), static or repeated muscle use, coupling, arm support, shoulder raising, wrist deviation
-and twist (RULA wrist twist score 1: mid-range).
+against vertical, side bending, and twist (the shoulder line against the hip line about the trunk's axis); neck
+flexion (mid-shoulder -> mid-ear against the trunk), side bending and twist (the nose's direction against the
+trunk's forward); per arm the upper arm's elevation from the trunk's downward axis (negative when it points mostly
+backward: extension) and whether it is abducted (its outward component past 45°), elbow flexion, the wrist's
+flexion about the knuckle line, whether the hand works across the body's midline or out to the side; per leg the
+knee flexion, and whether the feet share the weight (their heights within 5 cm). What a video does not show is an
+input with the methods' neutral default: load or force (``load_kg``), static or repeated muscle use, coupling, arm
+support, shoulder raising, wrist deviation and twist (RULA wrist twist score 1: mid-range).
 """
 
 from __future__ import annotations

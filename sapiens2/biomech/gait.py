@@ -24,6 +24,9 @@ import numpy as np
 __all__ = ["GaitEvents", "cycle_curves", "gait_events", "gait_parameters", "smooth"]
 
 SIDES = (("left", "L"), ("right", "R"))
+MIN_SPEED = 0.15
+"""m/s: events count only while the pelvis moves this fast and at least half its median speed while moving (2 Hz
+low-pass): standing still makes none, nor do the first and last steps of starting and stopping."""
 _UP = np.array([0.0, 1.0, 0.0])
 
 
@@ -119,13 +122,20 @@ def gait_events(tracks: Mapping[str, np.ndarray], times: np.ndarray) -> GaitEven
     if np.nanmax(np.linalg.norm(flat - flat[0], axis=1)) < 0.3:
         raise ValueError("the person does not walk (the pelvis moves less than 0.3 m): no gait events")
     heading = _heading(pelvis, times, fps)
+    speed = np.linalg.norm(np.gradient(smooth(flat, fps, 2.0), times, axis=0), axis=1)
+    moving = speed > MIN_SPEED
+    walking = speed > max(MIN_SPEED, 0.5 * float(np.median(speed[moving]))) if moving.any() else moving
+
+    def during_walk(found: np.ndarray) -> np.ndarray:
+        return found[walking[np.clip(np.round(found).astype(int), 0, len(times) - 1)]]
+
     strikes, offs = {}, {}
     for side, s in SIDES:
         heel = smooth(tracks[f"{s}Heel"], fps)
         toes = [tracks[n] for n in (f"{s}BigToe", f"{s}SmallToe") if n in tracks]
         toe = smooth(np.mean(toes, axis=0), fps)
-        strikes[side] = _peaks(((heel - pelvis) * heading).sum(1), fps)
-        offs[side] = _peaks(-((toe - pelvis) * heading).sum(1), fps)
+        strikes[side] = during_walk(_peaks(((heel - pelvis) * heading).sum(1), fps))
+        offs[side] = during_walk(_peaks(-((toe - pelvis) * heading).sum(1), fps))
     return GaitEvents(times, strikes, offs, heading, tracks)
 
 
