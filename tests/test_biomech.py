@@ -344,3 +344,73 @@ def test_without_opensim_one_line_names_the_extra(tmp_path, capsys, monkeypatch)
     (line,) = error_lines(capsys)
     assert "pip install sapiens2[biomech]" in line and "--no-opensim" in line
     assert not (tmp_path / "walk_biomech").exists()
+
+
+# ------------------------------------------------------------------------------------------------ from a video
+
+
+def test_one_command_from_a_video_runs_mocap_first(tiny_checkpoints, tmp_path, capsys):
+    """``sapiens2 biomech clip.mp4 -o out`` on tiny random models: sapiens2 mocap runs with the given flags (CSV and
+    TRC exports), then each track is analysed; a bad mocap flag is mocap's own usage error."""
+    require_module("av")
+    from videoclips import moving_crops, write_clip
+
+    clip = write_clip(tmp_path / "pan.mp4", moving_crops(8))
+    flags = " ".join(["--device cpu --input-size 256 192 --detector none --no-flip-test --no-seg --no-overlay",
+                      *[f"--model={t}={tiny_checkpoints[t]}" for t in ("pose", "pointmap")]])  # fmt: skip
+    out = tmp_path / "out"
+    status = main(["biomech", str(clip), "-o", str(out), "--no-opensim", "--no-report", f"--mocap-flags={flags}"])
+    printed = capsys.readouterr()
+    mocap = json.loads((out / "pan_mocap.json").read_text())
+    assert set(mocap["formats"]) == {"csv", "trc"}
+    summary = json.loads((out / "pan_biomech.json").read_text())
+    # random weights: a track is analysed (8 frames of some pose) or left out with its reason on one line
+    assert status in (0, 1) and (summary["tracks"] or summary["left_out"]), printed.err
+    for track in summary["tracks"]:
+        assert (out / "pan_biomech" / f"track_{track}" / "ergonomics.csv").is_file()
+        assert (out / "pan_biomech" / f"track_{track}" / "markers.trc").is_file()
+    assert "pan_mocap: " in printed.out
+    assert main(["biomech", str(clip), "-o", str(out), "--mocap-flags=--smaple 3"]) == 2
+    assert "unrecognized arguments: --smaple 3" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_rendered_walk_through_mocap_and_biomech(tmp_path, capsys):
+    """The whole chain on the rendered synthetic walk (the networks' outputs from the truth: tests/test_mocap_run
+    Oracle): video -> lifting and solve -> TRC -> OpenSim -> gait. The figures docs/biomechanics.md quotes."""
+    require_module("opensim")
+    require_module("av")
+    import test_mocap_run as pipeline
+    from videoclips import write_clip
+
+    from sapiens2.mocap.run import MocapOptions, run_mocap
+    from sapiens2.video import VideoOptions
+
+    truth = walk_clip(frames=72, turn=0.0, stand=STAND)
+    pictures = [pipeline.stamp(pipeline.rendered(truth, t).rgb, t) for t in range(truth.num_frames)]
+    clip = write_clip(tmp_path / "walk.mp4", pictures, fps=int(FPS))
+    options = MocapOptions(video=VideoOptions(smooth="none", save_dense=False), formats=("csv", "trc"))
+    report = run_mocap(pipeline.oracles(truth), clip, tmp_path / "out", options, progress=False)
+    assert report.error is None and list(report.tracks) == [1]
+    assert main(["biomech", str(tmp_path / "out" / "walk_mocap")]) == 0
+    folder = tmp_path / "out" / "walk_biomech" / "track_1"
+    errors = read_sto(folder / "ik_marker_errors.sto")["marker_error_RMS"]
+    assert errors.mean() < 0.01 and np.percentile(errors, 95) < 0.02, errors
+    ik = read_sto(folder / "ik.mot")
+    walking = ik["time"] >= (STAND + 6) / FPS  # the solve's zero-lag smoothing blurs the jump from standing to walking
+    phase = 2 * np.pi * (ik["time"][walking] - STAND / FPS) / STRIDE_SECONDS
+    for side, shift in (("l", 0.0), ("r", np.pi)):
+        truth_knee = 8.0 + 25.0 * (1 + np.sin(phase + shift - 1.3))
+        assert np.sqrt(np.mean((ik[f"knee_angle_{side}"][walking] - truth_knee) ** 2)) < 5.0
+    gait = json.loads((folder / "gait.json").read_text())
+    events = _truth_events(0.0, 72)
+    for side in ("left", "right"):
+        for kind in ("heel_strike", "toe_off"):
+            found = np.array(gait[f"{kind}_frames"][side]) - STAND
+            expected = events[side][kind]
+            expected = expected[(expected >= found.min() - 2) & (expected <= found.max() + 2)]
+            assert len(found) == len(expected) >= 2 and np.abs(found - expected).max() <= 1.5, (side, kind)
+    assert abs(gait["parameters"]["cadence"] / (120.0 / STRIDE_SECONDS) - 1) < 0.01
+    assert abs(gait["parameters"]["stride_length"] / (SPEED * STRIDE_SECONDS) - 1) < 0.03
+    html = (folder / "report.html").read_text()
+    assert "report_event_0.jpg" in html and (folder / "report_event_0.jpg").is_file()

@@ -47,8 +47,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--no-report", action="store_true", help="no HTML and PDF report")
     out.add_argument("--mocap-flags", default="",
-                     help="flags for sapiens2 mocap when an input is a video, in one string, e.g. "
-                     "\"--model 1b --no-seg\"")  # fmt: skip
+                     help="flags for sapiens2 mocap when an input is a video, in one string after '=', e.g. "
+                     "--mocap-flags=\"--model 1b --no-seg\"")  # fmt: skip
     parser.set_defaults(func=run)
 
 
