@@ -24,6 +24,7 @@ import numpy as np
 __all__ = [
     "IKResult",
     "MODEL_FILES",
+    "NEUTRAL_PRIORS",
     "STANDING",
     "import_opensim",
     "inverse_kinematics",
@@ -46,6 +47,21 @@ STANDING = {"seconds": 0.5, "speed": 0.15, "knee": 20.0, "trunk": 20.0}
 """A still, standing stretch: at least ``seconds`` long, the markers slower than ``speed`` m/s (their median, after
 a 2 Hz low-pass that takes the lifted keypoints' jitter off), knees bent less than ``knee`` degrees and the trunk
 (midHip -> Neck) within ``trunk`` degrees of vertical."""
+
+
+NEUTRAL_PRIORS = {"lumbar_extension": 0.01}
+"""Coordinate -> weight of a weak pull to its default value (0) in every IK solve (static pose and trial). OpenCap's
+three pelvis markers lie on one line (hips and midHip), so the pelvis's tilt about it is barely seen: without this,
+IK can trade tens of degrees of pelvis tilt for lumbar extension and hip flexion and keep the markers still."""
+
+
+def _add_priors(osim, tasks) -> None:
+    for name, weight in NEUTRAL_PRIORS.items():
+        task = osim.IKCoordinateTask()
+        task.setName(name)
+        task.setWeight(weight)
+        task.setValueType(osim.IKCoordinateTask.DefaultValue)
+        tasks.cloneAndAppend(task)
 
 
 def import_opensim():
@@ -204,6 +220,7 @@ def inverse_kinematics(trc: str | os.PathLike, scaled_model: str | os.PathLike, 
     model = osim.Model(str(Path(scaled_model).resolve()))
     model.initSystem()
     tool.setModel(model)
+    _add_priors(osim, tool.getIKTaskSet())
     tool.setMarkerDataFileName(str(Path(trc).resolve()))
     tool.setOutputMotionFileName(str(output))
     tool.setResultsDir(str(output.parent))
