@@ -335,6 +335,14 @@ def test_bad_inputs_cost_one_clear_line_each(tmp_path, capsys):
     assert main(["biomech", "clip.mp4"]) == 2
     (line,) = error_lines(capsys)
     assert "clip.mp4" in line and "-o OUTPUT" in line
+    osim = tmp_path / "own.osim"
+    osim.write_text("<OpenSimDocument/>")
+    assert main(["biomech", str(walk.parent), "--model-file", str(osim)]) == 2
+    (line,) = error_lines(capsys)
+    assert "--model-file needs its marker set" in line
+    assert main(["biomech", str(walk.parent), "--model-file", str(osim), "--marker-file", "nope.xml"]) == 2
+    (line,) = error_lines(capsys)
+    assert "--marker-file nope.xml: no such file" in line
 
 
 def test_without_opensim_one_line_names_the_extra(tmp_path, capsys, monkeypatch):
@@ -414,3 +422,29 @@ def test_a_rendered_walk_through_mocap_and_biomech(tmp_path, capsys):
     assert abs(gait["parameters"]["stride_length"] / (SPEED * STRIDE_SECONDS) - 1) < 0.03
     html = (folder / "report.html").read_text()
     assert "report_event_0.jpg" in html and (folder / "report_event_0.jpg").is_file()
+
+
+def test_a_users_own_model_and_marker_set(tmp_path, capsys):
+    """``--model-file``/``--marker-file`` are what OpenSim scales (a marker set without the wrists: the scaled model
+    has none); a file OpenSim cannot read is one line naming the problem."""
+    require_module("opensim")
+    from sapiens2.biomech.osim import model_file
+
+    points = noisy_points(
+        walk_clip(frames=24, turn=0.0, stand=STAND).motion, tmp_path / "w_mocap" / "track_1_points.csv"
+    )
+    markers = tmp_path / "lab_markers.xml"
+    text = model_file("markers_mmpose").read_text()
+    markers.write_text(re.sub(r'\s*<Marker name="[RL]Wrist">.*?</Marker>', "", text, flags=re.S))
+    model = tmp_path / "lab.osim"
+    model.write_bytes(model_file("model").read_bytes())
+    argv = ["biomech", str(points.parent), "--no-report", "--model-file", str(model), "--marker-file", str(markers)]
+    assert main(argv) == 0
+    scaled = (tmp_path / "w_biomech" / "track_1" / "scaled.osim").read_text()
+    assert '<Marker name="RElbow">' in scaled and '<Marker name="RWrist">' not in scaled
+    assert '<Marker name="RWrist">' in model_file("markers_mmpose").read_text()
+    model.write_text("<OpenSimDocument/>")
+    capsys.readouterr()
+    assert main(argv) == 1
+    (line,) = error_lines(capsys)
+    assert "OpenSim could not scale the model" in line and "Version" in line

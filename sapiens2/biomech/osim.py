@@ -94,6 +94,16 @@ def _quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
+def _run(tool, failure: str) -> bool:
+    """``tool.run()`` with its stdout silenced; an OpenSim exception becomes one line (ValueError)."""
+    try:
+        with _quiet_stdout():
+            return bool(tool.run())
+    except RuntimeError as error:  # SWIG's wrapper of an OpenSim/Simbody exception: several lines
+        text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        raise ValueError(f"OpenSim {failure}: {text}") from None
+
+
 def model_file(role: str) -> Path:
     """The packaged file of ``role`` (``MODEL_FILES``)."""
     return Path(str(resources.files("sapiens2.biomech").joinpath("opensim", MODEL_FILES[role])))
@@ -176,10 +186,9 @@ def scale_model(trc: str | os.PathLike, output: str | os.PathLike, window: tuple
     placer.setOutputModelFileName(str(output))
     placer.setOutputMotionFileName(str(output.with_name(output.stem + "_static.mot")))
     placer.setMoveModelMarkers(True)
-    with _quiet_stdout():
-        done = tool.run()
+    done = _run(tool, "could not scale the model")
     if not done or not output.is_file():
-        raise RuntimeError(f"{trc}: OpenSim could not scale the model (see the OpenSim log)")
+        raise ValueError("OpenSim could not scale the model (its log on stderr says why)")
     return output
 
 
@@ -230,10 +239,9 @@ def inverse_kinematics(trc: str | os.PathLike, scaled_model: str | os.PathLike, 
         time_range = (data.getStartFrameTime(), data.getLastFrameTime())
     tool.setStartTime(float(time_range[0]))
     tool.setEndTime(float(time_range[1]))
-    with _quiet_stdout():
-        done = tool.run()
+    done = _run(tool, "inverse kinematics failed")
     if not done or not output.is_file():
-        raise RuntimeError(f"{trc}: OpenSim inverse kinematics failed (see the OpenSim log)")
+        raise ValueError("OpenSim inverse kinematics failed (its log on stderr says why)")
     written = output.parent / f"{output.stem}_ik_marker_errors.sto"
     errors_file = output.with_name(output.stem + "_marker_errors.sto")
     os.replace(written, errors_file)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..data.io import atomic_write
+from ..messages import report_warning
 from .ergonomics import WorkConditions
 
 __all__ = ["BiomechOptions", "BiomechReport", "analyse_track", "find_tracks", "run_biomech"]
@@ -86,8 +87,10 @@ class BiomechOptions:
             raise ValueError(f"static must be START END seconds with 0 <= START < END, got {self.static}")
         if not self.mass > 0:
             raise ValueError(f"mass must be > 0 kg, got {self.mass}")
-        if (self.model is None) != (self.markers is None):
-            raise ValueError("model and markers go together: a model file needs its marker set file")
+        if self.model is not None and self.markers is None:
+            raise ValueError("model needs its marker set (an OpenSim MarkerSet .xml with OpenCap's marker names)")
+        if self.markers is not None and self.model is None:
+            raise ValueError("markers need the model they belong to (an .osim file)")
 
 
 @dataclass
@@ -101,7 +104,7 @@ class BiomechReport:
     error: str | None = None
 
     def summary(self) -> str:
-        left_out = f" ({len(self.left_out)} left out: {'; '.join(self.left_out.values())})" if self.left_out else ""
+        left_out = f" ({len(self.left_out)} left out)" if self.left_out else ""
         return f"{self.source}: {len(self.tracks)} tracks analysed{left_out}"
 
 
@@ -304,8 +307,11 @@ def run_biomech(source: str | os.PathLike, output: str | os.PathLike | None = No
                                                  first_frame=first)  # fmt: skip
         except ValueError as error:
             report.left_out[track] = f"track {track}: {error}"
-    if not report.tracks:
+    if not report.tracks:  # why, on the error line
         report.error = f"{source}: " + ("; ".join(report.left_out.values()) or "no track")
+    else:  # the others analysed: a warning line each
+        for why in report.left_out.values():
+            report_warning(f"{source}: {why}")
     text = json.dumps(_finite({"source": str(source), "tracks": {str(k): v for k, v in report.tracks.items()},
                                "left_out": {str(k): v for k, v in report.left_out.items()}}), indent=1)  # fmt: skip
     atomic_write(out / f"{stem}_biomech.json", text.encode())
