@@ -158,6 +158,8 @@ def lab_frame(tracks: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]
         right = np.nanmean(tracks["RHip"] - tracks["LHip"], axis=0)
         forward = np.cross(up, right)
     forward = forward - (forward @ up) * up
+    if np.linalg.norm(forward) < 1e-3:  # facing every way in turn (walking out and back): away from the camera
+        forward = np.array([0.0, 0.0, 1.0])
     forward /= np.linalg.norm(forward)
     rotation = np.stack([forward, up, np.cross(forward, up)])
     feet = np.stack([tracks[n] for n in _FOOT if n in tracks], 1) @ up  # heights along up
