@@ -112,9 +112,10 @@ def _angles_figure(Figure, times: np.ndarray, curves: Mapping[str, np.ndarray]):
     return figure
 
 
-def _event_frames(folder: Path, video: str | None, first_frame: int, gait: Any) -> list[tuple[str, Path]]:
-    """(caption, JPEG) of the video frames at the first heel strike and toe off of each foot."""
-    if gait is None or not video or not Path(video).is_file():
+def _event_frames(folder: Path, video: str | None, rows: list[int] | None, gait: Any) -> list[tuple[str, Path]]:
+    """(caption, JPEG) of the video frames at the first heel strike and toe off of each foot (``rows``: the video
+    frame of each of the track's rows)."""
+    if gait is None or not video or not rows or not Path(video).is_file():
         return []
     import cv2
 
@@ -123,7 +124,8 @@ def _event_frames(folder: Path, video: str | None, first_frame: int, gait: Any) 
     for side in ("left", "right"):
         for kind, found in (("heel strike", events.heel_strike[side]), ("toe off", events.toe_off[side])):
             if len(found):
-                wanted.append((f"{side} {kind}, {events.time(found[0]):.2f} s", first_frame + int(round(found[0]))))
+                row = min(int(round(found[0])), len(rows) - 1)
+                wanted.append((f"{side} {kind}, {events.time(found[0]):.2f} s", rows[row]))
     capture = cv2.VideoCapture(video)
     shots = []
     try:
@@ -149,7 +151,7 @@ def _table_page(Figure, title: str, lines: list[str], rows: list[list[str]] | No
         ax = figure.add_axes((0.08, 0.35, 0.84, 0.4))
         ax.axis("off")
         table = ax.table(cellText=rows, colLabels=["Parameter", "Mean", "Left", "Right", "Symmetry index (%)"],
-                         loc="upper center", cellLoc="center")  # fmt: skip
+                         loc="upper center", cellLoc="center", colWidths=[0.34, 0.14, 0.14, 0.14, 0.24])  # fmt: skip
         table.auto_set_font_size(False)
         table.set_fontsize(9)
         table.scale(1, 1.4)
@@ -159,7 +161,7 @@ def _table_page(Figure, title: str, lines: list[str], rows: list[list[str]] | No
 def write_report(folder: str | os.PathLike, summary: Mapping[str, Any], times: np.ndarray,
                  curves: Mapping[str, np.ndarray], angles: Mapping[str, np.ndarray], rula: Mapping[str, np.ndarray],
                  reba: Mapping[str, np.ndarray], gait: Any, *, video: str | None = None,
-                 first_frame: int = 0) -> list[Path]:  # fmt: skip
+                 source_frames: list[int] | None = None) -> list[Path]:  # fmt: skip
     """Write ``report.html`` (its pictures ``report_*.png`` / ``.jpg`` beside it) and ``report.pdf`` into
     ``folder``; returns the files written."""
     Figure, PdfPages = import_matplotlib()
@@ -181,7 +183,7 @@ def write_report(folder: str | os.PathLike, summary: Mapping[str, Any], times: n
     rows = _gait_rows(gait[1]) if gait is not None else None
     if gait is None:
         lines.append(f"gait: {summary.get('gait', {}).get('note', 'not analysed')}")
-    shots = _event_frames(folder, video, first_frame, gait)
+    shots = _event_frames(folder, video, source_frames, gait)
     written: list[Path] = []
     pictures = []
     for n, (caption, figure) in enumerate(figures):

@@ -159,11 +159,11 @@ def _finite(value: Any) -> Any:
 
 
 def analyse_track(table: Mapping[str, np.ndarray], folder: str | os.PathLike, options: BiomechOptions | None = None,
-                  *, video: str | None = None, first_frame: int = 0) -> dict:  # fmt: skip
+                  *, video: str | None = None, source_frames: list[int] | None = None) -> dict:  # fmt: skip
     """Analyse one track's trajectory table (``mocap.tables.trajectory_table`` columns) into ``folder`` (the
     module docstring's layout); returns its summary (files, static window, gait parameters, time at each
-    ergonomic action level). ``video`` and ``first_frame`` (the track's first source frame) let the report show
-    the frames at gait events.
+    ergonomic action level). ``video`` and ``source_frames`` (the video frame of each of the track's rows) let the
+    report show the frames at gait events.
 
     Raises:
         ValueError: the track cannot be analysed (too few frames, no standing still for the scaling, ...): one line.
@@ -225,7 +225,7 @@ def analyse_track(table: Mapping[str, np.ndarray], folder: str | os.PathLike, op
         from .report import write_report
 
         summary["files"] += [p.name for p in write_report(folder, summary, times, curves, angles, rula, reba, gait,
-                                                          video=video, first_frame=first_frame)]  # fmt: skip
+                                                          video=video, source_frames=source_frames)]  # fmt: skip
     return summary
 
 
@@ -261,23 +261,25 @@ def _gait(lab: Mapping[str, np.ndarray], times: np.ndarray, curves: dict[str, np
     return events, parameters, table
 
 
-def _track_start(summary: Path | None, track: int) -> tuple[str | None, int]:
-    """(the source video, the track's first frame in it) from a mocap summary and its frame records."""
+def _track_frames(summary: Path | None, track: int) -> tuple[str | None, list[int] | None]:
+    """(the source video, the video frame of each row of the track) from a mocap summary and its frame records: the
+    track's rows are the recorded frames from its first to its last (``mocap.run.read_tracks``)."""
     if summary is None:
-        return None, 0
+        return None, None
     try:
         info = json.loads(summary.read_text())
         records = summary.with_name(summary.name.replace("_mocap.json", "_frames.jsonl"))
-        first = 0
+        frames, seen = [], []
         with open(records) as lines:
             for line in lines:
                 record = json.loads(line)
+                frames.append(int(record["frame"]))
                 if any(p.get("track_id") == track for p in record.get("mocap", ())):
-                    first = int(record["frame"])
-                    break
-        return str(info.get("source")), first
+                    seen.append(frames[-1])
+        rows = sorted(f for f in frames if seen and seen[0] <= f <= seen[-1])
+        return str(info.get("source")), rows or None
     except (OSError, ValueError, KeyError):
-        return None, 0
+        return None, None
 
 
 def run_biomech(source: str | os.PathLike, output: str | os.PathLike | None = None,
@@ -302,9 +304,9 @@ def run_biomech(source: str | os.PathLike, output: str | os.PathLike | None = No
     for track, points in tracks.items():
         try:
             table = read_trajectories(points)
-            video, first = _track_start(mocap_summary, track)
+            video, rows = _track_frames(mocap_summary, track)
             report.tracks[track] = analyse_track(table, folder / f"track_{track}", options, video=video,
-                                                 first_frame=first)  # fmt: skip
+                                                 source_frames=rows)  # fmt: skip
         except ValueError as error:
             report.left_out[track] = f"track {track}: {error}"
     if not report.tracks:  # why, on the error line
