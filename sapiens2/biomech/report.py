@@ -171,7 +171,7 @@ def write_report(folder: str | os.PathLike, summary: Mapping[str, Any], times: n
     if gait is not None:
         figures.append(("Joint angles over the gait cycle (mean ± sd)", _cycle_figure(Figure, gait[2])))
     figures.append(("Ergonomics: RULA and REBA per frame", _ergonomics_figure(Figure, times, rula, reba, summary)))
-    if any(k.startswith(("hip_flexion", "knee_angle")) for k in curves):
+    if "hip_flexion_r" in curves:  # OpenSim ran (without it only the markers' knee angles are there)
         figures.append(("Joint angles over time (OpenSim IK)", _angles_figure(Figure, times, curves)))
     lines = [f"{summary['frames']} frames, {summary['seconds']:.2f} s"]
     if "static" in summary:
