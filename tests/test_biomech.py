@@ -332,6 +332,9 @@ def test_bad_inputs_cost_one_clear_line_each(tmp_path, capsys):
     assert main(["biomech", str(walk.parent), "--static", "2", "1"]) == 2
     (line,) = error_lines(capsys)
     assert "--static" in line
+    assert main(["biomech", str(walk.parent), "--load-kg", "-3"]) == 2
+    (line,) = error_lines(capsys)
+    assert "--load-kg must be >= 0" in line
     assert main(["biomech", "clip.mp4"]) == 2
     (line,) = error_lines(capsys)
     assert "clip.mp4" in line and "-o OUTPUT" in line

@@ -136,6 +136,12 @@ class WorkConditions:
     arm_supported: bool = False
     seated: bool = False
 
+    def __post_init__(self) -> None:
+        if not self.load_kg >= 0:
+            raise ValueError(f"load_kg must be >= 0, got {self.load_kg}")
+        if self.coupling not in (0, 1, 2, 3):
+            raise ValueError(f"coupling must be 0 (good), 1 (fair), 2 (poor) or 3 (unacceptable), got {self.coupling}")
+
 
 def _unit(v: np.ndarray) -> np.ndarray:
     n = np.linalg.norm(v, axis=-1, keepdims=True)

@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
                                                            coupling=args.coupling, seated=args.seated,
                                                            arm_supported=args.arm_supported))  # fmt: skip
     except ValueError as error:
-        report_error(flag_message(error, BiomechOptions, {"model": "--model-file", "markers": "--marker-file"}))
+        message = flag_message(error, BiomechOptions, {"model": "--model-file", "markers": "--marker-file"})
+        report_error(flag_message(ValueError(message), WorkConditions, {"static_or_repeated": "--repeated"}))
         return 2
     for flag, value in (("--model-file", args.model_file), ("--marker-file", args.marker_file)):
         if value is not None and not Path(value).is_file():
