@@ -216,12 +216,16 @@ class SynthClip:
         return _render(self, t, rgb)
 
 
-def _gait(t: np.ndarray) -> dict[str, np.ndarray]:
-    """Local rotations (T, 3, 3) per joint name of a walk cycle (1.1 s stride) with a turn."""
-    phase = 2 * np.pi * t / 1.1
+STRIDE_SECONDS, SPEED = 1.1, 0.8
+"""The walk's stride time (s) and the root's speed along its heading (m/s)."""
+
+
+def _gait(t: np.ndarray, turn: float = 105.0) -> dict[str, np.ndarray]:
+    """Local rotations (T, 3, 3) per joint name of a walk cycle (1.1 s stride) with a turn of ``turn`` degrees."""
+    phase = 2 * np.pi * t / STRIDE_SECONDS
     T = len(t)
     rot: dict[str, np.ndarray] = {}
-    yaw = 35.0 - 105.0 * np.clip(t / t[-1], 0, 1) ** 1.5 if T > 1 else np.full(T, 35.0)
+    yaw = 35.0 - turn * np.clip(t / t[-1], 0, 1) ** 1.5 if T > 1 else np.full(T, 35.0)
     rot["pelvis"] = _rot("y", yaw) @ _rot("x", -6.0 + 0 * t) @ _rot("y", 6.0 * np.sin(phase))
     rot["spine"] = _rot("y", -4.0 * np.sin(phase))
     rot["chest"] = _rot("y", -7.0 * np.sin(phase))
@@ -246,13 +250,15 @@ def _gait(t: np.ndarray) -> dict[str, np.ndarray]:
 
 
 @functools.cache
-def walk_clip(frames: int = 48, fps: float = 24.0, noise_px: float = 0.4, seed: int = 0) -> SynthClip:
-    """The synthetic walk (deterministic; cached per arguments)."""
+def walk_clip(frames: int = 48, fps: float = 24.0, noise_px: float = 0.4, seed: int = 0, turn: float = 105.0,
+              stand: int = 0) -> SynthClip:  # fmt: skip
+    """The synthetic walk (deterministic; cached per arguments): ``frames`` frames of walking, turning by ``turn``
+    degrees, after ``stand`` frames of standing still in the rest pose (a T-pose) where the walk starts."""
     skel = mocap_skeleton()
     names, parents = skel.names, skel.parents
     offsets = _rest_offsets(names, parents)
     t = np.arange(frames) / fps
-    rot = _gait(t)
+    rot = _gait(t, turn)
     rotations = np.tile(np.eye(3), (frames, len(names), 1, 1))
     for j, name in enumerate(names):
         if name in rot:
@@ -260,10 +266,15 @@ def walk_clip(frames: int = 48, fps: float = 24.0, noise_px: float = 0.4, seed: 
     # the root walks along its heading: start far left, come toward the camera while turning
     heading = rot["pelvis"] @ np.array([0.0, 0.0, -1.0])
     heading[:, 1] = 0
-    speed = 0.8
+    speed = SPEED
     path = np.cumsum(heading * speed / fps, axis=0) - heading[0] * speed / fps
-    bob = 0.02 * np.cos(2 * 2 * np.pi * t / 1.1)
+    bob = 0.02 * np.cos(2 * 2 * np.pi * t / STRIDE_SECONDS)
     root = np.array([0.55, -0.1, 4.3]) + path + np.stack([0 * t, bob, 0 * t], -1)
+    if stand:
+        still = np.tile(np.eye(3), (stand, len(names), 1, 1))
+        still[:, 0] = rotations[0, 0]
+        rotations = np.concatenate([still, rotations])
+        root = np.concatenate([np.repeat(root[:1], stand, 0), root])
     joints_k, marker_offsets = _marker_offsets(names, _rest_positions(offsets, parents))
     skeleton = rig.Skeleton(names, tuple(int(p) for p in parents), offsets)
     markers = rig.Markers(keypoint_metadata().names, joints_k, marker_offsets)

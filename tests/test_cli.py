@@ -65,6 +65,7 @@ MISSPELT = {
     "curate": (["cfg.yaml", "--stirct"], "--strict"),
     "relight": (["x.jpg", "-o", "out", "--env", "neon", "--keep-shadnig"], "--keep-shading"),
     "mocap": (["clip.mp4", "-o", "out", "--detect-evry", "5"], "--detect-every"),
+    "biomech": (["clip_mocap", "--stattic", "0", "1"], "--static"),
     "serve": (["--task", "seg", "--max-bacth", "4"], "--max-batch"),
 }
 

@@ -87,6 +87,11 @@ CASES = {
         "value": (["missing.mp4", "-o", "out", "--stride", "0"], 2, ["--stride must be >= 1"]),
         "flag": (["missing.mp4", "-o", "out", "--strdie", "2"], 2, ["did you mean --stride?"]),
     },
+    "biomech": {
+        "path": (["missing_mocap", "-o", "out"], 1, ["missing_mocap", "no such file"]),
+        "value": (["clip_mocap", "-o", "out", "--mass", "0"], 2, ["--mass must be > 0"]),
+        "flag": (["clip_mocap", "-o", "out", "--mss", "70"], 2, ["did you mean --mass?"]),
+    },
     "serve": {
         "path": (["--task", "seg", "--model", "seg=missing.safetensors"], 2, ["'missing.safetensors' not found"]),
         "value": (["--task", "seg", "--max-queue", "0"], 2, ["--max-queue 0", ">= 1"]),

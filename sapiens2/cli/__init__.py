@@ -1,5 +1,5 @@
 """The ``sapiens2`` command: ``sapiens2 info | predict | train | pretrain | eval | export | benchmark | demo |
-curate | mocap | relight | serve ...``. ``main(argv)`` returns the exit status.
+curate | mocap | biomech | relight | serve ...``. ``main(argv)`` returns the exit status.
 
 One module per command: each adds its argparse subcommand, turns the parsed flags into a typed options object and calls
 the Python API that accepts the same object.
@@ -16,7 +16,7 @@ from ..messages import log_to_stderr, set_command
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import benchmark, curate, demo, eval, export, info, mocap, predict, pretrain, relight, serve, train
+    from . import benchmark, biomech, curate, demo, eval, export, info, mocap, predict, pretrain, relight, serve, train
 
     parser = argparse.ArgumentParser(prog="sapiens2", description="Sapiens2 human-centric vision models.")
     parser.add_argument("--version", action="version", version=f"sapiens2 {__version__}")
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_parser(commands)
     curate.add_parser(commands)
     mocap.add_parser(commands)
+    biomech.add_parser(commands)
     relight.add_parser(commands)
     serve.add_parser(commands)
     return parser

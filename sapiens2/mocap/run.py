@@ -17,6 +17,7 @@ Layout for ``out/clip`` (``docs/mocap.md``)::
     clip_mocap/scene.fbx .usdc                                  with ``scene``: every track in one file (no track FBX/USD)
     clip_mocap/track_<id>_points.csv .parquet                   per track: the solved 308 keypoints per frame
     clip_mocap/track_<id>_angles.csv .png                       per track: joint angles and their plot
+    clip_mocap/track_<id>.trc                                   per track: OpenSim markers (OpenCap's mmpose set)
     clip_mocap.json                                             the summary, written last (the run is complete)
 """
 
@@ -54,9 +55,10 @@ __all__ = [
     "solve_and_export",
 ]
 
-EXPORT_FORMATS = ("bvh", "glb", "fbx", "c3d", "usd", "csv", "parquet", "angles")
+EXPORT_FORMATS = ("bvh", "glb", "fbx", "c3d", "usd", "csv", "parquet", "angles", "trc")
 """What ``MocapOptions.formats`` may name: BVH, glTF binary, binary FBX, C3D markers, USD (UsdSkel, ``.usdc``), the
-solved keypoints as CSV and Parquet, and the joint angles (CSV and a plot)."""
+solved keypoints as CSV and Parquet, the joint angles (CSV and a plot), and OpenSim markers (TRC in OpenCap's mmpose
+set, ``mocap.trc``)."""
 SCENE_FORMATS = ("fbx", "usd")
 """The formats that hold several tracks in one file: with ``MocapOptions.scene`` each writes ``scene.<format>``."""
 
@@ -384,6 +386,11 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str]) -> list[Path]
         from .tables import write_joint_angles
 
         written += [Path(p) for p in write_joint_angles(motion, stem.with_name(f"{stem.name}_angles.csv"))]
+    if "trc" in formats:
+        from .tables import trajectory_table
+        from .trc import write_trc
+
+        written.append(Path(write_trc(trajectory_table(motion), stem.with_name(stem.name + ".trc"))))
     return written
 
 
