@@ -22,7 +22,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
     parser = commands.add_parser(
         "mocap",
-        help="video of people -> metric 3D skeletons: BVH, glTF, FBX, C3D, USD, CSV/Parquet, joint angles, a 3D overlay",
+        help="video of people -> metric 3D skeletons: BVH, glTF, FBX, USD, C3D, TRC, CSV/Parquet, joint angles, "
+        "a 3D overlay",
         description="Motion capture: pose + pointmap (+ seg) through the video pipeline, lifted to metres, solved "
         "on a skeleton per tracked person and exported (docs/mocap.md). Example: sapiens2 mocap clip.mp4 -o out/",
     )

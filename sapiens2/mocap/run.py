@@ -13,8 +13,8 @@ so a run killed with SIGKILL and resumed writes the same files, byte for byte, a
 Layout for ``out/clip`` (``docs/mocap.md``)::
 
     clip_overlay.mp4, clip_frames.jsonl, clip_video.json       the video pipeline's outputs (records with "mocap")
-    clip_mocap/track_<id>.bvh .glb .fbx .c3d .usdc              per track: animation and markers
-    clip_mocap/scene.fbx .usdc                                  with ``scene``: every track in one file (no track FBX/USD)
+    clip_mocap/track_<id>.bvh .glb .fbx .c3d .usdc .trc         per track: animation and markers
+    clip_mocap/scene.fbx .usdc                                  with ``scene``: every track in one file each
     clip_mocap/track_<id>_points.csv .parquet                   per track: the solved 308 keypoints per frame
     clip_mocap/track_<id>_angles.csv .png                       per track: joint angles and their plot
     clip_mocap/track_<id>.trc                                   per track: OpenSim markers (OpenCap's mmpose set)
