@@ -536,10 +536,10 @@ def start(
 ) -> str:
     """Start Ray (or join ``ray_address``), Serve on ``options.host:port`` and the application; returns its URL once
     every replica is up. A local Ray instance listens on loopback only (``bulk.ray_engine.start_local_ray``) and is
-    sized to the service: ``num_cpus`` (default: one per CPU replica, at least one), so Ray starts no idle worker
-    processes beyond those (it starts one per CPU it is given, and on a many-core machine they compete with the
-    service's own processes as it starts). ``progress`` is told of each stage as it begins (``sapiens2 serve``
-    prints them)."""
+    given ``num_cpus`` (default: this machine's cores, or one per CPU replica where they are more). Ray starts an
+    idle worker process per CPU it is given, which the gateway and replicas then take at once: one CPU for a single
+    replica was 12.7 s to ready against 9.8 s with every core (2-core machine, docs/benchmarks.md). ``progress`` is
+    told of each stage as it begins (``sapiens2 serve`` prints them)."""
     global _started_ray
     say = progress or (lambda message: None)
     devices = replica_devices(options.devices)
@@ -548,8 +548,8 @@ def start(
         if ray_address is None:
             options.check_listen()
             if num_cpus is None:
-                num_cpus = max(1, devices.count("cpu"))
-            say(f"starting Ray on this machine (loopback only, {num_cpus} CPU(s) for the replicas)")
+                num_cpus = max(os.cpu_count() or 1, devices.count("cpu"))
+            say(f"starting Ray on this machine (loopback only, {num_cpus} CPU(s))")
             start_local_ray(num_cpus=num_cpus, **settings)
             _started_ray = True
         else:
