@@ -1,14 +1,14 @@
 """``sapiens2 biomech``: the flags, parsed into ``BiomechOptions`` for ``sapiens2.biomech.run.run_biomech``; a video
-goes through ``sapiens2 mocap`` first (its flags in ``--mocap-flags``)."""
+goes through ``sapiens2 mocap`` first, with mocap's own flags (``cli.mocap.add_capture_flags``)."""
 
 from __future__ import annotations
 
 import argparse
-import shlex
 from pathlib import Path
 
 from ..messages import report_error
-from .predict import flag_message
+from . import mocap
+from .predict import flag_message, note_unused_model_flags
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -24,6 +24,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                         "or videos, which sapiens2 mocap captures first")  # fmt: skip
     parser.add_argument("-o", "--output", type=Path, default=None,
                         help="output folder (default: beside each mocap output; required for videos)")  # fmt: skip
+    mocap.add_capture_flags(parser, formats=("csv", "trc"), when=", for a video input (sapiens2 mocap's flags)")
     osim = parser.add_argument_group("OpenSim")
     osim.add_argument("--marker-set", default="mmpose", choices=("mmpose", "openpose"),
                       help="OpenCap's video marker set written to the TRC and used for scaling and IK")  # fmt: skip
@@ -46,9 +47,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     work.add_argument("--arm-supported", action="store_true", help="the arms rest on something")
     out = parser.add_argument_group("output")
     out.add_argument("--no-report", action="store_true", help="no HTML and PDF report")
-    out.add_argument("--mocap-flags", default="",
-                     help="flags for sapiens2 mocap when an input is a video, in one string after '=', e.g. "
-                     "--mocap-flags=\"--model 1b --no-seg\"")  # fmt: skip
     parser.set_defaults(func=run)
 
 
@@ -98,23 +96,19 @@ def run(args: argparse.Namespace) -> int:
         if args.output is None:
             report_error(f"{videos[0]}: a video needs -o OUTPUT (where sapiens2 mocap writes its files)")
             return 2
-        from . import mocap
-
-        # sapiens2 mocap's own parser and run: its flags, checks and error lines
-        parser = argparse.ArgumentParser(prog="sapiens2")
-        mocap.add_parser(parser.add_subparsers())
-        argv = ["mocap", *videos, "-o", str(args.output), *shlex.split(args.mocap_flags), "--formats", "csv,trc"]
-        try:
-            mocap_args = parser.parse_args(argv)
-        except SystemExit as stop:  # argparse has printed the usage error (a bad --mocap-flags)
-            return int(stop.code or 2)
-        status = mocap.run(mocap_args)
+        # sapiens2 mocap's own run on the videos, with the flags it shares with this command: its checks and errors
+        capture = argparse.Namespace(**{**vars(args), "inputs": videos})
+        needed = [f for f in ("csv", "trc") if f not in [x.strip() for x in capture.formats.split(",")]]
+        capture.formats = ",".join([capture.formats, *needed])  # biomech reads the trajectories and the TRC
+        status = mocap.run(capture)
         if status == 2:
             return 2
         for video in videos:  # a video mocap could not read has had its error line
             stem = video_stem(video, args.output)
             if (stem.parent / f"{stem.name}_mocap").is_dir():
                 sources.append(str(stem.parent / f"{stem.name}_mocap"))
+    else:
+        note_unused_model_flags(args, [])  # only mocap outputs: no model is loaded
     missing = [s for s in sources if not Path(s).exists()]
     for source in missing:
         report_error(f"{source}: no such file or folder")

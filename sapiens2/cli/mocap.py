@@ -18,8 +18,6 @@ from .predict import (
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    from ..mocap.run import EXPORT_FORMATS
-
     parser = commands.add_parser(
         "mocap",
         help="video of people -> metric 3D skeletons: BVH, glTF, FBX, USD, C3D, TRC, CSV/Parquet, joint angles, "
@@ -35,7 +33,17 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "URLs (rtsp/http ...)",
     )
     parser.add_argument("-o", "--output", required=True, type=Path, help="output folder")
-    add_model_flags(parser, "pose, pointmap, seg (not with --no-seg) and the person detector",
+    add_capture_flags(parser)
+    parser.set_defaults(func=run)
+
+
+def add_capture_flags(parser: argparse.ArgumentParser, formats: tuple[str, ...] | None = None, when: str = "") -> None:
+    """The flags of a capture, ``sapiens2 mocap``'s and those of any command that captures videos first (``biomech``):
+    the model group, the video group and the mocap group; ``formats`` the default exports (all), ``when`` added to
+    the title of the model group (what it is for)."""
+    from ..mocap.run import EXPORT_FORMATS
+
+    add_model_flags(parser, f"pose, pointmap, seg (not with --no-seg) and the person detector{when}",
                     batch_help="images (pose: person crops) per forward pass")  # fmt: skip
     video = parser.add_argument_group("video")
     add_frame_range_flags(video, fps_help="the frame rate of a folder of frames (default 30)")
@@ -46,8 +54,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                        "online (One-Euro in 3D, bones learned as it goes) for cameras and streams")  # fmt: skip
     video.add_argument("--no-overlay", action="store_true", help="do not write the overlay video")
     out = parser.add_argument_group("mocap")
-    out.add_argument("--formats", default=",".join(EXPORT_FORMATS),
-                     help=f"comma-separated exports per track (default all): {', '.join(EXPORT_FORMATS)}")
+    default = ",".join(formats or EXPORT_FORMATS)
+    out.add_argument("--formats", default=default,
+                     help=f"comma-separated exports per track (default {'all' if formats is None else default}): "
+                     f"{', '.join(EXPORT_FORMATS)}")  # fmt: skip
     out.add_argument("--no-seg", action="store_true",
                      help="run without the seg model (occlusion from depth jumps only; faster)")
     out.add_argument("--no-view", action="store_true", help="no 3D view beside the frame in the overlay")
@@ -57,7 +67,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     out.add_argument("--scene", action="store_true",
                      help="FBX and USD: every track of an input in one file (<input>_mocap/scene.fbx, "
                      "scene.usdc) instead of one per track")  # fmt: skip
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
