@@ -14,6 +14,7 @@ import pytest
 from conftest import require_module
 from mocap_synth import SPEED, STRIDE_SECONDS, walk_clip
 
+from sapiens2.biomech import ergonomics
 from sapiens2.biomech.ergonomics import WorkConditions, posture_angles, reba_scores, rula_scores
 from sapiens2.biomech.osim import import_opensim, read_sto
 from sapiens2.cli import main
@@ -304,6 +305,61 @@ def test_work_conditions_raise_the_scores():
     # RULA: C = 3 + 1 + 3 = 7, D = 2 + 1 + 3 = 6 -> TableC[7,6] = 7; REBA: A = 2 + 2 = 4, B = 2 + 2 = 4 -> C[4,4]
     # = 4, + 1 activity = 5
     assert int(rula_scores(angles, heavy)["score"][0]) == 7 and int(reba_scores(angles, heavy)["score"][0]) == 5
+    # McAtamney & Corlett 1993, force/load: "The score is also 2 if the load is intermittent but more than 10 kg";
+    # 3 only when it is held or repeated. RULA: C = 3 + 0 + 2 = 5, D = 2 + 0 + 2 = 4 -> TableC[5,4] = 5 (the
+    # worksheets' "more than 10 kg: +3" would give C = 6, D = 5 -> 6). REBA: A = 2 + 2 = 4, B = 2 -> C[4,2] = 4
+    lifted = WorkConditions(load_kg=12)
+    assert int(rula_scores(angles, lifted)["score"][0]) == 5 and int(reba_scores(angles, lifted)["score"][0]) == 4
+    # 2-10 kg intermittent: RULA force 1, C = 4, D = 3 -> TableC[4,3] = 3
+    assert int(rula_scores(angles, WorkConditions(load_kg=5))["score"][0]) == 3
+
+
+# Cells quoted from the published tables (1-based, rows as printed), checked against the code's tables.
+# RULA (McAtamney & Corlett 1993, Applied Ergonomics 24(2):91-99): Table A rows for upper arm 1, 5 and 6 and Table B
+# rows for neck 1-4 as printed on the Cornell University "RULA Employee Assessment Worksheet" (A. Hedge), whose rows
+# for upper arm 2-4 differ from the other editions and are not quoted (docs/biomechanics.md); Table C cells as in
+# the ergo-plus.com worksheet and independent public transcriptions.
+# REBA (Hignett & McAtamney 2000, Applied Ergonomics 31(2):201-205): Tables A, B and C (rows 1-10 of C) as printed
+# on the "REBA Employee Assessment Worksheet" (ergo-plus.com edition).
+RULA_A_ROWS = {  # (upper arm, lower arm): wrist 1-4 x twist 1-2
+    (1, 1): [1, 2, 2, 2, 2, 3, 3, 3], (1, 2): [2, 2, 2, 2, 3, 3, 3, 3], (1, 3): [2, 3, 3, 3, 3, 3, 4, 4],
+    (5, 1): [5, 5, 5, 5, 5, 6, 6, 7], (5, 2): [5, 6, 6, 6, 6, 7, 7, 7], (5, 3): [6, 6, 6, 7, 7, 7, 7, 8],
+    (6, 1): [7, 7, 7, 7, 7, 8, 8, 9], (6, 2): [8, 8, 8, 8, 8, 9, 9, 9], (6, 3): [9, 9, 9, 9, 9, 9, 9, 9],
+}  # fmt: skip
+RULA_B_ROWS = {  # neck: trunk 1-6 x legs 1-2
+    1: [1, 3, 2, 3, 3, 4, 5, 5, 6, 6, 7, 7], 2: [2, 3, 2, 3, 4, 5, 5, 5, 6, 7, 7, 7],
+    3: [3, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 7], 4: [5, 5, 5, 6, 6, 7, 7, 7, 7, 7, 8, 8],
+}  # fmt: skip
+RULA_C_CELLS = {(1, 1): 1, (1, 7): 5, (3, 7): 6, (4, 5): 5, (6, 3): 5, (7, 3): 6, (8, 4): 7, (8, 7): 7}
+REBA_A_ROWS = {  # trunk: neck 1-3 x legs 1-4
+    1: [1, 2, 3, 4, 1, 2, 3, 4, 3, 3, 5, 6], 2: [2, 3, 4, 5, 3, 4, 5, 6, 4, 5, 6, 7],
+    3: [2, 4, 5, 6, 4, 5, 6, 7, 5, 6, 7, 8], 4: [3, 5, 6, 7, 5, 6, 7, 8, 6, 7, 8, 9],
+    5: [4, 6, 7, 8, 6, 7, 8, 9, 7, 8, 9, 9],
+}  # fmt: skip
+REBA_B_ROWS = {  # upper arm: lower arm 1-2 x wrist 1-3
+    1: [1, 2, 2, 1, 2, 3], 2: [1, 2, 3, 2, 3, 4], 3: [3, 4, 5, 4, 5, 5], 4: [4, 5, 5, 5, 6, 7], 5: [6, 7, 8, 7, 8, 8],
+    6: [7, 8, 8, 8, 9, 9],
+}  # fmt: skip
+REBA_C_ROWS = {  # score A: score B 1-12
+    1: [1, 1, 1, 2, 3, 3, 4, 5, 6, 7, 7, 7], 4: [3, 4, 4, 4, 5, 6, 7, 8, 8, 9, 9, 9],
+    6: [6, 6, 6, 7, 8, 8, 9, 9, 10, 10, 10, 10], 8: [8, 8, 8, 9, 10, 10, 10, 10, 10, 11, 11, 11],
+    10: [10, 10, 10, 11, 11, 11, 11, 12, 12, 12, 12, 12],
+}  # fmt: skip
+
+
+def test_score_tables_hold_the_published_cells():
+    for (upper, lower), row in RULA_A_ROWS.items():
+        assert ergonomics._RULA_A[upper - 1, lower - 1].ravel().tolist() == row, (upper, lower)
+    for neck, row in RULA_B_ROWS.items():
+        assert ergonomics._RULA_B[neck - 1].ravel().tolist() == row, neck
+    for (c, d), cell in RULA_C_CELLS.items():
+        assert ergonomics._RULA_C[c - 1, d - 1] == cell, (c, d)
+    for trunk, row in REBA_A_ROWS.items():
+        assert ergonomics._REBA_A[trunk - 1].ravel().tolist() == row, trunk
+    for upper, row in REBA_B_ROWS.items():
+        assert ergonomics._REBA_B[upper - 1].ravel().tolist() == row, upper
+    for a, row in REBA_C_ROWS.items():
+        assert ergonomics._REBA_C[a - 1].tolist() == row, a
 
 
 # ------------------------------------------------------------------------------------------------ bad input

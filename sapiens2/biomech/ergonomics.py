@@ -45,6 +45,8 @@ SIDE_BEND, TWIST, ABDUCTED, FEET_LEVEL = 10.0, 20.0, 45.0, 0.05
 """Side bending past 10°, twist past 20°, upper arm abduction past 45° (adjustments of +1); feet within 5 cm of
 each other in height bear weight on both."""
 
+# The tables were checked cell by cell against the published worksheets (docs/biomechanics.md, "Sources of the
+# RULA and REBA tables"), and tests/test_biomech.py quotes cells of each.
 # RULA (McAtamney & Corlett 1993)
 # Table A: [upper arm 1-6][lower arm 1-3][wrist 1-4][wrist twist 1-2]
 _RULA_A = np.array([
@@ -121,8 +123,8 @@ class WorkConditions:
     """What a video does not show, as the methods score it (defaults: none of it).
 
     Attributes:
-        load_kg: load handled (RULA force/load 0 below 2 kg, 1 for 2-10 kg, 3 above; REBA 0 below 5 kg, 1 for
-            5-10 kg, 2 above).
+        load_kg: load handled (RULA force/load 0 below 2 kg, 1 for 2-10 kg, 2 above 10 kg, each +1 when
+            ``static_or_repeated``; REBA 0 below 5 kg, 1 for 5-10 kg, 2 above).
         static_or_repeated: a posture held over a minute or repeated over 4 times a minute (RULA muscle use +1,
             REBA activity +1).
         coupling: REBA coupling score 0 good, 1 fair, 2 poor, 3 unacceptable.
@@ -243,9 +245,10 @@ def rula_scores(angles: Mapping[str, np.ndarray], conditions: WorkConditions = W
                 ) -> dict[str, np.ndarray]:  # fmt: skip
     """RULA per frame: ``score`` (grand score 1-7, the worse side), ``level`` (action level 1-4) and the parts
     (``upper_arm``, ``lower_arm``, ``wrist``, ``neck``, ``trunk``, ``legs`` of the worse side) as int arrays."""
-    load = 0 if conditions.load_kg < 2 else (1 if conditions.load_kg <= 10 else 3)
-    if 2 <= conditions.load_kg <= 10 and conditions.static_or_repeated:
-        load = 2
+    # force/load (the paper's own text): 0 below 2 kg, 1 for 2-10 kg intermittent, 2 for 2-10 kg static or repeated
+    # and for more than 10 kg intermittent, 3 for more than 10 kg static or repeated
+    kg, held = conditions.load_kg, int(conditions.static_or_repeated)
+    load = 0 if kg < 2 else (1 + held if kg <= 10 else 2 + held)
     muscle = int(conditions.static_or_repeated)
     trunk = angles["trunk_flexion"]
     neck = angles["neck_flexion"]
