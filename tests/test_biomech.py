@@ -317,10 +317,10 @@ def test_work_conditions_raise_the_scores():
 # Cells quoted from the published tables (1-based, rows as printed), checked against the code's tables.
 # RULA (McAtamney & Corlett 1993, Applied Ergonomics 24(2):91-99): Table A rows for upper arm 1, 5 and 6 and Table B
 # rows for neck 1-4 as printed on the Cornell University "RULA Employee Assessment Worksheet" (A. Hedge), whose rows
-# for upper arm 2-4 differ from the other editions and are not quoted (docs/biomechanics.md); Table C cells as in
-# the ergo-plus.com worksheet and independent public transcriptions.
+# for upper arm 2-4 differ from other transcriptions and are not quoted (docs/biomechanics.md); Table C cells on
+# which the public transcriptions agree.
 # REBA (Hignett & McAtamney 2000, Applied Ergonomics 31(2):201-205): Tables A, B and C (rows 1-10 of C) as printed
-# on the "REBA Employee Assessment Worksheet" (ergo-plus.com edition).
+# on the "REBA Employee Assessment Worksheet".
 RULA_A_ROWS = {  # (upper arm, lower arm): wrist 1-4 x twist 1-2
     (1, 1): [1, 2, 2, 2, 2, 3, 3, 3], (1, 2): [2, 2, 2, 2, 3, 3, 3, 3], (1, 3): [2, 3, 3, 3, 3, 3, 4, 4],
     (5, 1): [5, 5, 5, 5, 5, 6, 6, 7], (5, 2): [5, 6, 6, 6, 6, 7, 7, 7], (5, 3): [6, 6, 6, 7, 7, 7, 7, 8],
@@ -330,7 +330,7 @@ RULA_B_ROWS = {  # neck: trunk 1-6 x legs 1-2
     1: [1, 3, 2, 3, 3, 4, 5, 5, 6, 6, 7, 7], 2: [2, 3, 2, 3, 4, 5, 5, 5, 6, 7, 7, 7],
     3: [3, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 7], 4: [5, 5, 5, 6, 6, 7, 7, 7, 7, 7, 8, 8],
 }  # fmt: skip
-RULA_C_CELLS = {(1, 1): 1, (1, 7): 5, (3, 7): 6, (4, 5): 5, (6, 3): 5, (7, 3): 6, (8, 4): 7, (8, 7): 7}
+RULA_C_CELLS = {(1, 1): 1, (1, 7): 5, (3, 7): 6, (4, 5): 5, (6, 6): 7, (7, 3): 6, (8, 4): 7, (8, 7): 7}
 REBA_A_ROWS = {  # trunk: neck 1-3 x legs 1-4
     1: [1, 2, 3, 4, 1, 2, 3, 4, 3, 3, 5, 6], 2: [2, 3, 4, 5, 3, 4, 5, 6, 4, 5, 6, 7],
     3: [2, 4, 5, 6, 4, 5, 6, 7, 5, 6, 7, 8], 4: [3, 5, 6, 7, 5, 6, 7, 8, 6, 7, 8, 9],
