@@ -13,9 +13,15 @@ for the points their own part can cover (not the wrist: ``UNCOVERED``). A frame 
 parent joint (a mirrored pose the rays allow) is dropped.
 
 The poses' Gauss-Newton steps every frame and start of every part at once, as one stack of 6x6 normal equations.
-SciPy's ``least_squares`` over all frames at once (block-sparse Jacobian, ``jac_sparsity``) was tried in its place
-(issue #40) and kept out: on the synthetic walk it was many times slower (a sparse trust-region solve of thousands of
-unknowns, a dozen or more iterations a round, where three batched steps converge) and moved the fits by micrometres.
+SciPy's ``least_squares`` over all frames at once was measured in their place (issue #40) and kept out. With a
+finite-difference block-sparse Jacobian (``jac_sparsity``) it took 35x as long; with the analytic one as a sparse
+matrix (the same model and derivatives, trust region with LSMR, ``x_scale="jac"``, tolerances 1e-12: ``python
+benchmarks/mocap_solve.py --rigid least_squares``) the 96-frame walk's fit still took 2.3-5.2 s against 0.17-0.35 s
+(13-16x, on a shared 2-core machine). The poses are independent given a round's weights, shape and neighbours, but
+one trust region over them all steps as the hardest frame allows (about 17 evaluations a round, each with an
+iterative sparse solve), where one batched 6x6 solve a step serves every frame. Nor can a solver run to convergence
+give today's fits: three steps a round stop short of each round's optimum, so ``least_squares`` moves the walk's
+fitted points by up to 27 um, as Gauss-Newton run to 30 steps a round does (the two converged fits agree to 1.3 um).
 
 Axes: the camera frame, OpenCV (x right, y down, z forward), metres; rays pass through the camera centre (origin).
 """
