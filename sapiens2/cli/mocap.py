@@ -18,7 +18,8 @@ from .predict import (
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    from ..mocap.run import EXPORT_FORMATS
+    from ..mocap.rigs import PROPORTIONS, RIG_NAMES
+    from ..mocap.run import EXPORT_FORMATS, RIG_FORMATS
 
     parser = commands.add_parser(
         "mocap",
@@ -57,6 +58,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     out.add_argument("--scene", action="store_true",
                      help="FBX and USD: every track of an input in one file (<input>_mocap/scene.fbx, "
                      "scene.usdc) instead of one per track")  # fmt: skip
+    out.add_argument("--rig", default="sapiens2", choices=RIG_NAMES,
+                     help=f"the skeleton of the {', '.join(RIG_FORMATS)} exports: sapiens2 (ours, 65 joints) or a "
+                     "standard rig the motion is retargeted onto (docs/mocap.md, Rigs)")  # fmt: skip
+    out.add_argument("--rig-proportions", default="track", choices=PROPORTIONS,
+                     help="a rig's bone lengths: the track's own (its joints land on the solved ones; default) or "
+                     "the rig's (root translation scaled by the leg-length ratio)")  # fmt: skip
     parser.set_defaults(func=run)
 
 
@@ -78,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         mocap = MocapOptions(video=video, smooth=args.smooth, seg=not args.no_seg, view=not args.no_view,
                              formats=[f.strip() for f in args.formats.split(",") if f.strip()],
                              min_frames=args.min_track_frames, skip_existing=args.skip_existing,
-                             scene=args.scene)  # fmt: skip
+                             scene=args.scene, rig=args.rig, rig_proportions=args.rig_proportions)  # fmt: skip
     except ValueError as error:
         report_error(flag_message(error, MocapOptions, {"min_frames": "--min-track-frames"}))
         return 2
