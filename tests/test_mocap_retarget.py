@@ -77,7 +77,10 @@ def test_with_the_rigs_proportions_the_bones_point_where_ours_do(rig):
     ours_rest = motion.skeleton.rest_positions()
     mine = [ours_rest[motion.skeleton.index(j)] for j in ("l_thigh", "l_shin", "l_foot")]
     ratio = sum(np.linalg.norm(np.diff(legs, axis=0), axis=1)) / sum(np.linalg.norm(np.diff(mine, axis=0), axis=1))
-    np.testing.assert_allclose(rigged.motion.root_translation, ratio * forward_kinematics(motion)[0][:, 0])
+    hips = table.names.index(rig_of["pelvis"])
+    np.testing.assert_allclose(
+        forward_kinematics(rigged.motion)[0][:, hips], ratio * forward_kinematics(motion)[0][:, 0]
+    )
 
 
 def _table_offsets(table: RigTable) -> np.ndarray:
@@ -94,15 +97,17 @@ def _rest_motion(rigged: rigs.RigMotion) -> Motion:
 @pytest.mark.parametrize("rig", sorted(RIGS))
 def test_the_rest_pose_and_bone_axes_come_back_from_fbx_and_usd(rig, tmp_path):
     """The rig's rest pose written through our FBX writer (bone axes as pre-rotations) reads back in ufbx as the
-    table's numbers (Y up, centimetres: the rig's own values for Mixamo, SMPL-X's metres times 100) with each joint
-    turned to its bone axes; UsdSkel poses the USD the same."""
+    table's numbers (for the Y-up rigs, Mixamo and SMPL-X, the file's Y-up centimetres are the table's own values)
+    with each joint turned to its bone axes; UsdSkel poses the USD the same."""
     from sapiens2.mocap.fbx import FbxTrack, write_fbx_scene
-    from sapiens2.mocap.usd import SkeletalAnimation, write_usd
+    from sapiens2.mocap.usd import SkeletalAnimation, _identifiers, write_usd
 
     table = RIGS[rig]
     rigged = retarget(walk_clip().motion, rig, "rig")
     rest = _rest_motion(rigged)
-    native = np.array([row[2] for row in table.joints]) * table.unit  # Y up (both rigs), metres
+    native = table.rest_positions() * CV_TO_Y_UP  # Y up, metres
+    if table.axes == rigs.Y_UP_FACING_Z:
+        np.testing.assert_allclose(native, np.array([row[2] for row in table.joints]) * table.unit, atol=1e-12)
     path = write_fbx_scene([FbxTrack(rig, rest, orientations=rigged.orientations)], tmp_path / f"{rig}.fbx")
     read = ufbx_read(path, {rig: (table.names, np.zeros(1))})
     np.testing.assert_allclose(read["positions"][rig][0] * CV_TO_Y_UP, native, atol=1e-6)
@@ -111,48 +116,36 @@ def test_the_rest_pose_and_bone_axes_come_back_from_fbx_and_usd(rig, tmp_path):
     usd = write_usd(SkeletalAnimation.from_motion(rest, rig, orientations=rigged.orientations), tmp_path / "r.usda")
     _, names, positions = usdskel_positions(usd, f"/{rig}")
     assert validation_errors(usd) == []
-    assert [name.replace("mixamorig_", "mixamorig:") for name in names] == list(table.names)  # prim names: no ':'
+    assert names == _identifiers(table.names)  # prim names: letters, digits, '_'
     np.testing.assert_allclose(positions[0], native, atol=1e-6)
 
 
-def test_mixamo_bone_axes_run_along_the_bones():
-    """Mixamo's joints have Y along the bone to their first child and Z toward the person's front."""
-    rigged = retarget(walk_clip().motion, "mixamo", "rig")
+@pytest.mark.parametrize(
+    ("rig", "axis", "joint", "child", "sign"),
+    [("mixamo", 1, "mixamorig:LeftArm", "mixamorig:LeftForeArm", 1.0),
+     ("mixamo", 1, "mixamorig:RightUpLeg", "mixamorig:RightLeg", 1.0),
+     ("ue5", 0, "upperarm_l", "lowerarm_l", 1.0), ("ue5", 0, "upperarm_r", "lowerarm_r", -1.0),
+     ("rigify", 1, "DEF-thigh.R", "DEF-thigh.R.001", 1.0)],
+)  # fmt: skip
+def test_bone_axes_run_along_the_bones(rig, axis, joint, child, sign):
+    """Mixamo's and Rigify's joints have Y along the bone to their first child, UE5's X (back along it on the right
+    side); Z points to the person's front."""
+    rigged = retarget(walk_clip().motion, rig, "rig")
     axes = quat_to_matrix(rigged.orientations)
     rest = rigged.motion.skeleton.rest_positions()
     names = rigged.motion.skeleton.names
-    bones = (("mixamorig:LeftArm", "mixamorig:LeftForeArm"), ("mixamorig:RightUpLeg", "mixamorig:RightLeg"))
-    for joint, child in bones:
-        j, c = names.index(joint), names.index(child)
-        bone = (rest[c] - rest[j]) / np.linalg.norm(rest[c] - rest[j])
-        np.testing.assert_allclose(axes[j][:, 1], bone, atol=1e-12)
-        assert axes[j][:, 2] @ [0.0, 0.0, -1.0] > 0.9  # front: -z in the camera's axes
-
-
-def _a_pose(table: RigTable, shoulders: tuple[str, str], degrees: float = 45.0) -> RigTable:
-    """The table with its arms lowered ``degrees`` about the front axis at the shoulders (an A pose)."""
-    names, parents = table.names, table.parents
-    rows = list(table.joints)
-    for shoulder, sign in zip(shoulders, (1.0, -1.0), strict=True):
-        top = names.index(shoulder)
-        below = {top}
-        for j in range(len(names)):
-            if parents[j] in below:
-                below.add(j)
-        angle = np.radians(-sign * degrees)  # native Y up, front +z: the left arm (+x) turns down
-        turn = np.array([[np.cos(angle), -np.sin(angle), 0.0], [np.sin(angle), np.cos(angle), 0.0], [0, 0, 1.0]])
-        centre = np.array(rows[top][2])
-        for j in below - {top}:
-            name, parent, position, ours = rows[j]
-            rows[j] = (name, parent, tuple((turn @ (np.array(position) - centre) + centre).tolist()), ours)
-    return dataclasses.replace(table, joints=tuple(rows), pose="A")
+    j, c = names.index(joint), names.index(child)
+    bone = (rest[c] - rest[j]) / np.linalg.norm(rest[c] - rest[j])
+    np.testing.assert_allclose(axes[j][:, axis], sign * bone, atol=1e-12)
+    assert axes[j][:, 2] @ [0.0, 0.0, -1.0] > 0.9  # front: -z in the camera's axes
+    assert np.linalg.det(axes[j]) == pytest.approx(1.0)
 
 
 def test_a_swapped_rest_pose_convention_fails_the_position_check():
     """An A-pose Mixamo (arms 45° down) retargets exactly too; its rotations (made for the A pose) on the T-pose
     rest, what a reader assuming the other convention does, put the arms tens of centimetres off."""
     motion = walk_clip().motion
-    a_pose = _a_pose(RIGS["mixamo"], ("mixamorig:LeftArm", "mixamorig:RightArm"))
+    a_pose = rigs.lowered_arms(RIGS["mixamo"], ("mixamorig:LeftArm", "mixamorig:RightArm"), 45.0)
     rigged = retarget(motion, a_pose)
     theirs, ours = mapped_positions(rigged, motion)
     np.testing.assert_allclose(theirs, ours, atol=BAR)
@@ -222,5 +215,5 @@ def test_the_run_writes_the_rig_in_every_animation_format(tmp_path):
     read = ufbx_read(rig_folder / "track_3.fbx", {"track_3": (table.names, np.arange(clip.num_frames) / 24.0)})
     np.testing.assert_allclose(read["positions"]["track_3"], from_bvh, atol=BAR)
     _, names, positions = usdskel_positions(rig_folder / "track_3.usdc", "/track_3")
-    assert [name.replace("mixamorig_", "mixamorig:") for name in names] == list(table.names)
+    assert [name.replace("mixamorig_", "mixamorig:") for name in names] == list(table.names)  # prim names: no ':'
     np.testing.assert_allclose(positions * CV_TO_Y_UP, from_bvh, atol=BAR)

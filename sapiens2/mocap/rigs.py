@@ -28,6 +28,7 @@ world's axes at every joint (the same joint positions).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -35,7 +36,10 @@ import numpy as np
 
 from .rig import Motion, Skeleton, forward_kinematics, quat_from_matrix, quat_multiply, rotation_class
 
-__all__ = ["PROPORTIONS", "RIG_NAMES", "RIGS", "RigMotion", "RigTable", "bone_axes", "retarget", "rig_rest_skeleton"]
+__all__ = [
+    "PROPORTIONS", "RIG_NAMES", "RIGS", "RigMotion", "RigTable", "bone_axes", "lowered_arms", "retarget",
+    "rig_rest_skeleton",
+]  # fmt: skip
 
 # native axes -> camera axes (x right = the person's left when facing the camera, y down, z away from the camera)
 Y_UP_FACING_Z = ((1.0, 0.0, 0.0), (0.0, -1.0, 0.0), (0.0, 0.0, -1.0))  # Mixamo, SMPL-X, FBX, glTF: left +x, up +y
@@ -100,14 +104,37 @@ class RigTable:
 
 
 def _mirror(rows: list[tuple], left: str, right: str) -> list[tuple]:
-    """The right side of left-side rows: names and followed joints with ``left`` -> ``right``, x negated."""
+    """The right side of left-side rows: rig names ``left`` -> ``right``, our joints ``l_`` -> ``r_``, x negated."""
 
-    def swap(text: str | None) -> str | None:
-        if text is None:
-            return None
-        return text.replace(left, right).replace("l_", "r_") if text.startswith("l_") else text.replace(left, right)
+    def ours(name: str | None) -> str | None:
+        return None if name is None else "r_" + name[2:] if name.startswith("l_") else name
 
-    return [(swap(n), swap(p), (-x, y, z), swap(ours)) for n, p, (x, y, z), ours in rows]
+    def theirs(name: str | None) -> str | None:
+        return None if name is None else name.replace(left, right)
+
+    return [(theirs(n), theirs(p), (-x, y, z), ours(o)) for n, p, (x, y, z), o in rows]
+
+
+def lowered_arms(table: RigTable, shoulders: tuple[str, str], degrees: float) -> RigTable:
+    """``table`` with every joint below the two ``shoulders`` (left, right) turned ``degrees`` down about the
+    person's front axis at the shoulder: a T pose made an A pose (``pose`` "A")."""
+    names, parents, axes = table.names, table.parents, np.asarray(table.axes)
+    rows = list(table.joints)
+    for shoulder, sign in zip(shoulders, (1.0, -1.0), strict=True):
+        top = names.index(shoulder)
+        below = {top}
+        for j in range(len(names)):
+            if parents[j] in below:
+                below.add(j)
+        angle = np.radians(sign * degrees)  # in camera axes the left arm (+x) turns towards down (+y) about z
+        turn = np.array([[np.cos(angle), -np.sin(angle), 0.0], [np.sin(angle), np.cos(angle), 0.0], [0.0, 0.0, 1.0]])
+        turn = axes.T @ turn @ axes  # the same turn in the rig's axes (an orthogonal change of axes)
+        centre = np.array(rows[top][2], np.float64)
+        for j in sorted(below - {top}):
+            name, parent, position, follows = rows[j]
+            x, y, z = (turn @ (np.asarray(position) - centre) + centre).round(2).tolist()
+            rows[j] = (name, parent, (x, y, z), follows)
+    return dataclasses.replace(table, joints=tuple(rows), pose="A")
 
 
 # ------------------------------------------------------------------------------------------------- Mixamo
@@ -218,7 +245,108 @@ def _smplx() -> RigTable:
                     axes=Y_UP_FACING_Z, unit=1.0)  # fmt: skip
 
 
-RIGS: Mapping[str, RigTable] = {table.name: table for table in (_mixamo(), _smplx())}
+# ------------------------------------------------------------------------------------------------- UE5
+
+
+def _ue5() -> RigTable:
+    """Unreal Engine 5's mannequin (Manny) skeleton without its twist and IK bones: cm, Z up, facing +Y (Unreal's
+    left-handed axes: the person's left is +X), arms 45° down (A pose); X along each bone (back along it on the
+    right side), Z towards the front."""
+    trunk = [
+        ("root", None, (0.0, 0.0, 0.0), None),
+        ("pelvis", "root", (0.0, 0.0, 96.5), "pelvis"),
+        ("spine_01", "pelvis", (0.0, 1.0, 103.0), None),
+        ("spine_02", "spine_01", (0.0, 1.5, 110.5), None),
+        ("spine_03", "spine_02", (0.0, 1.5, 118.5), "spine"),
+        ("spine_04", "spine_03", (0.0, 1.0, 127.0), None),
+        ("spine_05", "spine_04", (0.0, -0.5, 137.5), "chest"),
+        ("neck_01", "spine_05", (0.0, -2.0, 149.5), "neck"),
+        ("neck_02", "neck_01", (0.0, -0.5, 155.0), None),
+        ("head", "neck_02", (0.0, 1.0, 160.5), "head"),
+    ]
+    left = [
+        ("clavicle_l", "spine_05", (3.0, 1.0, 147.0), "l_clavicle"),
+        ("upperarm_l", "clavicle_l", (17.5, -2.0, 144.0), "l_upperarm"),
+        ("lowerarm_l", "upperarm_l", (45.5, -2.0, 144.0), "l_forearm"),
+        ("hand_l", "lowerarm_l", (71.5, -1.0, 144.0), "l_hand"),
+        ("thumb_01_l", "hand_l", (74.0, 2.5, 142.0), "l_thumb1"),
+        ("thumb_02_l", "thumb_01_l", (77.0, 5.0, 141.0), "l_thumb2"),
+        ("thumb_03_l", "thumb_02_l", (79.5, 7.0, 140.5), "l_thumb3"),
+    ]
+    fingers = {"index": (2.5, 80.5, 4.0), "middle": (0.3, 81.0, 4.5), "ring": (-1.8, 80.5, 4.0),
+               "pinky": (-3.8, 79.5, 3.0)}  # fmt: skip  # front offset, first joint's x, step along x
+    for finger, (front, first, step) in fingers.items():
+        left.append((f"{finger}_metacarpal_l", "hand_l", (73.5, front * 0.6, 144.0), None))
+        parent = f"{finger}_metacarpal_l"
+        for i in (1, 2, 3):
+            left.append((f"{finger}_0{i}_l", parent, (first + (i - 1) * step, front, 144.0), f"l_{finger}{i}"))
+            parent = f"{finger}_0{i}_l"
+    left += [
+        ("thigh_l", "pelvis", (9.0, 0.5, 91.5), "l_thigh"),
+        ("calf_l", "thigh_l", (10.0, 0.0, 49.0), "l_shin"),
+        ("foot_l", "calf_l", (10.5, -3.0, 8.0), "l_foot"),
+        ("ball_l", "foot_l", (11.0, 10.5, 1.5), "l_toe"),
+    ]
+    t_pose = RigTable(
+        "ue5", "Unreal Engine 5 mannequin (Manny)", tuple(trunk + left + _mirror(left, "_l", "_r")), pose="T",
+        axes=Z_UP_FACING_Y, unit=0.01, bone_axis="+X", mirror_right=True, roll_axis="+Z", right_words=("_r",),
+    )  # fmt: skip
+    return lowered_arms(t_pose, ("upperarm_l", "upperarm_r"), 45.0)
+
+
+# ------------------------------------------------------------------------------------------------- Rigify
+
+
+def _rigify() -> RigTable:
+    """Blender Rigify's deform bones (``DEF-``) of the human metarig, as a generated rig parents them: metres,
+    Z up, facing -Y, T pose; Blender's bone axes: Y along the bone, Z towards the front."""
+    trunk = [
+        ("DEF-spine", None, (0.0, 0.03, 1.0), "pelvis"),
+        ("DEF-spine.001", "DEF-spine", (0.0, 0.03, 1.1), "spine"),
+        ("DEF-spine.002", "DEF-spine.001", (0.0, 0.02, 1.22), None),
+        ("DEF-spine.003", "DEF-spine.002", (0.0, 0.02, 1.3), "chest"),
+        ("DEF-spine.004", "DEF-spine.003", (0.0, 0.04, 1.45), "neck"),
+        ("DEF-spine.005", "DEF-spine.004", (0.0, 0.03, 1.52), None),
+        ("DEF-spine.006", "DEF-spine.005", (0.0, 0.02, 1.58), "head"),
+    ]
+    left = [
+        ("DEF-shoulder.L", "DEF-spine.003", (0.02, -0.01, 1.42), "l_clavicle"),
+        ("DEF-upper_arm.L", "DEF-shoulder.L", (0.17, 0.03, 1.4), "l_upperarm"),
+        ("DEF-upper_arm.L.001", "DEF-upper_arm.L", (0.31, 0.035, 1.4), None),
+        ("DEF-forearm.L", "DEF-upper_arm.L.001", (0.45, 0.04, 1.4), "l_forearm"),
+        ("DEF-forearm.L.001", "DEF-forearm.L", (0.58, 0.03, 1.4), None),
+        ("DEF-hand.L", "DEF-forearm.L.001", (0.71, 0.02, 1.4), "l_hand"),
+    ]
+    palms = {"index": ("01", -0.02, 0.79, 0.035), "middle": ("02", 0.0, 0.795, 0.04), "ring": ("03", 0.02, 0.79, 0.035),
+             "pinky": ("04", 0.035, 0.78, 0.025)}  # fmt: skip  # palm number, front (-y) offset, first x, step
+    for finger, (number, across, first, step) in palms.items():
+        palm = f"DEF-palm.{number}.L"
+        left.append((palm, "DEF-hand.L", (0.725, across * 0.6, 1.4), None))
+        parent = palm
+        for i in (1, 2, 3):
+            name = f"DEF-f_{finger}.0{i}.L"
+            left.append((name, parent, (first + (i - 1) * step, across, 1.4), f"l_{finger}{i}"))
+            parent = name
+    parent = "DEF-palm.01.L"
+    for i, position in enumerate(((0.735, -0.035, 1.385), (0.76, -0.06, 1.375), (0.785, -0.08, 1.37)), 1):
+        left.append((f"DEF-thumb.0{i}.L", parent, position, f"l_thumb{i}"))
+        parent = f"DEF-thumb.0{i}.L"
+    left += [
+        ("DEF-thigh.L", "DEF-spine", (0.09, 0.02, 0.95), "l_thigh"),
+        ("DEF-thigh.L.001", "DEF-thigh.L", (0.095, 0.01, 0.74), None),
+        ("DEF-shin.L", "DEF-thigh.L.001", (0.1, 0.0, 0.52), "l_shin"),
+        ("DEF-shin.L.001", "DEF-shin.L", (0.1, 0.01, 0.3), None),
+        ("DEF-foot.L", "DEF-shin.L.001", (0.1, 0.03, 0.08), "l_foot"),
+        ("DEF-toe.L", "DEF-foot.L", (0.105, -0.1, 0.015), "l_toe"),
+    ]
+    return RigTable(
+        "rigify", "Blender Rigify (DEF- deform bones of the human metarig)",
+        tuple(trunk + left + _mirror(left, ".L", ".R")), pose="T", axes=Z_UP_FACING_MINUS_Y, unit=1.0,
+        bone_axis="+Y", roll_axis="+Z", right_words=(".R",),
+    )  # fmt: skip
+
+
+RIGS: Mapping[str, RigTable] = {table.name: table for table in (_mixamo(), _smplx(), _ue5(), _rigify())}
 """Every rig there is a table for, by ``--rig`` name."""
 RIG_NAMES = ("sapiens2", *RIGS)
 """``--rig``: ``sapiens2`` (our own skeleton, no retargeting) or a table of ``RIGS``."""
