@@ -7,10 +7,11 @@ an A pose on a T-pose rest (the conventions swapped) fail the position check; th
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
-from mocap_synth import walk_clip
+from mocap_synth import lifted_walk, walk_clip
 from test_mocap_fbx import ufbx_read
 from test_mocap_usd import usdskel_positions, validation_errors
 
@@ -186,14 +187,9 @@ def test_the_run_writes_the_rig_in_every_animation_format(tmp_path):
     same positions, those that follow ours where the sapiens2 run's BVH has our joints (1 mm); the marker exports
     keep our skeleton."""
     from sapiens2.mocap.bvh import read_bvh
-    from sapiens2.mocap.lift import lift_frame
     from sapiens2.mocap.run import MocapOptions, RecordedTrack, solve_and_export
 
-    clip = walk_clip(frames=8)
-    lifted = []
-    for t in range(clip.num_frames):
-        frame = clip.frame(t, rgb=False)
-        lifted.append(lift_frame(frame.keypoints, frame.scores, frame.pointmap, frame.seg))
+    clip, lifted = lifted_walk(8)
     frames = np.arange(clip.num_frames)
     tracks = {3: RecordedTrack(3, frames, frames / clip.motion.fps, lifted)}
     ours_folder, rig_folder = tmp_path / "ours", tmp_path / "mixamo"
@@ -217,3 +213,42 @@ def test_the_run_writes_the_rig_in_every_animation_format(tmp_path):
     _, names, positions = usdskel_positions(rig_folder / "track_3.usdc", "/track_3")
     assert [name.replace("mixamorig_", "mixamorig:") for name in names] == list(table.names)  # prim names: no ':'
     np.testing.assert_allclose(positions * CV_TO_Y_UP, from_bvh, atol=BAR)
+    # one scene of the rig with its proportions: the FBX and USD hold UE5's joints where the track's BVH has them
+    options = MocapOptions(formats=("bvh", "glb", "fbx", "usd"), rig="ue5", rig_proportions="rig", scene=True)
+    scene_folder = tmp_path / "ue5"
+    files, _, _ = solve_and_export(tracks, scene_folder, clip.motion.fps, options, "offline")
+    assert sorted(p.rsplit("/", 1)[-1] for p in files[3]) == ["scene.fbx", "scene.usdc", "track_3.bvh", "track_3.glb"]
+    table = RIGS["ue5"]
+    bvh = read_bvh(scene_folder / "track_3.bvh")
+    from_bvh = forward_kinematics(bvh)[0][:, [bvh.skeleton.index(name) for name in table.names]]
+    read = ufbx_read(scene_folder / "scene.fbx", {"track_3": (table.names, np.arange(clip.num_frames) / 24.0)})
+    np.testing.assert_allclose(read["positions"]["track_3"], from_bvh, atol=BAR)
+    _, names, positions = usdskel_positions(scene_folder / "scene.usdc", "/scene/track_3")
+    assert names == list(table.names)
+    np.testing.assert_allclose(positions * CV_TO_Y_UP, from_bvh, atol=BAR)
+    mapped = [(table.names.index(r), ours.skeleton.index(o)) for r, o in table.mapping.items()]
+    off = from_bvh[:, [r for r, _ in mapped]] - from_ours[:, [o for _, o in mapped]]
+    assert np.linalg.norm(off, axis=-1).max() > 0.02  # the rig's own lengths: not on the track's joints
+
+
+def test_the_command_records_the_rig(tiny_checkpoints, tmp_path, capsys):
+    """``sapiens2 mocap --rig ue5 --rig-proportions rig`` on a photo with tiny random models: the BVH has the UE5
+    mannequin's joints and the summary names the rig and its proportions."""
+    import cv2
+    from videoclips import moving_crops
+
+    from sapiens2.cli import main
+    from sapiens2.mocap.bvh import read_bvh
+
+    still = tmp_path / "still.png"
+    cv2.imwrite(str(still), next(moving_crops(1)))
+    out = tmp_path / "out"
+    argv = ["mocap", str(still), "-o", str(out), "--device", "cpu", "--input-size", "256", "192", "--detector", "none",
+            "--no-flip-test", "--no-overlay", "--formats", "bvh,fbx,trc", "--rig", "ue5", "--rig-proportions", "rig",
+            *[f"--model={t}={tiny_checkpoints[t]}" for t in ("pose", "pointmap", "seg")]]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    summary = json.loads((out / "still_mocap.json").read_text())
+    assert summary["rig"] == "ue5" and summary["rig_proportions"] == "rig"
+    files = summary["tracks"]["1"]
+    assert sorted(f.rsplit("/", 1)[-1] for f in files) == ["track_1.bvh", "track_1.fbx", "track_1.trc"]
+    assert sorted(read_bvh(out / "still_mocap" / "track_1.bvh").skeleton.names) == sorted(RIGS["ue5"].names)

@@ -545,7 +545,8 @@ def retarget(motion: Motion, rig: str | RigTable, proportions: str = "track") ->
     world = np.zeros((frames, len(names), 4))
     for j, name in enumerate(names):
         if name in mapping:
-            world[:, j] = quat_multiply(rotations[:, ours.index(mapping[name])], quat_from_matrix(turns[j]))
+            turn = np.tile(quat_from_matrix(turns[j]), (frames, 1))  # one per frame (no broadcast view)
+            world[:, j] = quat_multiply(rotations[:, ours.index(mapping[name])], turn)
         elif parents[j] >= 0:
             world[:, j] = world[:, parents[j]]
         else:
