@@ -252,3 +252,41 @@ def test_the_command_records_the_rig(tiny_checkpoints, tmp_path, capsys):
     files = summary["tracks"]["1"]
     assert sorted(f.rsplit("/", 1)[-1] for f in files) == ["track_1.bvh", "track_1.fbx", "track_1.trc"]
     assert sorted(read_bvh(out / "still_mocap" / "track_1.bvh").skeleton.names) == sorted(RIGS["ue5"].names)
+
+
+def _rig_fbx(rig: str, proportions: str, tmp_path) -> tuple[object, rigs.RigMotion, np.ndarray]:
+    """The walk on ``rig`` written as FBX with the rig's bone axes: (path, the rig's motion, its FK (T, J, 3))."""
+    from sapiens2.mocap.fbx import FbxTrack, write_fbx_scene
+
+    rigged = retarget(walk_clip().motion, rig, proportions)
+    track = FbxTrack("track_1", rigged.motion, orientations=rigged.orientations)
+    path = write_fbx_scene([track], tmp_path / f"{rig}_{proportions}.fbx")
+    return path, rigged, forward_kinematics(rigged.motion)[0]
+
+
+@pytest.mark.parametrize("rig", sorted(RIGS))
+def test_assimp_reads_each_rigs_fbx_with_our_fk(rig, tmp_path):
+    """assimp (its command-line tool) evaluates every rig's FBX, bone axes as pre-rotations, at each frame where the
+    rig's forward kinematics puts the joints; with the track's proportions the mapped ones are ours."""
+    from test_mocap_fbx import assimp_positions
+
+    path, rigged, theirs = _rig_fbx(rig, "track", tmp_path)
+    _, positions = assimp_positions(path, tmp_path)
+    names = rigged.motion.skeleton.names
+    np.testing.assert_allclose(np.stack([positions[name] for name in names], 1), theirs, atol=BAR)
+    mine, ours = mapped_positions(rigged, walk_clip().motion)
+    np.testing.assert_allclose(mine, ours, atol=BAR)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rig", sorted(RIGS))
+def test_blender_imports_each_rigs_fbx_with_its_fk(rig, tmp_path):
+    """Blender's FBX importer: the rig's armature (bone axes as pre-rotations, the rig's proportions) has its pose
+    bones where the rig's forward kinematics puts them, at every frame of the walk."""
+    from test_mocap_export import blender_joint_positions
+
+    path, rigged, theirs = _rig_fbx(rig, "rig", tmp_path)
+    frames = list(range(rigged.motion.num_frames))
+    names = rigged.motion.skeleton.names
+    positions, _ = blender_joint_positions(path, "fbx", rigged.motion.fps, frames, names, tmp_path)
+    np.testing.assert_allclose(positions, theirs[frames], atol=BAR)
