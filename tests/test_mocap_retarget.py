@@ -282,11 +282,17 @@ def test_assimp_reads_each_rigs_fbx_with_our_fk(rig, tmp_path):
 @pytest.mark.parametrize("rig", sorted(RIGS))
 def test_blender_imports_each_rigs_fbx_with_its_fk(rig, tmp_path):
     """Blender's FBX importer: the rig's armature (bone axes as pre-rotations, the rig's proportions) has its pose
-    bones where the rig's forward kinematics puts them, at every frame of the walk."""
+    bones where the rig's forward kinematics puts them, at every frame of the walk; its BVH and GLB importers too."""
     from test_mocap_export import blender_joint_positions
 
+    from sapiens2.mocap.bvh import write_bvh
+    from sapiens2.mocap.gltf import write_glb
+
     path, rigged, theirs = _rig_fbx(rig, "rig", tmp_path)
-    frames = list(range(rigged.motion.num_frames))
-    names = rigged.motion.skeleton.names
-    positions, _ = blender_joint_positions(path, "fbx", rigged.motion.fps, frames, names, tmp_path)
-    np.testing.assert_allclose(positions, theirs[frames], atol=BAR)
+    motion = rigged.motion
+    frames = list(range(motion.num_frames))
+    names = motion.skeleton.names
+    files = {"fbx": path, "bvh": write_bvh(motion, tmp_path / "r.bvh"), "glb": write_glb(motion, tmp_path / "r.glb")}
+    for kind, file in files.items():
+        positions, _ = blender_joint_positions(file, kind, motion.fps, frames, names, tmp_path)
+        np.testing.assert_allclose(positions, theirs[frames], atol=BAR, err_msg=kind)
