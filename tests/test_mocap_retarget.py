@@ -51,7 +51,7 @@ def _aim_angles(rigged: rigs.RigMotion, motion: Motion) -> np.ndarray:
     table = RIGS[rigged.rig]
     theirs, _ = forward_kinematics(rigged.motion)
     ours, _ = forward_kinematics(motion)
-    bones = rigs._aim_children(table, motion.skeleton)
+    bones = rigs.main_bones(table)
     names, index = table.names, motion.skeleton.index
     a = np.stack([theirs[:, c] - theirs[:, j] for j, c in bones.items()], 1)
     b = np.stack([ours[:, index(rigged.mapping[names[c]])] - ours[:, index(rigged.mapping[names[j]])]

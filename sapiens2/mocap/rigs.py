@@ -37,7 +37,7 @@ import numpy as np
 from .rig import Motion, Skeleton, forward_kinematics, quat_from_matrix, quat_multiply, rotation_class
 
 __all__ = [
-    "PROPORTIONS", "RIG_NAMES", "RIGS", "RigMotion", "RigTable", "bone_axes", "lowered_arms", "retarget",
+    "PROPORTIONS", "RIG_NAMES", "RIGS", "RigMotion", "RigTable", "bone_axes", "lowered_arms", "main_bones", "retarget",
     "rig_rest_skeleton",
 ]  # fmt: skip
 
@@ -391,7 +391,7 @@ def _swing(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return rotation_class().from_rotvec(axis / sin * np.arctan2(sin, cos)).as_matrix()
 
 
-def _aim_children(table: RigTable, ours: Skeleton) -> dict[int, int]:
+def main_bones(table: RigTable) -> dict[int, int]:
     """Mapped rig joint -> the mapped rig joint its main bone reaches (through joints that follow none of ours):
     the one that follows our joint's own aim child, else the only one; none when there is no such single joint."""
     from .skeleton import mocap_skeleton
@@ -420,9 +420,10 @@ def _alignments(table: RigTable, ours: Skeleton) -> tuple[np.ndarray, np.ndarray
     ratio (ours / the rig's) of the bone it hangs off, and the main bones (joint -> joint)."""
     rest, parents, names, mapping = table.rest_positions(), table.parents, table.names, table.mapping
     ours_rest = ours.rest_positions()
-    aim = _aim_children(table, ours)
-    turns, ratios = np.tile(np.eye(3), (len(names), 1, 1)), np.ones(len(names))
-    ratios[:] = _leg_length(ours_rest, ours, {v: k for k, v in mapping.items()}, rest, table) ** -1
+    aim = main_bones(table)
+    turns = np.tile(np.eye(3), (len(names), 1, 1))
+    legs = _leg_length(ours_rest, ours, {v: k for k, v in mapping.items()}, rest, table)
+    ratios = np.full(len(names), 1.0 / legs)  # a joint off every main bone (the root): the legs' ratio
     for j, name in enumerate(names):
         if parents[j] >= 0:
             turns[j], ratios[j] = turns[parents[j]], ratios[parents[j]]
