@@ -282,17 +282,22 @@ def test_assimp_reads_each_rigs_fbx_with_our_fk(rig, tmp_path):
 @pytest.mark.parametrize("rig", sorted(RIGS))
 def test_blender_imports_each_rigs_fbx_with_its_fk(rig, tmp_path):
     """Blender's FBX importer: the rig's armature (bone axes as pre-rotations, the rig's proportions) has its pose
-    bones where the rig's forward kinematics puts them, at every frame of the walk; its BVH and GLB importers too."""
+    bones where the rig's forward kinematics puts them, at every frame of the walk; its BVH, glTF and USD importers
+    too (USD: the bone axes as rest rotations)."""
     from test_mocap_export import blender_joint_positions
 
     from sapiens2.mocap.bvh import write_bvh
     from sapiens2.mocap.gltf import write_glb
+    from sapiens2.mocap.usd import SkeletalAnimation, _identifiers, write_usd
 
     path, rigged, theirs = _rig_fbx(rig, "rig", tmp_path)
     motion = rigged.motion
     frames = list(range(motion.num_frames))
     names = motion.skeleton.names
-    files = {"fbx": path, "bvh": write_bvh(motion, tmp_path / "r.bvh"), "glb": write_glb(motion, tmp_path / "r.glb")}
+    animation = SkeletalAnimation.from_motion(motion, "track_1", orientations=rigged.orientations)
+    files = {"fbx": path, "bvh": write_bvh(motion, tmp_path / "r.bvh"), "glb": write_glb(motion, tmp_path / "r.glb"),
+             "usd": write_usd(animation, tmp_path / "r.usdc")}  # fmt: skip
     for kind, file in files.items():
-        positions, _ = blender_joint_positions(file, kind, motion.fps, frames, names, tmp_path)
+        bones = _identifiers(names) if kind == "usd" else names  # USD's prim names: letters, digits, '_'
+        positions, _ = blender_joint_positions(file, kind, motion.fps, frames, bones, tmp_path)
         np.testing.assert_allclose(positions, theirs[frames], atol=BAR, err_msg=kind)
