@@ -284,6 +284,19 @@ def walk_clip(frames: int = 48, fps: float = 24.0, noise_px: float = 0.4, seed: 
                      seed, fk[1][:, names.index("head")])  # fmt: skip
 
 
+def lifted_walk(frames: int) -> tuple[SynthClip, list]:
+    """The walk of ``frames`` frames rendered and lifted frame by frame (``lift.lift_frame``, with the true seg):
+    what a mocap run records for the person."""
+    from sapiens2.mocap.lift import lift_frame
+
+    clip = walk_clip(frames=frames)
+    lifted = []
+    for t in range(clip.num_frames):
+        frame = clip.frame(t, rgb=False)
+        lifted.append(lift_frame(frame.keypoints, frame.scores, frame.pointmap, frame.seg))
+    return clip, lifted
+
+
 def _rest_positions(offsets: np.ndarray, parents: np.ndarray) -> np.ndarray:
     pos = np.zeros_like(offsets)
     for j, p in enumerate(parents):

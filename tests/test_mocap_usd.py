@@ -295,17 +295,12 @@ def test_the_run_writes_per_track_files_or_one_scene(tmp_path):
     """``solve_and_export`` (what ``sapiens2 mocap`` runs once the video is done) on two tracks of the synthetic walk,
     rendered and lifted, seen from frame 0 and from frame 4: a ``.usdc`` per track whose UsdSkel pose is its BVH's;
     with ``scene`` one ``scene.usdc`` holding both at their frames in the clip, and no per-track USD."""
-    from mocap_synth import walk_clip
+    from mocap_synth import lifted_walk
 
-    from sapiens2.mocap.lift import lift_frame
     from sapiens2.mocap.run import MocapOptions, RecordedTrack, solve_and_export
 
     pxr()
-    clip = walk_clip(frames=10)
-    lifted = []
-    for t in range(clip.num_frames):
-        frame = clip.frame(t, rgb=False)
-        lifted.append(lift_frame(frame.keypoints, frame.scores, frame.pointmap, frame.seg))
+    clip, lifted = lifted_walk(10)
     frames = np.arange(clip.num_frames)
     tracks = {1: RecordedTrack(1, frames, frames / clip.motion.fps, lifted),
               2: RecordedTrack(2, frames[4:], frames[4:] / clip.motion.fps, lifted[4:])}  # fmt: skip

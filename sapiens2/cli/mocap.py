@@ -41,7 +41,8 @@ def add_capture_flags(parser: argparse.ArgumentParser, formats: tuple[str, ...] 
     """The flags of a capture, ``sapiens2 mocap``'s and those of any command that captures videos first (``biomech``):
     the model group, the video group and the mocap group; ``formats`` the default exports (all), ``when`` added to
     the title of the model group (what it is for)."""
-    from ..mocap.run import EXPORT_FORMATS
+    from ..mocap.rigs import PROPORTIONS, RIG_NAMES
+    from ..mocap.run import EXPORT_FORMATS, RIG_FORMATS
 
     add_model_flags(parser, f"pose, pointmap, seg (not with --no-seg) and the person detector{when}",
                     batch_help="images (pose: person crops) per forward pass")  # fmt: skip
@@ -67,6 +68,12 @@ def add_capture_flags(parser: argparse.ArgumentParser, formats: tuple[str, ...] 
     out.add_argument("--scene", action="store_true",
                      help="FBX and USD: every track of an input in one file (<input>_mocap/scene.fbx, "
                      "scene.usdc) instead of one per track")  # fmt: skip
+    out.add_argument("--rig", default="sapiens2", choices=RIG_NAMES,
+                     help=f"the skeleton of the {', '.join(RIG_FORMATS)} exports: sapiens2 (ours, 65 joints) or a "
+                     "standard rig the motion is retargeted onto (docs/mocap.md, Rigs)")  # fmt: skip
+    out.add_argument("--rig-proportions", default="track", choices=PROPORTIONS,
+                     help="a rig's bone lengths: the track's own (its joints land on the solved ones; default) or "
+                     "the rig's (root translation scaled by the leg-length ratio)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         mocap = MocapOptions(video=video, smooth=args.smooth, seg=not args.no_seg, view=not args.no_view,
                              formats=[f.strip() for f in args.formats.split(",") if f.strip()],
                              min_frames=args.min_track_frames, skip_existing=args.skip_existing,
-                             scene=args.scene)  # fmt: skip
+                             scene=args.scene, rig=args.rig, rig_proportions=args.rig_proportions)  # fmt: skip
     except ValueError as error:
         report_error(flag_message(error, MocapOptions, {"min_frames": "--min-track-frames"}))
         return 2

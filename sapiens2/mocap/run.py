@@ -41,6 +41,7 @@ from ..messages import report_error
 
 __all__ = [
     "EXPORT_FORMATS",
+    "RIG_FORMATS",
     "SCENE_FORMATS",
     "MocapHook",
     "MocapOptions",
@@ -59,6 +60,8 @@ EXPORT_FORMATS = ("bvh", "glb", "fbx", "c3d", "usd", "csv", "parquet", "angles",
 """What ``MocapOptions.formats`` may name: BVH, glTF binary, binary FBX, C3D markers, USD (UsdSkel, ``.usdc``), the
 solved keypoints as CSV and Parquet, the joint angles (CSV and a plot), and OpenSim markers (TRC in OpenCap's mmpose
 set, ``mocap.trc``)."""
+RIG_FORMATS = ("bvh", "glb", "fbx", "usd")
+"""The animation exports, written on ``MocapOptions.rig``; the others (markers, tables, angles) keep our skeleton."""
 SCENE_FORMATS = ("fbx", "usd")
 """The formats that hold several tracks in one file: with ``MocapOptions.scene`` each writes ``scene.<format>``."""
 
@@ -87,6 +90,11 @@ class MocapOptions:
         skip_existing: skip a source whose mocap summary exists [``--skip-existing``].
         scene: the formats of ``SCENE_FORMATS`` write every track of a source into one file, ``scene.<format>``,
             each at its time in the video, instead of a file per track [``--scene``].
+        rig: the skeleton of the animation exports (``RIG_FORMATS``): ``sapiens2`` (ours) or a standard rig of
+            ``rigs.RIGS`` the solved motion is retargeted onto [``--rig``].
+        rig_proportions: a rig's bone lengths: ``track`` (the track's own: the rig's joints land on the solved
+            ones) or ``rig`` (its table's, the root translation scaled by the leg-length ratio)
+            [``--rig-proportions``].
     """
 
     video: Any = None
@@ -97,6 +105,8 @@ class MocapOptions:
     min_frames: int = 5
     skip_existing: bool = False
     scene: bool = False
+    rig: str = "sapiens2"
+    rig_proportions: str = "track"
 
     def __post_init__(self) -> None:
         from ..video.run import VideoOptions
@@ -115,6 +125,12 @@ class MocapOptions:
             raise ValueError(f"smooth must be auto, none, online or offline, got {self.smooth!r}")
         if self.min_frames < 1:
             raise ValueError(f"min_frames must be >= 1, got {self.min_frames}")
+        from .rigs import PROPORTIONS, RIG_NAMES
+
+        if self.rig not in RIG_NAMES:
+            raise ValueError(f"rig: unknown {self.rig!r} (choose from {', '.join(RIG_NAMES)})")
+        if self.rig_proportions not in PROPORTIONS:
+            raise ValueError(f"rig_proportions must be {' or '.join(PROPORTIONS)}, got {self.rig_proportions!r}")
 
 
 @dataclass
@@ -317,6 +333,7 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
     the ``SCENE_FORMATS`` go into one ``scene.<format>`` listed among every track's files. Returns (id -> files,
     id -> why left out, seconds of ``solve`` and ``export``)."""
     min_frames = options.min_frames if min_frames is None else min_frames
+    from .rigs import retarget
     from .solve import SolveOptions, solve_track
 
     files: dict[int, list[str]] = {}
@@ -341,8 +358,10 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
         finally:
             seconds["solve"] += time.perf_counter() - start
         start = time.perf_counter()
-        files[track] = [str(p) for p in export_motion(solved.motion, folder / f"track_{track}", per_track)]
-        in_scene.append((track, solved.motion, float(data.times[0])))  # its start in the clip, in seconds
+        rigged = retarget(solved.motion, options.rig, options.rig_proportions)
+        stem = folder / f"track_{track}"
+        files[track] = [str(p) for p in export_motion(solved.motion, stem, per_track, rigged)]
+        in_scene.append((track, rigged, float(data.times[0])))  # its start in the clip, in seconds
         seconds["export"] += time.perf_counter() - start
     if in_scene and per_track != list(options.formats):
         start = time.perf_counter()
@@ -353,29 +372,34 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
     return files, left_out, seconds
 
 
-def export_motion(motion: Any, stem: Path, formats: Sequence[str]) -> list[Path]:
-    """Write ``motion`` in each of ``formats`` at ``stem`` + the format's suffix; returns the files written."""
+def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any = None) -> list[Path]:
+    """Write ``motion`` in each of ``formats`` at ``stem`` + the format's suffix; returns the files written. With
+    ``rigged`` (a ``rigs.RigMotion``) the ``RIG_FORMATS`` hold that rig's motion (FBX and USD its bone axes too)."""
     written: list[Path] = []
+    animated = motion if rigged is None else rigged.motion
+    axes = None if rigged is None else rigged.orientations
     if "bvh" in formats:
         from .bvh import write_bvh
 
-        written.append(Path(write_bvh(motion, stem.with_name(stem.name + ".bvh"))))
+        written.append(Path(write_bvh(animated, stem.with_name(stem.name + ".bvh"))))
     if "glb" in formats:
         from .gltf import write_glb
 
-        written.append(Path(write_glb(motion, stem.with_name(stem.name + ".glb"))))
+        written.append(Path(write_glb(animated, stem.with_name(stem.name + ".glb"))))
     if "fbx" in formats:
-        from .fbx import write_fbx
+        from .fbx import FbxTrack, write_fbx_scene
 
-        written.append(Path(write_fbx(motion, stem.with_name(stem.name + ".fbx"), name=stem.name)))
+        track = FbxTrack(stem.name, animated, orientations=axes)
+        written.append(Path(write_fbx_scene([track], stem.with_name(stem.name + ".fbx"))))
     if "c3d" in formats:
         from .c3d import write_c3d
 
         written.append(Path(write_c3d(motion, stem.with_name(stem.name + ".c3d"))))
     if "usd" in formats:
-        from .usd import write_usd
+        from .usd import SkeletalAnimation, write_usd
 
-        written.append(Path(write_usd(motion, stem.with_name(stem.name + ".usdc"), name=stem.name)))
+        animation = SkeletalAnimation.from_motion(animated, stem.name, orientations=axes)
+        written.append(Path(write_usd(animation, stem.with_name(stem.name + ".usdc"))))
     if "csv" in formats or "parquet" in formats:
         from .tables import write_trajectories
 
@@ -395,19 +419,23 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str]) -> list[Path]
 
 
 def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: Sequence[str]) -> list[Path]:
-    """Write every (track id, ``Motion``, its start in the clip in seconds) into one file per format of ``formats``
-    (from ``SCENE_FORMATS``) at ``stem`` + the format's suffix, each track at its time; returns the files written."""
+    """Write every (track id, ``Motion`` or ``rigs.RigMotion``, its start in the clip in seconds) into one file per
+    format of ``formats`` (from ``SCENE_FORMATS``) at ``stem`` + the format's suffix, each track at its time;
+    returns the files written."""
+    from .rig import Motion
+
     written: list[Path] = []
+    rigged = [(t, (m, None) if isinstance(m, Motion) else (m.motion, m.orientations), s) for t, m, s in tracks]
     if "fbx" in formats:
         from .fbx import FbxTrack, write_fbx_scene
 
-        scene = [FbxTrack(f"track_{track}", motion, start) for track, motion, start in tracks]
+        scene = [FbxTrack(f"track_{track}", motion, start, axes) for track, (motion, axes), start in rigged]
         written.append(Path(write_fbx_scene(scene, stem.with_name(stem.name + ".fbx"))))
     if "usd" in formats:
         from .usd import SkeletalAnimation, write_usd
 
-        animations = [SkeletalAnimation.from_motion(motion, f"track_{track}", round(start * motion.fps))
-                      for track, motion, start in tracks]  # fmt: skip
+        animations = [SkeletalAnimation.from_motion(motion, f"track_{track}", round(start * motion.fps), axes)
+                      for track, (motion, axes), start in rigged]  # fmt: skip
         written.append(Path(write_usd(animations, stem.with_name(stem.name + ".usdc"))))
     return written
 
@@ -508,7 +536,8 @@ def run_mocap(
     report.seconds.update(seconds)
     summary = {
         "source": text, "frames": report.video.frames, "fps": fps / stride, "smooth_3d": mode,
-        "seg": "seg" in tasks, "formats": list(options.formats), "scene": options.scene, "error": report.error,
+        "seg": "seg" in tasks, "formats": list(options.formats), "scene": options.scene, "rig": options.rig,
+        "rig_proportions": options.rig_proportions, "error": report.error,
         "tracks": {str(t): [str(Path(p).relative_to(stem.parent)) for p in paths] for t, paths in
                    report.tracks.items()},
         "left_out": {str(t): why for t, why in report.left_out.items()},

@@ -129,18 +129,30 @@ class SkeletalAnimation:
         return len(self.root_translation)
 
     @classmethod
-    def from_motion(cls, motion: Motion, name: str = "track", start: float = 0.0) -> SkeletalAnimation:
+    def from_motion(cls, motion: Motion, name: str = "track", start: float = 0.0,
+                    orientations: np.ndarray | None = None) -> SkeletalAnimation:  # fmt: skip
         """A solved ``rig.Motion`` (camera axes, no rotation in its rest pose) in Y-up axes: (x, y, z) -> (x, -y,
-        -z), each rotation turned the same way (``C q C⁻¹``, C the half turn about x)."""
+        -z), each rotation turned the same way (``C q C⁻¹``, C the half turn about x).
+
+        ``orientations`` (J, 4) gives a rig's bone axes (each joint's rest orientation W in the world, camera axes;
+        ``rigs.RigMotion.orientations``): the joints then turn in their own axes, rest rotation ``W_parent⁻¹ W``,
+        rest translation ``W_parent⁻¹ offset`` and rotation ``W_parent⁻¹ L W`` per frame (L the motion's local
+        rotation), at the same joint positions."""
         Rotation = _rotation()
         turn = Rotation.from_quat([1.0, 0.0, 0.0, 0.0])  # the half turn about x, exactly
         skeleton = motion.skeleton
         frames, joints = motion.rotations.shape[:2]
         rotations = turn * Rotation.from_quat(np.array(motion.rotations).reshape(-1, 4)) * turn.inv()
-        return cls(name=name, joints=skeleton.names, parents=skeleton.parents,
-                   rest_translations=turn.apply(np.array(skeleton.offsets)),
-                   rest_rotations=np.tile([0.0, 0.0, 0.0, 1.0], (joints, 1)),
-                   root_translation=turn.apply(np.array(motion.root_translation)),
+        offsets = turn.apply(np.array(skeleton.offsets))
+        rest = Rotation.identity(joints)
+        if orientations is not None:
+            world = turn * Rotation.from_quat(np.array(orientations, np.float64).reshape(joints, 4)) * turn.inv()
+            up = Rotation.concatenate([Rotation.identity() if p < 0 else world[p] for p in skeleton.parents])
+            rest, offsets = up.inv() * world, up.inv().apply(offsets)
+            each = np.tile(np.arange(joints), frames)  # (T * J,): each key's joint
+            rotations = up[each].inv() * rotations * world[each]
+        return cls(name=name, joints=skeleton.names, parents=skeleton.parents, rest_translations=offsets,
+                   rest_rotations=rest.as_quat(), root_translation=turn.apply(np.array(motion.root_translation)),
                    rotations=rotations.as_quat().reshape(frames, joints, 4), fps=motion.fps, start=start)  # fmt: skip
 
 
