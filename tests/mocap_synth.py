@@ -424,11 +424,12 @@ CLAP_STILL, CLAP_HOLD = 45, 12
 
 
 @functools.cache
-def clap_clip(peak_speed: float = 6.0, fps: float = 30.0, open_deg: float = 10.0, shut_deg: float = 72.0) -> SynthClip:
+def clap_clip(peak_speed: float = 6.0, fps: float = 30.0, open_deg: float = 35.0, shut_deg: float = 100.0) -> SynthClip:
     """A clap (deterministic; cached per arguments): ``CLAP_STILL`` frames standing still, arms held forward and
     open (each upper arm turned ``open_deg`` from the T-pose toward the front), then both arms swing together to
     ``shut_deg`` on a minimum-jerk profile timed so that the hands (the wrist joints) reach ``peak_speed`` m/s,
-    then ``CLAP_HOLD`` frames held still with the hands together. 3 m in front of the camera."""
+    then ``CLAP_HOLD`` frames held still with the hands together (at 100 degrees the straight arms reach past
+    straight ahead, and the wrists stop 7 cm either side of the midline). 3 m in front of the camera."""
     skel = mocap_skeleton()
     names, parents = skel.names, skel.parents
     offsets = _rest_offsets(names, parents)

@@ -74,11 +74,12 @@ class SolveOptions:
         sigma: offline, the width (frames) of the Gaussian the joints' speeds are measured on (the One-Euro
             filter's smoothed derivative): wider steadies the cut-off of a still joint against noise, narrower
             opens it sooner when a fast move starts.
-        min_cutoff: the One-Euro cut-off (Hz) when still, both modes: a still joint is smoothed over about
-            ``fps / (2 pi min_cutoff)`` frames.
-        beta: the online One-Euro filter's speed coefficient (per m/s of its own smoothed speed estimate).
-        offline_beta: the offline one's, per m/s of the speed on the ``sigma`` Gaussian (larger: that speed is
-            lower, and a clap at 5-8 m/s keeps its peak speed within 10 % only when the cut-off opens fully).
+        offline_cutoff, offline_beta: the offline cut-off (Hz) when still (a still joint is smoothed over about
+            ``fps / (2 pi offline_cutoff)`` frames on either side) and its rise per m/s of the speed on the ``sigma``
+            Gaussian (a clap at 5-8 m/s keeps its peak speed within 10 % only when the cut-off opens fully).
+        min_cutoff, beta, d_cutoff: the online One-Euro filter's cut-off (Hz) when still, its rise per m/s, and the
+            cut-off (Hz) of its speed estimate (higher: the filter opens sooner when a fast move starts, so a clap
+            is less held back, then overshot, but a still joint shakes more: "Fast motion" in docs/mocap.md).
         bone_tolerance: metres a measured joint may lie off its bone's sphere around its parent before it counts
             as occluded.
         window: frames of bone-length samples the online solver keeps.
@@ -89,9 +90,11 @@ class SolveOptions:
 
     smooth: str = "offline"
     sigma: float = 1.5
+    offline_cutoff: float = 1.0
+    offline_beta: float = 30.0
     min_cutoff: float = 1.0
     beta: float = 10.0
-    offline_beta: float = 30.0
+    d_cutoff: float = 1.0
     bone_tolerance: float = 0.03
     window: int = 300
     passes: int = 2
@@ -430,9 +433,9 @@ def _smooth(joints: np.ndarray, weights: np.ndarray, fps: float, opts: SolveOpti
     if opts.smooth == "none" or len(joints) < 2:
         return joints
     if opts.smooth == "online":
-        f = OneEuroFilter(opts.min_cutoff, opts.beta)
+        f = OneEuroFilter(opts.min_cutoff, opts.beta, opts.d_cutoff)
         return np.stack([f(x, i / fps) for i, x in enumerate(joints)])
-    return adaptive_zero_lag(joints, fps, opts.min_cutoff, opts.offline_beta, weights, opts.sigma)
+    return adaptive_zero_lag(joints, fps, opts.offline_cutoff, opts.offline_beta, weights, opts.sigma)
 
 
 def _frame(aim: np.ndarray, twist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -800,7 +803,7 @@ class OnlineSolver:
         if self.keep_frames:
             self._frames.append(lifted)
         if self._filter is None:
-            self._filter = OneEuroFilter(self.options.min_cutoff, self.options.beta)
+            self._filter = OneEuroFilter(self.options.min_cutoff, self.options.beta, self.options.d_cutoff)
         if lifted is None:
             if self._last is None:
                 raise ValueError("OnlineSolver.step: no frame with the person yet")
