@@ -72,6 +72,8 @@ def gaussian_in_time(values: np.ndarray, weights: np.ndarray, sigma: float) -> n
 
 
 GUESSED_KEEP = 0.25
+"""``adaptive_zero_lag``: the least join next to a frame weighted below 1 (a guessed point takes at least this share
+of each neighbour whatever its speed, as the centred Gaussian of 0.6 frames did; its wrong guess is no fast move)."""
 
 
 def adaptive_zero_lag(values: np.ndarray, fps: float, min_cutoff: float, beta: float,
@@ -86,7 +88,8 @@ def adaptive_zero_lag(values: np.ndarray, fps: float, min_cutoff: float, beta: f
     ``1 - alpha`` of a One-Euro step at that cut-off, and a frame's result is the ``weights``-weighted mean of all
     frames, each weighted by the product of the joins between them: accumulated forward and backward, so the kernel
     is symmetric in time. Still, it spans about ``fps / (2 pi min_cutoff)`` frames on either side; at speed it
-    shrinks to the frame itself, and a clap keeps its peak speed.
+    shrinks to the frame itself, and a clap keeps its peak speed. ``weights`` (T, N) in [0, 1], 1 for a measured
+    point (default all 1); a join next to a frame weighted below 1 keeps at least ``GUESSED_KEEP``.
     """
     x = np.asarray(values, np.float64)
     frames = len(x)
