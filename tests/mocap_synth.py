@@ -430,3 +430,81 @@ def _render(clip: SynthClip, t: int, want_rgb: bool = True) -> SynthFrame:
         shade = np.clip(1.3 - depth / 9.0, 0.3, 1.0)[..., None]
         rgb = np.clip(palette[label] * shade + 40 * (label[..., None] == 0), 0, 255).astype(np.uint8)
     return SynthFrame(pointmap, label, rgb, keypoints, scores, occluded, cover, joints.copy(), markers.copy())
+
+
+CLAP_STILL, CLAP_HOLD = 45, 12
+"""Frames of the clap clip: standing still with the arms open, then the clap, then the hands held together."""
+
+
+@functools.cache
+def clap_clip(peak_speed: float = 6.0, fps: float = 30.0, open_deg: float = 35.0, shut_deg: float = 100.0) -> SynthClip:
+    """A clap (deterministic; cached per arguments): ``CLAP_STILL`` frames standing still, arms held forward and
+    open (each upper arm turned ``open_deg`` from the T-pose toward the front), then both arms swing together to
+    ``shut_deg`` on a minimum-jerk profile timed so that the hands (the wrist joints) reach ``peak_speed`` m/s,
+    then ``CLAP_HOLD`` frames held still with the hands together (at 100 degrees the straight arms reach past
+    straight ahead, and the wrists stop 7 cm either side of the midline). 3 m in front of the camera."""
+    skel = mocap_skeleton()
+    names, parents = skel.names, skel.parents
+    offsets = _rest_offsets(names, parents)
+    rest = _rest_positions(offsets, parents)
+    reach = float(np.linalg.norm(rest[names.index("l_hand")] - rest[names.index("l_upperarm")]))
+    swing = np.radians(shut_deg - open_deg)
+    duration = 1.875 * swing * reach / peak_speed  # minimum jerk: peak angular speed 1.875 * swing / duration
+    moving = int(np.ceil(duration * fps))
+    s = np.clip(np.arange(moving + CLAP_HOLD) / fps / duration, 0.0, 1.0)
+    closing = open_deg + (shut_deg - open_deg) * s**3 * (10 - 15 * s + 6 * s**2)
+    angle = np.concatenate([np.full(CLAP_STILL, open_deg), closing])
+    frames = len(angle)
+    rotations = np.tile(np.eye(3), (frames, len(names), 1, 1))
+    for side, sign in (("l", 1.0), ("r", -1.0)):
+        rotations[:, names.index(f"{side}_upperarm")] = _rot("y", sign * angle) @ _rot("x", sign * 90.0 + 0 * angle)
+    root = np.tile([0.0, 0.1, 3.0], (frames, 1))
+    joints_k, marker_offsets = _marker_offsets(names, rest)
+    skeleton = rig.Skeleton(names, tuple(int(p) for p in parents), offsets)
+    markers = rig.Markers(keypoint_metadata().names, joints_k, marker_offsets)
+    motion = rig.Motion(skeleton, fps, root, rig.quat_from_matrix(rotations), markers)
+    fk = rig.forward_kinematics(motion)
+    return SynthClip(motion, fk[0], rig.marker_positions(motion, fk), INTRINSICS.copy(), (HEIGHT, WIDTH), 0.0, 0,
+                     fk[1][:, names.index("head")])  # fmt: skip
+
+
+def lifted_like(clip: SynthClip, lateral: float = 0.002, depth: float = 0.006, seed: int = 0) -> list:
+    """``Lifted3D`` frames of a clip without rendering: every keypoint seen, its skin point and every joint centre
+    the truth plus independent Gaussian noise per frame, ``lateral`` m across the camera ray and ``depth`` m along
+    it (the pointmap's depth is the noisier), as the lift gives them on an unoccluded person."""
+    from sapiens2.mocap.lift import Lifted3D
+
+    skel = mocap_skeleton()
+    rng = np.random.default_rng(seed)
+    own_depth = skel.source_depths[skel.keypoint_joint, np.arange(NUM_KEYPOINTS)]
+    scale = np.array([lateral, lateral, depth])
+    out = []
+    for t in range(clip.num_frames):
+        markers = clip.markers[t]
+        skin = markers - own_depth[:, None] * markers / np.linalg.norm(markers, axis=-1, keepdims=True)
+        skin = skin + rng.normal(0.0, 1.0, skin.shape) * scale
+        joints = skel.blend(clip.joints[t] + rng.normal(0.0, 1.0, clip.joints[t].shape) * scale)
+        pixels = clip.project(skin)
+        seen = np.ones(NUM_KEYPOINTS, bool)
+        out.append(Lifted3D(skin, joints, np.full(NUM_KEYPOINTS, 0.9), pixels, seen, ~seen, ~seen,
+                            np.zeros(skel.num_joints, bool), clip.intrinsics.copy()))  # fmt: skip
+    return out
+
+
+def clap_figures(clip: SynthClip, positions: np.ndarray) -> tuple[float, float]:
+    """(peak speed ratio, still jitter) of solved (T, J, 3) joint positions against a ``clap_clip``'s truth.
+
+    The peak speed is each hand's (wrist joint's) largest step between frames times the fps, over the largest true
+    one (both sampled alike at the clip's frames), averaged over the two hands; the jitter is the RMS distance (m)
+    of both hands from the truth over the still frames, leaving out 5 at the clip's start and before the clap."""
+    names = clip.motion.skeleton.names
+    hands = [names.index("l_hand"), names.index("r_hand")]
+    fps = clip.motion.fps
+
+    def peak(p: np.ndarray) -> np.ndarray:
+        return np.linalg.norm(np.diff(p[:, hands], axis=0), axis=-1).max(0) * fps
+
+    ratio = float(np.mean(peak(positions) / peak(clip.joints)))
+    still = slice(5, CLAP_STILL - 5)
+    jitter = float(np.sqrt(np.mean(np.sum((positions[still, hands] - clip.joints[still, hands]) ** 2, -1))))
+    return ratio, jitter

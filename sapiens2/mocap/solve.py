@@ -20,8 +20,10 @@ Per track, in order:
    its bone around the parent (of the two crossings, the one nearer where time predicts it); a low-score or missing
    one takes the bone direction interpolated over time (offline) or held from the last frame (online), at the bone's
    length. A hip hidden behind the other is found on its ray at the hip width from the visible one.
-4. **Smoothing in 3D**: offline, a centred Gaussian over time (measured frames weigh more than filled ones); online,
-   a One-Euro filter (``video.smooth.OneEuroFilter``) per joint.
+4. **Smoothing in 3D**: a One-Euro cut-off (low when still, rising with speed, so a still pose stops shaking and a
+   clap keeps its speed): offline run forward and backward over the clip with no lag
+   (``video.smooth.adaptive_zero_lag``; measured frames weigh more than filled ones); online a One-Euro filter
+   (``video.smooth.OneEuroFilter``) per joint.
 5. **Rotations**: each joint's global frame comes from its aim and twist vectors (``skeleton.JointSpec``), compared
    with their rest directions; a joint without twist (or whose twist points are filled or collinear with the aim)
    swings from its parent's frame. Local rotation = parent⁻¹ · global. The hands' local rotations (their turn
@@ -55,7 +57,7 @@ from sapiens2.mocap import rig
 from sapiens2.mocap.lift import Lifted3D
 from sapiens2.mocap.rigid import RIGID_PARTS, UNCOVERED, fit_rigid_parts
 from sapiens2.mocap.skeleton import MocapSkeleton, mocap_skeleton
-from sapiens2.video.smooth import OneEuroFilter
+from sapiens2.video.smooth import OneEuroFilter, adaptive_zero_lag
 
 __all__ = ["OnlineSolver", "SolveOptions", "SolvedTrack", "bone_lengths", "solve_rotations", "solve_track"]
 
@@ -67,10 +69,17 @@ class SolveOptions:
     """How a track is solved.
 
     Attributes:
-        smooth: ``offline`` (centred Gaussian, whole clip), ``online`` (One-Euro, no delay) or ``none``.
-        sigma: offline Gaussian width in frames (light: the 2D keypoints were already smoothed by the video
-            pipeline; a wider one rounds off fast flexions).
-        min_cutoff, beta: the online One-Euro filter's cut-off (Hz) when still and its speed coefficient (per m/s).
+        smooth: ``offline`` (zero lag, whole clip: ``video.smooth.adaptive_zero_lag``, a One-Euro cut-off run
+            forward and backward), ``online`` (One-Euro, no delay) or ``none``.
+        sigma: offline, the width (frames) of the Gaussian the joints' speeds are measured on (the One-Euro
+            filter's smoothed derivative): wider steadies the cut-off of a still joint against noise, narrower
+            opens it sooner when a fast move starts.
+        offline_cutoff, offline_beta: the offline cut-off (Hz) when still (a still joint is smoothed over about
+            ``fps / (2 pi offline_cutoff)`` frames on either side) and its rise per m/s of the speed on the ``sigma``
+            Gaussian (a clap at 5-8 m/s keeps its peak speed within 10 % only when the cut-off opens fully).
+        min_cutoff, beta, d_cutoff: the online One-Euro filter's cut-off (Hz) when still, its rise per m/s, and the
+            cut-off (Hz) of its speed estimate (higher: the filter opens sooner when a fast move starts, so a clap
+            is less held back, then overshot, but a still joint shakes more: "Fast motion" in docs/mocap.md).
         bone_tolerance: metres a measured joint may lie off its bone's sphere around its parent before it counts
             as occluded.
         window: frames of bone-length samples the online solver keeps.
@@ -80,9 +89,12 @@ class SolveOptions:
     """
 
     smooth: str = "offline"
-    sigma: float = 0.6
+    sigma: float = 1.5
+    offline_cutoff: float = 1.0
+    offline_beta: float = 30.0
     min_cutoff: float = 1.0
     beta: float = 10.0
+    d_cutoff: float = 1.0
     bone_tolerance: float = 0.03
     window: int = 300
     passes: int = 2
@@ -421,19 +433,9 @@ def _smooth(joints: np.ndarray, weights: np.ndarray, fps: float, opts: SolveOpti
     if opts.smooth == "none" or len(joints) < 2:
         return joints
     if opts.smooth == "online":
-        f = OneEuroFilter(opts.min_cutoff, opts.beta)
+        f = OneEuroFilter(opts.min_cutoff, opts.beta, opts.d_cutoff)
         return np.stack([f(x, i / fps) for i, x in enumerate(joints)])
-    radius = max(1, int(round(3 * opts.sigma)))
-    kernel = np.exp(-0.5 * (np.arange(-radius, radius + 1) / opts.sigma) ** 2)
-    frames = len(joints)
-    num = np.zeros_like(joints)
-    den = np.zeros(weights.shape)
-    for shift, k in zip(range(-radius, radius + 1), kernel, strict=True):
-        lo, hi = max(0, -shift), min(frames, frames - shift)
-        w = weights[lo + shift : hi + shift] * k
-        num[lo:hi] += w[..., None] * joints[lo + shift : hi + shift]
-        den[lo:hi] += w
-    return np.where(den[..., None] > 0, num / np.maximum(den, 1e-12)[..., None], joints)
+    return adaptive_zero_lag(joints, fps, opts.offline_cutoff, opts.offline_beta, weights, opts.sigma)
 
 
 def _frame(aim: np.ndarray, twist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -801,7 +803,7 @@ class OnlineSolver:
         if self.keep_frames:
             self._frames.append(lifted)
         if self._filter is None:
-            self._filter = OneEuroFilter(self.options.min_cutoff, self.options.beta)
+            self._filter = OneEuroFilter(self.options.min_cutoff, self.options.beta, self.options.d_cutoff)
         if lifted is None:
             if self._last is None:
                 raise ValueError("OnlineSolver.step: no frame with the person yet")

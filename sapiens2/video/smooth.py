@@ -6,6 +6,10 @@
   weighted by the keypoint's score, run as a fixed-lag smoother: results come out ``lag`` frames late, so memory
   stays bounded by the window whatever the video's length, and nothing is shifted in time (a symmetric kernel has
   no phase lag, unlike any causal filter).
+- ``adaptive_zero_lag`` (whole series at once, zero lag, for the 3D motion of ``mocap.solve``): the One-Euro idea run
+  forward and backward. Each pair of neighbouring frames is joined with the weight ``1 - alpha`` of a One-Euro step
+  whose cut-off rises with the speed between them, so the kernel around a frame is wide where the point is still
+  and narrow where it moves fast, and symmetric in time (no lag) because both passes use the same joins.
 - Pointmap scale: the network predicts one metric scale per frame; it flickers on nearly identical frames
   (Sapiens2 issue #11). ``ScaleStabilizer`` replaces it by a smoothed scale: the exponential mean of the log scale
   (time constant ``tau`` seconds) online, the median over the window offline. Points, depth and focal length are
@@ -31,6 +35,8 @@ __all__ = [
     "OnlineSmoother",
     "ScaleStabilizer",
     "SMOOTH_MODES",
+    "adaptive_zero_lag",
+    "gaussian_in_time",
     "jitter",
 ]
 
@@ -49,6 +55,64 @@ def jitter(keypoints: np.ndarray) -> float:
 def _alpha(cutoff: np.ndarray | float, dt: float) -> np.ndarray | float:
     tau = 1.0 / (2 * math.pi * cutoff)
     return 1.0 / (1.0 + tau / dt)
+
+
+def gaussian_in_time(values: np.ndarray, weights: np.ndarray, sigma: float) -> np.ndarray:
+    """(T, N, C) ``values`` smoothed over time (axis 0) by a centred Gaussian of ``sigma`` frames (cut at 3 sigma),
+    each sample weighted by ``weights`` (T, N); a point with no weight in reach keeps its value."""
+    frames = len(values)
+    radius = max(1, int(round(3 * sigma)))
+    num, den = np.zeros_like(values), np.zeros(weights.shape)
+    for shift in range(-radius, radius + 1):
+        lo, hi = max(0, -shift), min(frames, frames - shift)
+        w = weights[lo + shift : hi + shift] * math.exp(-0.5 * (shift / sigma) ** 2)
+        num[lo:hi] += w[..., None] * values[lo + shift : hi + shift]
+        den[lo:hi] += w
+    return np.where(den[..., None] > 0, num / np.maximum(den, 1e-12)[..., None], values)
+
+
+GUESSED_KEEP = 0.25
+"""``adaptive_zero_lag``: the least join next to a frame weighted below 1 (a guessed point takes at least this share
+of each neighbour whatever its speed, as the centred Gaussian of 0.6 frames did; its wrong guess is no fast move)."""
+
+
+def adaptive_zero_lag(values: np.ndarray, fps: float, min_cutoff: float, beta: float,
+                      weights: np.ndarray | None = None, speed_sigma: float = 1.5) -> np.ndarray:  # fmt: skip
+    """(T, N, C) ``values`` (N points of C coordinates, e.g. joints in metres) smoothed over time with no lag and a
+    speed-adaptive cut-off: the One-Euro filter's rule (cut-off = ``min_cutoff`` + ``beta`` x speed, Hz) run forward
+    and backward over the whole series.
+
+    The speed of a point between frames t and t+1 is the length of its step on a copy smoothed by a Gaussian of
+    ``speed_sigma`` frames (the One-Euro filter's smoothed derivative, centred), and the larger of it and its two
+    neighbouring steps' (a fast stretch is cut from the still frames at both of its ends). That join keeps the share
+    ``1 - alpha`` of a One-Euro step at that cut-off, and a frame's result is the ``weights``-weighted mean of all
+    frames, each weighted by the product of the joins between them: accumulated forward and backward, so the kernel
+    is symmetric in time. Still, it spans about ``fps / (2 pi min_cutoff)`` frames on either side; at speed it
+    shrinks to the frame itself, and a clap keeps its peak speed. ``weights`` (T, N) in [0, 1], 1 for a measured
+    point (default all 1); a join next to a frame weighted below 1 keeps at least ``GUESSED_KEEP``.
+    """
+    x = np.asarray(values, np.float64)
+    frames = len(x)
+    w = np.ones(x.shape[:2]) if weights is None else np.asarray(weights, np.float64)
+    if frames < 2:
+        return x.copy()
+    step = np.linalg.norm(np.diff(gaussian_in_time(x, w, speed_sigma), axis=0), axis=-1) * fps  # (T-1, N) m/s
+    speed = step.copy()
+    speed[1:] = np.maximum(speed[1:], step[:-1])
+    speed[:-1] = np.maximum(speed[:-1], step[1:])
+    keep = 1.0 - _alpha(min_cutoff + beta * speed, 1.0 / fps)  # (T-1, N) the join between t and t+1
+    keep = np.where(np.minimum(w[1:], w[:-1]) < 1.0, np.maximum(keep, GUESSED_KEEP), keep)
+    wx = w[..., None] * x
+    fwd_num, fwd_den = wx.copy(), w.copy()
+    for t in range(1, frames):
+        fwd_num[t] += keep[t - 1, :, None] * fwd_num[t - 1]
+        fwd_den[t] += keep[t - 1] * fwd_den[t - 1]
+    back_num, back_den = wx.copy(), w.copy()
+    for t in range(frames - 2, -1, -1):
+        back_num[t] += keep[t, :, None] * back_num[t + 1]
+        back_den[t] += keep[t] * back_den[t + 1]
+    num, den = fwd_num + back_num - wx, fwd_den + back_den - w  # the frame itself once
+    return np.where(den[..., None] > 1e-12, num / np.maximum(den, 1e-12)[..., None], x)
 
 
 @dataclass
