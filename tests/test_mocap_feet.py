@@ -1,0 +1,110 @@
+"""Foot contacts (issue #35 item 5) on the planted synthetic walk (``mocap_synth.walk_clip(planted=True)``): its feet
+are pinned on a flat floor while they carry the body, so the truth's contacts and floor are known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mocap_synth import walk_clip
+
+from sapiens2.metadata import keypoint_metadata
+from sapiens2.mocap import rig
+from sapiens2.mocap.contacts import FEET, ContactOptions, detect_contacts
+from sapiens2.mocap.lift import lift_frame
+from sapiens2.mocap.solve import SolveOptions, solve_track
+
+META = keypoint_metadata()
+
+
+@pytest.fixture(scope="module")
+def clip():
+    return walk_clip(planted=True)
+
+
+@pytest.fixture(scope="module")
+def lifted(clip):
+    frames = [clip.frame(t, rgb=False) for t in range(clip.num_frames)]
+    return [lift_frame(f.keypoints, f.scores, f.pointmap, f.seg) for f in frames]
+
+
+@pytest.fixture(scope="module")
+def planted(clip, lifted):
+    return solve_track(lifted, clip.motion.fps)
+
+
+@pytest.fixture(scope="module")
+def sliding(clip, lifted):
+    return solve_track(lifted, clip.motion.fps, SolveOptions(plant_feet=False))
+
+
+def foot_points(motion):
+    """Foot -> (T, 3, 3) its ankle, toe and heel marker."""
+    skeleton = motion.skeleton
+    positions, _ = fk = rig.forward_kinematics(motion)
+    markers = rig.marker_positions(motion, fk)
+    return {foot: np.stack([positions[:, skeleton.index(ankle)], positions[:, skeleton.index(toe)],
+                            markers[:, META.index(f"{foot.split('_')[0]}_heel")]], 1)
+            for foot, (_, _, ankle, toe) in FEET.items()}  # fmt: skip
+
+
+def slides(motion, contact):
+    """Per contact run of ``contact`` (T, 2): metres the foot's points stray at most from their mean there."""
+    out = []
+    for i, points in enumerate(foot_points(motion).values()):
+        edges = np.diff(np.concatenate([[0], contact[:, i].astype(int), [0]]))
+        for start, end in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), strict=True):
+            run = points[start:end]
+            out.append(np.linalg.norm(run - run.mean(0), axis=-1).max())
+    return np.array(out)
+
+
+def test_the_planted_walk_plants_its_feet(clip):
+    assert clip.contact.any(0).all() and (~clip.contact).any(0).all()
+    assert slides(clip.motion, clip.contact).max() < 1e-9  # the truth's feet do not move while planted
+    # and the swinging foot clears the floor: every foot point is above it, the planted ones down on it
+    skeleton = clip.motion.skeleton
+    for i, (_, _, ankle, toe) in enumerate(FEET.values()):
+        lowest = clip.joints[:, [skeleton.index(ankle), skeleton.index(toe)], 1].max(1)
+        assert (lowest < clip.floor_y).all()
+        assert (clip.floor_y - lowest[clip.contact[:, i]]).min() < 0.06
+
+
+def test_contacts_detected_against_the_truth(clip, planted):
+    contacts = planted.contacts
+    assert contacts.feet == tuple(FEET)
+    agree = (contacts.contact == clip.contact).mean()
+    assert agree > 0.9, agree
+    # what is detected is mostly true (the misses: frames where the solve lost the hidden leg)
+    assert (clip.contact[contacts.contact]).mean() > 0.95
+    # up (the camera's -y here: the floor is level) within 4 degrees, from the feet and the body
+    assert np.degrees(np.arccos(contacts.up @ [0.0, -1.0, 0.0])) < 4.0
+    # hysteresis: no contact shorter than min_frames
+    for i in range(2):
+        edges = np.diff(np.concatenate([[0], contacts.contact[:, i].astype(int), [0]]))
+        assert (np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1) >= ContactOptions().min_frames).all()
+
+
+def test_planted_feet_do_not_slide_or_sink(clip, planted, sliding):
+    detected = planted.contacts.contact & clip.contact  # true contacts the solve found
+    after, before = slides(planted.motion, detected), slides(sliding.motion, detected)
+    assert after.max() <= 0.01, after
+    assert before.max() > 0.03  # negative control: without planting the same feet slide
+    # no foot point below the ground plane, in any frame
+    up, ground = planted.contacts.up, planted.contacts.ground
+    for points in foot_points(planted.motion).values():
+        assert ((points @ up).min(1) - ground).min() > -1e-6
+    assert planted.contacts.heights.min() > -1e-6 and sliding.contacts.heights.min() < -0.005
+    # the body is no worse for it: the legs' joints still follow the truth
+    skeleton = clip.motion.skeleton
+    legs = [skeleton.index(n) for joints in FEET.values() for n in joints]
+    error = np.linalg.norm(planted.positions[:, legs] - clip.joints[:, legs], axis=-1)
+    error_before = np.linalg.norm(sliding.positions[:, legs] - clip.joints[:, legs], axis=-1)
+    assert np.median(error) <= np.median(error_before) + 0.002
+
+
+def test_contacts_on_a_still_pose_and_bad_options(clip):
+    standing = walk_clip(frames=6, stand=12)  # a T-pose for 12 frames: both feet planted there
+    contacts = detect_contacts(standing.motion)
+    assert contacts.contact[:10].all()
+    with pytest.raises(ValueError, match="speed_on"):
+        ContactOptions(speed_on=1.0, speed_off=0.5)
