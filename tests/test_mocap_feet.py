@@ -108,3 +108,20 @@ def test_contacts_on_a_still_pose_and_bad_options(clip):
     assert contacts.contact[:10].all()
     with pytest.raises(ValueError, match="speed_on"):
         ContactOptions(speed_on=1.0, speed_off=0.5)
+
+
+def test_contacts_written_as_csv_and_parquet(planted, tmp_path):
+    import csv
+
+    import pyarrow.parquet as pq
+
+    from sapiens2.mocap.run import export_motion
+
+    files = export_motion(planted.motion, tmp_path / "track_1", ["csv", "parquet"], planted.contacts)
+    assert {p.name for p in files} >= {"track_1_contacts.csv", "track_1_contacts.parquet"}
+    rows = list(csv.DictReader(open(tmp_path / "track_1_contacts.csv")))
+    assert len(rows) == planted.motion.num_frames
+    np.testing.assert_array_equal([int(r["left_foot"]) for r in rows], planted.contacts.column("left_foot"))
+    table = pq.read_table(tmp_path / "track_1_contacts.parquet").to_pydict()
+    np.testing.assert_array_equal(table["right_foot"], planted.contacts.column("right_foot"))
+    np.testing.assert_allclose(table["left_foot_height"], planted.contacts.heights[:, 0])

@@ -16,6 +16,7 @@ Layout for ``out/clip`` (``docs/mocap.md``)::
     clip_mocap/track_<id>.bvh .glb .fbx .c3d .usdc .trc         per track: animation and markers
     clip_mocap/scene.fbx .usdc                                  with ``scene``: every track in one file each
     clip_mocap/track_<id>_points.csv .parquet                   per track: the solved 308 keypoints per frame
+    clip_mocap/track_<id>_contacts.csv .parquet                 per track: foot contacts per frame (mocap.contacts)
     clip_mocap/track_<id>_angles.csv .png                       per track: joint angles and their plot
     clip_mocap/track_<id>.trc                                   per track: OpenSim markers (OpenCap's mmpose set)
     clip_mocap.json                                             the summary, written last (the run is complete)
@@ -341,7 +342,8 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
         finally:
             seconds["solve"] += time.perf_counter() - start
         start = time.perf_counter()
-        files[track] = [str(p) for p in export_motion(solved.motion, folder / f"track_{track}", per_track)]
+        stem = folder / f"track_{track}"
+        files[track] = [str(p) for p in export_motion(solved.motion, stem, per_track, solved.contacts)]
         in_scene.append((track, solved.motion, float(data.times[0])))  # its start in the clip, in seconds
         seconds["export"] += time.perf_counter() - start
     if in_scene and per_track != list(options.formats):
@@ -353,8 +355,9 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
     return files, left_out, seconds
 
 
-def export_motion(motion: Any, stem: Path, formats: Sequence[str]) -> list[Path]:
-    """Write ``motion`` in each of ``formats`` at ``stem`` + the format's suffix; returns the files written."""
+def export_motion(motion: Any, stem: Path, formats: Sequence[str], contacts: Any = None) -> list[Path]:
+    """Write ``motion`` in each of ``formats`` at ``stem`` + the format's suffix, and with CSV / Parquet its foot
+    ``contacts`` (``mocap.contacts.FootContacts``) as ``<stem>_contacts.<suffix>``; returns the files written."""
     written: list[Path] = []
     if "bvh" in formats:
         from .bvh import write_bvh
@@ -382,6 +385,13 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str]) -> list[Path]
         for suffix in ("csv", "parquet"):
             if suffix in formats:
                 written.append(Path(write_trajectories(motion, stem.with_name(f"{stem.name}_points.{suffix}"))))
+        if contacts is not None:
+            from .tables import write_contacts
+
+            for suffix in ("csv", "parquet"):
+                if suffix in formats:
+                    path = stem.with_name(f"{stem.name}_contacts.{suffix}")
+                    written.append(Path(write_contacts(motion, contacts, path)))
     if "angles" in formats:
         from .tables import write_joint_angles
 
