@@ -125,3 +125,59 @@ def test_contacts_written_as_csv_and_parquet(planted, tmp_path):
     table = pq.read_table(tmp_path / "track_1_contacts.parquet").to_pydict()
     np.testing.assert_array_equal(table["right_foot"], planted.contacts.column("right_foot"))
     np.testing.assert_allclose(table["left_foot_height"], planted.contacts.heights[:, 0])
+
+
+CONTACT_SCRIPT = """
+import json, sys
+import ufbx
+scene = ufbx.load_file(sys.argv[1])
+layer = scene.anim.layers[0]
+out = {}
+for joint, times in json.loads(sys.argv[2]).items():
+    node = scene.find_node(joint)
+    prop = ufbx.find_anim_prop(layer, node, "contact")
+    user = [bool(p.flags & ufbx.PropFlags.USER_DEFINED) for p in node.props.props if p.name == "contact"]
+    out[joint] = {"values": [prop.anim_value.evaluate_real(t) for t in times], "user": user}
+print(json.dumps(out))
+"""
+
+
+def test_contacts_ride_in_the_fbx_and_the_usd(planted, tmp_path):
+    """The FBX holds each ankle's contacts as an animated user property ``contact`` that ufbx evaluates (a step: the
+    same half a frame later) with the joints where our FK puts them; the USD holds them as time-sampled bool
+    attributes of the Skeleton prim that pxr reads back, and OpenUSD's validators find no error."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import require_module
+    from test_mocap_fbx import ufbx_read
+    from test_mocap_usd import pxr, validation_errors
+
+    from sapiens2.mocap.run import export_motion
+
+    require_module("ufbx")
+    _, Usd, _, _, _ = pxr()
+    motion, contacts = planted.motion, planted.contacts
+    fbx, usd = export_motion(motion, tmp_path / "track_1", ["fbx", "usd"], contacts)
+    times = motion.times
+    request = {"l_foot": (times + 0.5 / motion.fps).tolist(), "r_foot": times.tolist()}
+    done = subprocess.run([sys.executable, "-c", CONTACT_SCRIPT, str(fbx), json.dumps(request)], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    read = json.loads(done.stdout)
+    for joint, foot in (("l_foot", "left_foot"), ("r_foot", "right_foot")):
+        np.testing.assert_array_equal(read[joint]["values"], contacts.column(foot).astype(float))
+        assert read[joint]["user"] == [True]  # a user property of the joint
+    ours, _ = rig.forward_kinematics(motion)
+    theirs = ufbx_read(fbx, {"track_1": (motion.skeleton.names, times)})["positions"]["track_1"]
+    assert np.abs(theirs - ours).max() < 1e-5
+    stage = Usd.Stage.Open(str(usd))
+    skeleton = stage.GetPrimAtPath("/track_1/skeleton")
+    for foot in ("left_foot", "right_foot"):
+        attribute = skeleton.GetAttribute(f"sapiens2:contact:{foot}")
+        assert attribute.IsCustom() and str(attribute.GetTypeName()) == "bool"
+        assert attribute.GetTimeSamples() == list(range(motion.num_frames))
+        values = [attribute.Get(Usd.TimeCode(t)) for t in range(motion.num_frames)]
+        np.testing.assert_array_equal(values, contacts.column(foot))
+    assert validation_errors(usd) == []

@@ -90,6 +90,16 @@ class FootContacts:
         """(T,) bool contacts of ``foot``."""
         return self.contact[:, self.feet.index(foot)]
 
+    def by_joint(self) -> dict[str, dict[str, np.ndarray]]:
+        """Ankle joint name -> ``{"contact": (T,) 0.0 / 1.0}``: the animated user properties the FBX writes
+        (``fbx.FbxTrack.curves``)."""
+        return {FEET[foot][2]: {"contact": self.contact[:, i].astype(np.float64)} for i, foot in enumerate(self.feet)}
+
+    def attributes(self) -> dict[str, np.ndarray]:
+        """``sapiens2:contact:<foot>`` -> (T,) bool: the time-sampled Skeleton attributes the USD writes
+        (``usd.SkeletalAnimation.attributes``)."""
+        return {f"sapiens2:contact:{foot}": self.contact[:, i].copy() for i, foot in enumerate(self.feet)}
+
 
 def _unit(v: np.ndarray) -> np.ndarray:
     n = np.linalg.norm(v, axis=-1, keepdims=True)

@@ -328,6 +328,7 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
         old.unlink()
     per_track = [f for f in options.formats if not (options.scene and f in SCENE_FORMATS)]
     in_scene: list[tuple[int, Any, float]] = []
+    found: dict[int, Any] = {}  # track id -> its foot contacts
     for track, data in tracks.items():
         seen = int(data.seen.sum())
         if seen < min_frames:
@@ -345,10 +346,12 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
         stem = folder / f"track_{track}"
         files[track] = [str(p) for p in export_motion(solved.motion, stem, per_track, solved.contacts)]
         in_scene.append((track, solved.motion, float(data.times[0])))  # its start in the clip, in seconds
+        found[track] = solved.contacts
         seconds["export"] += time.perf_counter() - start
     if in_scene and per_track != list(options.formats):
         start = time.perf_counter()
-        scene = export_scene(in_scene, folder / "scene", [f for f in options.formats if f not in per_track])
+        scene = export_scene(in_scene, folder / "scene", [f for f in options.formats if f not in per_track],
+                             found)  # fmt: skip
         for track, _, _ in in_scene:
             files[track] += [str(p) for p in scene]  # the files holding the track
         seconds["export"] += time.perf_counter() - start
@@ -356,8 +359,10 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
 
 
 def export_motion(motion: Any, stem: Path, formats: Sequence[str], contacts: Any = None) -> list[Path]:
-    """Write ``motion`` in each of ``formats`` at ``stem`` + the format's suffix, and with CSV / Parquet its foot
-    ``contacts`` (``mocap.contacts.FootContacts``) as ``<stem>_contacts.<suffix>``; returns the files written."""
+    """Write ``motion`` in each of ``formats`` at ``stem`` + the format's suffix; its foot ``contacts``
+    (``mocap.contacts.FootContacts``) go with CSV / Parquet into ``<stem>_contacts.<suffix>``, into the FBX as an
+    animated ``contact`` user property of each ankle joint and into the USD as time-sampled attributes
+    ``sapiens2:contact:<foot>`` of the Skeleton prim. Returns the files written."""
     written: list[Path] = []
     if "bvh" in formats:
         from .bvh import write_bvh
@@ -370,15 +375,18 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str], contacts: Any
     if "fbx" in formats:
         from .fbx import write_fbx
 
-        written.append(Path(write_fbx(motion, stem.with_name(stem.name + ".fbx"), name=stem.name)))
+        curves = contacts.by_joint() if contacts is not None else None
+        written.append(Path(write_fbx(motion, stem.with_name(stem.name + ".fbx"), name=stem.name, curves=curves)))
     if "c3d" in formats:
         from .c3d import write_c3d
 
         written.append(Path(write_c3d(motion, stem.with_name(stem.name + ".c3d"))))
     if "usd" in formats:
-        from .usd import write_usd
+        from .usd import SkeletalAnimation, write_usd
 
-        written.append(Path(write_usd(motion, stem.with_name(stem.name + ".usdc"), name=stem.name)))
+        attributes = contacts.attributes() if contacts is not None else None
+        animation = SkeletalAnimation.from_motion(motion, stem.name, attributes=attributes)
+        written.append(Path(write_usd(animation, stem.with_name(stem.name + ".usdc"))))
     if "csv" in formats or "parquet" in formats:
         from .tables import write_trajectories
 
@@ -404,19 +412,24 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str], contacts: Any
     return written
 
 
-def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: Sequence[str]) -> list[Path]:
+def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: Sequence[str],
+                 contacts: Mapping[int, Any] | None = None) -> list[Path]:  # fmt: skip
     """Write every (track id, ``Motion``, its start in the clip in seconds) into one file per format of ``formats``
-    (from ``SCENE_FORMATS``) at ``stem`` + the format's suffix, each track at its time; returns the files written."""
+    (from ``SCENE_FORMATS``) at ``stem`` + the format's suffix, each track at its time, with its foot ``contacts``
+    (track id -> ``FootContacts``) as ``export_motion`` writes them; returns the files written."""
     written: list[Path] = []
+    contacts = contacts or {}
     if "fbx" in formats:
         from .fbx import FbxTrack, write_fbx_scene
 
-        scene = [FbxTrack(f"track_{track}", motion, start) for track, motion, start in tracks]
+        scene = [FbxTrack(f"track_{track}", motion, start, curves=contacts[track].by_joint() if track in contacts
+                          else None) for track, motion, start in tracks]  # fmt: skip
         written.append(Path(write_fbx_scene(scene, stem.with_name(stem.name + ".fbx"))))
     if "usd" in formats:
         from .usd import SkeletalAnimation, write_usd
 
-        animations = [SkeletalAnimation.from_motion(motion, f"track_{track}", round(start * motion.fps))
+        animations = [SkeletalAnimation.from_motion(motion, f"track_{track}", round(start * motion.fps),
+                                                    contacts[track].attributes() if track in contacts else None)
                       for track, motion, start in tracks]  # fmt: skip
         written.append(Path(write_usd(animations, stem.with_name(stem.name + ".usdc"))))
     return written
