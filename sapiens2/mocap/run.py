@@ -88,6 +88,8 @@ class MocapOptions:
         skip_existing: skip a source whose mocap summary exists [``--skip-existing``].
         scene: the formats of ``SCENE_FORMATS`` write every track of a source into one file, ``scene.<format>``,
             each at its time in the video, instead of a file per track [``--scene``].
+        plant_feet: offline, keep a foot detected planted in place (``mocap.contacts``); the contacts are
+            detected and exported either way [on: ``--no-plant-feet`` turns it off].
     """
 
     video: Any = None
@@ -98,6 +100,7 @@ class MocapOptions:
     min_frames: int = 5
     skip_existing: bool = False
     scene: bool = False
+    plant_feet: bool = True
 
     def __post_init__(self) -> None:
         from ..video.run import VideoOptions
@@ -336,7 +339,7 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
             continue
         start = time.perf_counter()
         try:
-            solved = solve_track(data.lifted, fps, SolveOptions(smooth=mode))
+            solved = solve_track(data.lifted, fps, SolveOptions(smooth=mode, plant_feet=options.plant_feet))
         except ValueError as error:
             left_out[track] = f"cannot solve: {error}"
             continue
@@ -531,7 +534,8 @@ def run_mocap(
     report.seconds.update(seconds)
     summary = {
         "source": text, "frames": report.video.frames, "fps": fps / stride, "smooth_3d": mode,
-        "seg": "seg" in tasks, "formats": list(options.formats), "scene": options.scene, "error": report.error,
+        "seg": "seg" in tasks, "formats": list(options.formats), "scene": options.scene,
+        "plant_feet": options.plant_feet, "error": report.error,
         "tracks": {str(t): [str(Path(p).relative_to(stem.parent)) for p in paths] for t, paths in
                    report.tracks.items()},
         "left_out": {str(t): why for t, why in report.left_out.items()},
