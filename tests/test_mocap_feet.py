@@ -181,3 +181,43 @@ def test_contacts_ride_in_the_fbx_and_the_usd(planted, tmp_path):
         values = [attribute.Get(Usd.TimeCode(t)) for t in range(motion.num_frames)]
         np.testing.assert_array_equal(values, contacts.column(foot))
     assert validation_errors(usd) == []
+
+
+BLENDER_CONTACT_SCRIPT = """
+import json, sys
+import bpy
+path, output = sys.argv[-2:]
+bpy.ops.wm.read_factory_settings(use_empty=True)
+bpy.ops.import_scene.fbx(filepath=path)
+(armature,) = [o for o in bpy.context.scene.objects if o.type == "ARMATURE"]
+with open(output, "w") as handle:
+    json.dump({name: armature.pose.bones[name].get("contact") for name in ("l_foot", "r_foot")}, handle)
+"""
+
+
+@pytest.mark.slow
+def test_blender_imports_the_planted_walk_with_its_contacts(planted, tmp_path):
+    """Blender's FBX importer opens the planted walk's FBX with its joints where our FK puts them, and keeps each
+    ankle's ``contact`` user property as a custom property of the pose bone (its first value: Blender's importer
+    does not animate custom properties)."""
+    import json
+    import subprocess
+
+    from conftest import blender_python
+    from test_mocap_export import blender_joint_positions
+
+    from sapiens2.mocap.run import export_motion
+
+    motion, contacts = planted.motion, planted.contacts
+    (fbx,) = export_motion(motion, tmp_path / "walk", ["fbx"], contacts)
+    frames = list(range(0, motion.num_frames, 6))
+    positions, _ = blender_joint_positions(fbx, "fbx", motion.fps, frames, motion.skeleton.names, tmp_path)
+    ours, _ = rig.forward_kinematics(motion)
+    assert np.abs(positions - ours[frames]).max() < 1e-4
+    script, output = tmp_path / "contacts.py", tmp_path / "contacts.json"
+    script.write_text(BLENDER_CONTACT_SCRIPT)
+    done = subprocess.run([blender_python(), str(script), str(fbx), str(output)], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    read = json.loads(output.read_text())
+    assert read == {"l_foot": float(contacts.contact[0, 0]), "r_foot": float(contacts.contact[0, 1])}
