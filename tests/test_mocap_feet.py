@@ -9,7 +9,7 @@ from mocap_synth import walk_clip
 
 from sapiens2.metadata import keypoint_metadata
 from sapiens2.mocap import rig
-from sapiens2.mocap.contacts import FEET, ContactOptions, detect_contacts
+from sapiens2.mocap.contacts import FEET, ContactOptions, detect_contacts, plant_feet
 from sapiens2.mocap.lift import lift_frame
 from sapiens2.mocap.solve import SolveOptions, solve_track
 
@@ -93,7 +93,7 @@ def test_planted_feet_do_not_slide_or_sink(clip, planted, sliding):
     up, ground = planted.contacts.up, planted.contacts.ground
     for points in foot_points(planted.motion).values():
         assert ((points @ up).min(1) - ground).min() > -1e-6
-    assert planted.contacts.heights.min() > -1e-6 and sliding.contacts.heights.min() < -0.005
+    assert planted.contacts.heights.min() > -1e-6
     # no pop where a pin fades in or out: the ankles' frame-to-frame change of velocity grows by under 1 cm/frame^2
     for ours, theirs in zip(foot_points(planted.motion).values(), foot_points(sliding.motion).values(), strict=True):
         jerk = [np.linalg.norm(np.diff(points[:, 0], 2, axis=0), axis=-1).max() for points in (ours, theirs)]
@@ -104,6 +104,24 @@ def test_planted_feet_do_not_slide_or_sink(clip, planted, sliding):
     error = np.linalg.norm(planted.positions[:, legs] - clip.joints[:, legs], axis=-1)
     error_before = np.linalg.norm(sliding.positions[:, legs] - clip.joints[:, legs], axis=-1)
     assert np.median(error) <= np.median(error_before) + 0.002
+
+
+def test_a_foot_measured_below_the_ground_comes_up(sliding):
+    """Two frames where the whole body was measured 12 cm too low (feet through the floor): the ground stays where
+    the other frames put it (those points are outliers), and planting lifts the feet onto it by leg IK while the
+    pelvis keeps its place; the other frames keep their feet."""
+    motion = sliding.motion
+    root = np.array(motion.root_translation)
+    root[[10, 30]] += 0.12 * np.array([0.0, 1.0, 0.0])  # y is down
+    sunk = rig.Motion(motion.skeleton, motion.fps, root, motion.rotations, motion.markers, motion.valid)
+    contacts = detect_contacts(sunk)
+    assert abs(contacts.ground - sliding.contacts.ground) < 0.015
+    assert contacts.heights[[10, 30]].min() < -0.06  # the negative control: as measured, below the ground
+    lifted, after = plant_feet(sunk, contacts=contacts)
+    assert after.heights.min() > -1e-6
+    for points in foot_points(lifted).values():
+        assert ((points @ after.up).min(1) - after.ground).min() > -1e-6
+    np.testing.assert_array_equal(lifted.root_translation, sunk.root_translation)
 
 
 def test_contacts_on_a_still_pose_and_bad_options(clip):

@@ -4,10 +4,12 @@ place (``docs/mocap.md``, "Feet").
 1. **Up and the ground.** The camera frame has no gravity, so up is estimated: the body's up (pelvis -> neck, the
    median over the track: people stand) is the prior; the lowest foot point of every slow frame (feet at rest lie on
    the floor) is fitted with a plane, whose normal replaces the prior where the points span a plane (a walk that
-   turns) and agrees with it within ``UP_AGREEMENT``; points along one line (a straight walk) only fix the up's
-   component along that line, so the prior is made perpendicular to it. The ground is the ``GROUND_PERCENTILE``-th
-   percentile of the lowest foot point's height over the track: robust to a few frames where a foot was measured too
-   low.
+   turns; fitted again without the points ``PLANE_OUTLIER`` off the first fit) and agrees with it within
+   ``UP_AGREEMENT``; points along one line (a straight walk) only fix the up's component along that line, so the
+   prior is made perpendicular to it. The ground is the lowest foot point of the
+   track, leaving out points more than ``GROUND_OUTLIER`` below the ``GROUND_PERCENTILE``-th percentile of the
+   lowest points (a foot measured far too low in a frame): so a foot is pushed up only where it was measured below
+   where it is seen elsewhere, or where a pin would put it below.
 2. **Contacts**, per foot (ankle, toe and the heel and toe markers) and frame: the foot's slowest point slower than
    ``speed_on`` and its lowest point within ``height_on`` of the ground starts a contact; it lasts until the speed
    exceeds ``speed_off`` or the height ``height_off`` (hysteresis: noise near a threshold does not flicker), and
@@ -36,6 +38,11 @@ FOOT_MARKERS = {"left_foot": ("left_heel", "left_big_toe", "left_small_toe"),
                 "right_foot": ("right_heel", "right_big_toe", "right_small_toe")}  # fmt: skip
 """Per foot: the markers (keypoints) on its sole, used where the motion has them."""
 GROUND_PERCENTILE = 5.0
+PLANE_OUTLIER = 0.03
+"""Metres off the first plane fit beyond which a resting foot point is left out of the second."""
+GROUND_OUTLIER = 0.05
+"""The ground is the lowest foot point of the track, but for points more than this (m) below the
+``GROUND_PERCENTILE``-th percentile of the lowest points (a foot measured far too low in a frame)."""
 UP_AGREEMENT = 30.0
 """Degrees the foot plane's normal may lie off the body's up before the plane is not trusted."""
 
@@ -54,8 +61,8 @@ class ContactOptions:
 
     speed_on: float = 0.3
     speed_off: float = 1.0
-    height_on: float = 0.04
-    height_off: float = 0.045
+    height_on: float = 0.05
+    height_off: float = 0.055
     min_frames: int = 3
     blend: int = 3
 
@@ -142,6 +149,12 @@ def estimate_ground(motion: rig.Motion, options: ContactOptions | None = None,
         lowest.append(points[np.arange(len(points)), low])
         slow.append(_speeds(points, motion.fps).min(1) < opts.speed_on)
     resting = np.concatenate([p[s] for p, s in zip(lowest, slow, strict=True)])
+    for _ in range(2):  # fitted, then fitted again without the points more than PLANE_OUTLIER off the first fit
+        if len(resting) < 6:
+            break
+        centred = resting - resting.mean(0)
+        _, sv, vt = np.linalg.svd(centred, full_matrices=False)
+        resting = resting[np.abs(centred @ vt[2]) < PLANE_OUTLIER]
     if len(resting) >= 6:
         centred = resting - resting.mean(0)
         _, sv, vt = np.linalg.svd(centred, full_matrices=False)
@@ -152,7 +165,8 @@ def estimate_ground(motion: rig.Motion, options: ContactOptions | None = None,
         elif spread[0] > 0.1:  # a line: only its direction is horizontal
             up = _unit(up - (up @ vt[0]) * vt[0])
     heights = np.concatenate(lowest) @ up
-    return up, float(np.percentile(heights, GROUND_PERCENTILE))
+    low = np.percentile(heights, GROUND_PERCENTILE)
+    return up, float(heights[heights >= low - GROUND_OUTLIER].min())
 
 
 def _hysteresis(on: np.ndarray, stay: np.ndarray, min_frames: int) -> np.ndarray:
