@@ -34,6 +34,9 @@ Per track, in order:
    frame (the 2D keypoint is right even where its depth is not), so forward kinematics of the motion also gives all
    308 keypoints.
 
+7. **Feet** (``mocap.contacts``): the contacts of each foot are detected on the solved motion and, offline, a planted
+   foot is kept in place by leg IK (``SolveOptions.plant_feet``); ``SolvedTrack.contacts`` holds them.
+
 Steps 3-4 run ``SolveOptions.passes`` times: in between, the skeleton so far predicts each joint, and measured joints
 seen nearer than it are occluded after all, while bone-check flags that it agrees with are lifted.
 
