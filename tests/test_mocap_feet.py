@@ -124,6 +124,21 @@ def test_a_foot_measured_below_the_ground_comes_up(sliding):
     np.testing.assert_array_equal(lifted.root_translation, sunk.root_translation)
 
 
+def test_hysteresis_keeps_a_jittering_stance_one_contact():
+    """A person standing still whose root jitters by 12 mm per frame (foot speeds of 0.03 to 0.7 m/s, around the
+    0.3 m/s that starts a contact): one contact per foot over the clip; the negative control, the same thresholds
+    without hysteresis (ending where a contact would not start), flickers."""
+    still = walk_clip(frames=2, stand=40).motion
+    jitter = np.random.default_rng(1).normal(0, 0.012, (still.num_frames, 3)) * [1, 0, 1]
+    shaky = rig.Motion(still.skeleton, still.fps, still.root_translation + jitter, still.rotations, still.markers)
+    runs = []
+    for options in (ContactOptions(), ContactOptions(speed_off=0.3, height_off=0.05, min_frames=1)):
+        contact = detect_contacts(shaky, options).contact.astype(int)
+        runs.append([int((np.diff(np.concatenate([[0], contact[:, i], [0]])) == 1).sum()) for i in range(2)])
+        assert (contact.mean(0) > 0.5).all()
+    assert runs[0] == [1, 1] and min(runs[1]) > 2, runs
+
+
 def test_contacts_on_a_still_pose_and_bad_options(clip):
     standing = walk_clip(frames=6, stand=12)  # a T-pose for 12 frames: both feet planted there
     contacts = detect_contacts(standing.motion)
