@@ -200,6 +200,8 @@ class SynthClip:
     noise_px: float
     seed: int
     head_rotations: np.ndarray  # (T, 4) global rotation of the head joint
+    contact: np.ndarray | None = None  # (T, 2) bool: the left and right foot planted (``planted=True`` only)
+    floor_y: float | None = None  # the floor's camera y; None: just under the lowest toe of the clip
 
     @property
     def num_frames(self) -> int:
@@ -251,9 +253,13 @@ def _gait(t: np.ndarray, turn: float = 105.0) -> dict[str, np.ndarray]:
 
 @functools.cache
 def walk_clip(frames: int = 48, fps: float = 24.0, noise_px: float = 0.4, seed: int = 0, turn: float = 105.0,
-              stand: int = 0) -> SynthClip:  # fmt: skip
+              stand: int = 0, planted: bool = False) -> SynthClip:  # fmt: skip
     """The synthetic walk (deterministic; cached per arguments): ``frames`` frames of walking, turning by ``turn``
-    degrees, after ``stand`` frames of standing still in the rest pose (a T-pose) where the walk starts."""
+    degrees, after ``stand`` frames of standing still in the rest pose (a T-pose) where the walk starts.
+
+    The plain walk's feet skate (its legs swing on sines while the root glides); ``planted=True`` plants them
+    (``_plant``): each foot is planted while it moves backwards against the pelvis, pinned at its mean place there
+    on one flat floor, the legs turned by two-bone IK to reach it, and ``contact`` says when."""
     skel = mocap_skeleton()
     names, parents = skel.names, skel.parents
     offsets = _rest_offsets(names, parents)
@@ -279,9 +285,86 @@ def walk_clip(frames: int = 48, fps: float = 24.0, noise_px: float = 0.4, seed: 
     skeleton = rig.Skeleton(names, tuple(int(p) for p in parents), offsets)
     markers = rig.Markers(keypoint_metadata().names, joints_k, marker_offsets)
     motion = rig.Motion(skeleton, fps, root, rig.quat_from_matrix(rotations), markers)
+    contact = floor_y = None
+    if planted:
+        heading = np.concatenate([np.repeat(heading[:1], stand, 0), heading]) if stand else heading
+        motion, contact, floor_y = _plant(motion, heading)
     fk = rig.forward_kinematics(motion)
     return SynthClip(motion, fk[0], rig.marker_positions(motion, fk), INTRINSICS.copy(), (HEIGHT, WIDTH), noise_px,
-                     seed, fk[1][:, names.index("head")])  # fmt: skip
+                     seed, fk[1][:, names.index("head")], contact, floor_y)  # fmt: skip
+
+
+def _true_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    edges = np.diff(np.concatenate([[0], mask.astype(int), [0]]))
+    return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist(), strict=True))
+
+
+def _plant(motion: rig.Motion, heading: np.ndarray) -> tuple[rig.Motion, np.ndarray, float]:
+    """Plant the walk's feet: (the motion, (T, 2) contacts, the floor's camera y). A foot is planted in the frames it
+    moves backwards against the pelvis (along ``heading``, (T, 3)); there its ankle is pinned at its mean place on
+    one level (the lowest every hip reaches with the leg at most 97 % stretched) and its global rotation at its mean;
+    between plants the ankle follows its own swing moved by the two pins' corrections (smoothstep), the foot's
+    rotation fading to its own over 4 frames. The legs reach the targets by ``contacts.leg_ik``."""
+    from sapiens2.mocap.contacts import FEET, leg_ik
+
+    Rotation = rig.rotation_class()
+    skeleton, frames = motion.skeleton, motion.num_frames
+    positions, global_q = rig.forward_kinematics(motion)
+    t = np.arange(frames)
+    contact = np.zeros((frames, 2), bool)
+    plans = []
+    for i, (hip, knee, ankle, _) in enumerate(FEET.values()):
+        h, a = positions[:, skeleton.index(hip)], positions[:, skeleton.index(ankle)]
+        forward = (np.gradient(a - positions[:, 0], axis=0) * heading).sum(-1)
+        contact[:, i] = forward < 0
+        runs = _true_runs(contact[:, i])
+        leg = sum(np.linalg.norm(skeleton.offsets[skeleton.index(n)]) for n in (knee, ankle))
+        plans.append((i, ankle, h, a, runs, leg))
+    level = np.inf  # camera y of the pinned ankles: the lowest every planted hip reaches
+    for _, _, h, a, runs, leg in plans:
+        for start, end in runs:
+            pin = a[start:end].mean(0)
+            across = np.linalg.norm((h[start:end] - pin)[:, [0, 2]], axis=1)
+            level = min(level, float((h[start:end, 1] + np.sqrt((0.97 * leg) ** 2 - across**2)).min()))
+    for i, ankle, _, a, runs, _ in plans:
+        j = skeleton.index(ankle)
+        targets, turns = a.copy(), global_q[:, j].copy()
+        correction = np.full((frames, 3), np.nan)
+        weight = np.zeros(frames)
+        for start, end in runs:
+            pin = a[start:end].mean(0)
+            pin[1] = level
+            targets[start:end] = pin
+            turns[start:end] = Rotation.from_quat(global_q[start:end, j]).mean().as_quat()
+            correction[start], correction[end - 1] = pin - a[start], pin - a[end - 1]
+            near = np.maximum(start - t, t - (end - 1)).clip(min=0)
+            fade = np.clip(1.0 - near / 4.0, 0.0, 1.0)
+            stronger = fade > weight
+            turns[stronger & ~contact[:, i]] = turns[start]
+            weight = np.maximum(weight, fade)
+        swing = ~contact[:, i]
+        known = np.flatnonzero(np.isfinite(correction[:, 0]))
+        for c in range(3):  # between two pins: their corrections, blended by a smoothstep
+            lo = np.searchsorted(known, t, side="right") - 1
+            hi = np.minimum(lo + 1, len(known) - 1)
+            lo = np.maximum(lo, 0)
+            span = np.maximum(known[hi] - known[lo], 1)
+            x = np.clip((t - known[lo]) / span, 0.0, 1.0)
+            x = x * x * (3 - 2 * x)
+            blend = correction[known[lo], c] * (1 - x) + correction[known[hi], c] * x
+            targets[swing, c] = a[swing, c] + blend[swing]
+        for start, end in _true_runs(swing):  # the swing's height: an arc 8 cm over the pinned level
+            arc = np.sin(np.pi * (np.arange(start, end) - start + 1) / (end - start + 1))
+            targets[start:end, 1] = level - 0.08 * arc
+        own = Rotation.from_quat(global_q[:, j])
+        pinned = Rotation.from_quat(turns)
+        w = np.where(contact[:, i], 1.0, weight)[:, None]
+        turns = (own * Rotation.from_rotvec((own.inv() * pinned).as_rotvec() * w)).as_quat()
+        motion = leg_ik(motion, list(FEET)[i], targets, turns, np.ones(frames))
+    positions, _ = rig.forward_kinematics(motion)
+    low = [positions[contact[:, i]][:, [skeleton.index(FEET[f][2]), skeleton.index(FEET[f][3])], 1].max()
+           for i, f in enumerate(FEET)]  # fmt: skip
+    return motion, contact, float(max(low) + _FOOT + 0.002)
 
 
 def lifted_walk(frames: int) -> tuple[SynthClip, list]:
@@ -366,7 +449,9 @@ def _render(clip: SynthClip, t: int, want_rgb: bool = True) -> SynthFrame:
     markers = clip.markers[t]
     head_rot = rig.quat_to_matrix(clip.head_rotations[t])
     # background: a floor 0.95 m below the pelvis' rest height and a wall at 9 m
-    floor_y = float(clip.joints[:, index["l_toe"], 1].max() + _TOE + 0.005)
+    floor_y = clip.floor_y
+    if floor_y is None:
+        floor_y = float(clip.joints[:, index["l_toe"], 1].max() + _TOE + 0.005)
     depth = _background(clip.size, tuple(clip.intrinsics.ravel().tolist()), floor_y).copy()
     label = np.zeros((h, w), np.uint8)
     part = np.full((h, w), -1, np.int64)

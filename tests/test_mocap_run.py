@@ -129,8 +129,8 @@ def test_the_hook_rides_the_one_video_pipeline(tmp_path):
     track = next(iter(report.tracks))
     folder = tmp_path / "out" / "walk_mocap"
     names = {Path(p).name for p in report.tracks[track]}
-    suffixes = (".bvh", ".glb", ".fbx", ".c3d", ".usdc", "_points.csv", "_points.parquet", "_angles.csv", "_angles.png",
-                ".trc")
+    suffixes = (".bvh", ".glb", ".fbx", ".c3d", ".usdc", "_points.csv", "_points.parquet", "_contacts.csv",
+                "_contacts.parquet", "_angles.csv", "_angles.png", ".trc")  # fmt: skip
     assert names == {f"track_{track}{s}" for s in suffixes}
     assert all((folder / n).stat().st_size > 0 for n in names)
     summary = json.loads((tmp_path / "out" / "walk_mocap.json").read_text())
@@ -172,7 +172,7 @@ def test_scene_fbx_holds_the_solved_tracks(tmp_path):
     assert report.error is None and len(report.tracks) == 1
     track, files = next(iter(report.tracks.items()))
     folder = tmp_path / "out" / "walk_mocap"
-    assert [Path(p).name for p in files] == [f"track_{track}_points.csv", "scene.fbx"]
+    assert [Path(p).name for p in files] == [f"track_{track}_points.csv", f"track_{track}_contacts.csv", "scene.fbx"]
     summary = json.loads((tmp_path / "out" / "walk_mocap.json").read_text())
     assert summary["tracks"][str(track)][-1] == "walk_mocap/scene.fbx"
     table = np.genfromtxt(folder / f"track_{track}_points.csv", delimiter=",", names=True)
@@ -213,7 +213,7 @@ def test_cli_with_real_models_bad_inputs_cost_one_line_each(tiny_checkpoints, tm
         assert all(len(r["mocap"]) == 1 for r in records(out, name))  # the whole frame as one tracked person
         assert summary["tracks"] or summary["left_out"]  # random weights: a track may be unsolvable, and says why
         for files in summary["tracks"].values():  # --scene: the FBX and USD of every track in one file each
-            assert len(files) == 10 and all((out / f).is_file() for f in files)
+            assert len(files) == 12 and all((out / f).is_file() for f in files)  # with the contacts' CSV, Parquet
             assert {f"{name}_mocap/scene.fbx", f"{name}_mocap/scene.usdc"} <= set(files)
             assert not [f for f in files if f.endswith((".usdc", ".fbx")) and "track_" in f]
     assert list(json.loads((out / "still_mocap.json").read_text())["tracks"]) == ["1"]  # a photo: one-frame motion

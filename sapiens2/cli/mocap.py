@@ -65,6 +65,9 @@ def add_capture_flags(parser: argparse.ArgumentParser, formats: tuple[str, ...] 
     out.add_argument("--min-track-frames", type=int, default=5,
                      help="leave out tracks seen on fewer frames (default 5)")  # fmt: skip
     out.add_argument("--skip-existing", action="store_true", help="skip inputs whose mocap summary exists")
+    out.add_argument("--no-plant-feet", action="store_true",
+                     help="keep the solved feet as measured (default: a foot detected planted on the ground is "
+                     "pinned in place by leg IK; the contacts are exported either way)")  # fmt: skip
     out.add_argument("--scene", action="store_true",
                      help="FBX and USD: every track of an input in one file (<input>_mocap/scene.fbx, "
                      "scene.usdc) instead of one per track")  # fmt: skip
@@ -94,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         mocap = MocapOptions(video=video, smooth=args.smooth, seg=not args.no_seg, view=not args.no_view,
                              formats=[f.strip() for f in args.formats.split(",") if f.strip()],
                              min_frames=args.min_track_frames, skip_existing=args.skip_existing,
-                             scene=args.scene, rig=args.rig, rig_proportions=args.rig_proportions)  # fmt: skip
+                             scene=args.scene, rig=args.rig, rig_proportions=args.rig_proportions,
+                             plant_feet=not args.no_plant_feet)  # fmt: skip
     except ValueError as error:
         report_error(flag_message(error, MocapOptions, {"min_frames": "--min-track-frames"}))
         return 2

@@ -30,7 +30,7 @@ import os
 import struct
 import warnings
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +57,7 @@ _CREATION_TIME = "1970-01-01 10:00:00:000"
 _SEPARATOR = "\x00\x01"  # between an object's name and its class in binary files ("pelvis" + sep + "Model")
 _COMPRESS_AT = 128  # arrays of this many bytes or more are stored zlib-compressed
 _LINEAR = 0x4  # KeyAttrFlags: linear interpolation
+_CONSTANT = 0x2  # KeyAttrFlags: constant (a step: user curves such as the contacts hold until the next key)
 _TIME_MODE_CUSTOM = 14
 _TAKE = "Take 001"  # the one animation stack
 _CREATOR = "sapiens2 mocap"
@@ -76,12 +77,16 @@ class FbxTrack:
         start: seconds from the scene's time 0 to the motion's first frame.
         orientations: (J, 4) (x, y, z, w) each joint's axes in the rest pose, in the world (camera axes), or None
             for the world's axes (the motion's own rest frame).
+        curves: joint name -> user property name -> (T,) values per frame: each an animated ``Number`` user
+            property of that joint's model (``A+U``), constant between keys, e.g. the foot contacts:
+            ``{"l_foot": {"contact": 0/1}}`` (``contacts.FootContacts.by_joint``).
     """
 
     name: str
     motion: Motion
     start: float = 0.0
     orientations: np.ndarray | None = None
+    curves: Mapping[str, Mapping[str, np.ndarray]] | None = None
 
 
 @dataclass
@@ -266,10 +271,16 @@ def _vector(name: str, values: np.ndarray, kind: tuple[str, str, str] | None = N
 
 
 def _model(
-    scene: _Scene, name: str, kind: str, translation: np.ndarray, pre_rotation: np.ndarray | None = None
+    scene: _Scene,
+    name: str,
+    kind: str,
+    translation: np.ndarray,
+    pre_rotation: np.ndarray | None = None,
+    user: Mapping[str, float] | None = None,
 ) -> Int64:
     """A ``Model`` (``Null`` or ``LimbNode``) at ``translation`` from its parent, not turned but for its
-    ``pre_rotation`` (XYZ degrees), with its attribute."""
+    ``pre_rotation`` (XYZ degrees), with its attribute and the animatable ``Number`` user properties ``user`` (name
+    -> value)."""
     turned = []
     if pre_rotation is not None:
         turned = [
@@ -284,6 +295,7 @@ def _model(
         _vector("Lcl Translation", translation),
         _vector("Lcl Rotation", np.zeros(3)),
         _vector("Lcl Scaling", np.ones(3)),
+        *((key, "Number", "", "A+U", float(value)) for key, value in (user or {}).items()),
     )
     children = [_leaf("Version", 232), properties, _leaf("Shading", True), _leaf("Culling", "CullingOff")]
     model = scene.new("Model", name, kind, children)
@@ -296,21 +308,23 @@ def _model(
     return model
 
 
-def _animate(scene: _Scene, layer: int, model: int, which: str, times: np.ndarray, values: np.ndarray) -> None:
+def _animate(scene: _Scene, layer: int, model: int, which: str, times: np.ndarray, values: np.ndarray,
+             user: bool = False) -> None:  # fmt: skip
     """One curve node (``T`` or ``R``) on ``model``'s ``Lcl Translation`` / ``Lcl Rotation``: a linear curve per
-    axis with a key at each of ``times`` (KTime) of ``values`` (T, 3)."""
-    axes = [(i, f"d|{axis}") for i, axis in enumerate("XYZ")]
+    axis with a key at each of ``times`` (KTime) of ``values`` (T, 3); ``user``: on its user property ``which``, one
+    curve (channel ``d|<which>``) of ``values`` (T, 1), constant between keys."""
+    axes = [(0, f"d|{which}")] if user else [(i, f"d|{axis}") for i, axis in enumerate("XYZ")]
     defaults = _properties(*((channel, "Number", "", "A", float(values[0, i])) for i, channel in axes))
     curve_node = scene.new("AnimationCurveNode", which, "", [defaults])
     scene.connect(curve_node, layer)
-    scene.connect(curve_node, model, {"T": "Lcl Translation", "R": "Lcl Rotation"}[which])
+    scene.connect(curve_node, model, which if user else {"T": "Lcl Translation", "R": "Lcl Rotation"}[which])
     for i, channel in axes:
         keys = [
             _leaf("Default", float(values[0, i])),
             _leaf("KeyVer", 4008),
             _leaf("KeyTime", times),
             _leaf("KeyValueFloat", values[:, i].astype(np.float32)),
-            _leaf("KeyAttrFlags", np.array([_LINEAR], np.int32)),  # one set of attributes ...
+            _leaf("KeyAttrFlags", np.array([_CONSTANT if user else _LINEAR], np.int32)),  # one set of attributes ...
             _leaf("KeyAttrDataFloat", np.zeros(4, np.float32)),
             _leaf("KeyAttrRefCount", np.array([len(times)], np.int32)),  # ... for every key
         ]
@@ -359,9 +373,15 @@ def _add_track(scene: _Scene, layer: int, track: FbxTrack) -> None:
     null = _model(scene, track.name, "Null", np.zeros(3))
     scene.connect(null, 0)
     models: list[Int64] = []
+    curves = {name: {key: np.asarray(v, np.float64).reshape(-1) for key, v in values.items()}
+              for name, values in (track.curves or {}).items()}  # fmt: skip
+    for name, values in curves.items():
+        if name not in skeleton.names or any(len(v) != motion.num_frames for v in values.values()):
+            raise ValueError(f"{track.name}: curves name joints of the skeleton, one value per frame (got {name!r})")
     for joint, joint_name in enumerate(skeleton.names):
         pre = None if pre_rotations is None else pre_rotations[joint]
-        models.append(_model(scene, joint_name, "LimbNode", offsets[joint], pre))
+        user = {key: v[0] for key, v in curves.get(joint_name, {}).items()}
+        models.append(_model(scene, joint_name, "LimbNode", offsets[joint], pre, user))
         parent = skeleton.parents[joint]
         scene.connect(models[joint], null if parent < 0 else models[parent])
     poses = [_pose_node(null, np.zeros(3))]
@@ -373,16 +393,21 @@ def _add_track(scene: _Scene, layer: int, track: FbxTrack) -> None:
     euler = euler_xyz_degrees(rotations)
     for joint, model in enumerate(models):
         _animate(scene, layer, model, "R", times, euler[:, joint])
+    for name, values in curves.items():
+        for key, value in values.items():
+            _animate(scene, layer, models[skeleton.index(name)], key, times, value[:, None], user=True)
 
 
-def write_fbx(motion: Motion, path: str | os.PathLike, *, name: str = "track") -> Path:
+def write_fbx(motion: Motion, path: str | os.PathLike, *, name: str = "track",
+              curves: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> Path:  # fmt: skip
     """Write ``motion`` as a binary FBX file (atomically): a ``Null`` named ``name`` holding the skeleton, its bind
-    pose and animation, a key per frame from time 0. Frames with ``valid`` False hold the filled motion.
+    pose and animation, a key per frame from time 0, and the animated user properties ``curves`` (``FbxTrack``).
+    Frames with ``valid`` False hold the filled motion.
 
     Returns:
         ``path`` as a ``Path``.
     """
-    return write_fbx_scene([FbxTrack(name, motion)], path)
+    return write_fbx_scene([FbxTrack(name, motion, curves=curves)], path)
 
 
 def write_fbx_scene(tracks: Sequence[FbxTrack], path: str | os.PathLike) -> Path:

@@ -16,6 +16,7 @@ Layout for ``out/clip`` (``docs/mocap.md``)::
     clip_mocap/track_<id>.bvh .glb .fbx .c3d .usdc .trc         per track: animation and markers
     clip_mocap/scene.fbx .usdc                                  with ``scene``: every track in one file each
     clip_mocap/track_<id>_points.csv .parquet                   per track: the solved 308 keypoints per frame
+    clip_mocap/track_<id>_contacts.csv .parquet                 per track: foot contacts per frame (mocap.contacts)
     clip_mocap/track_<id>_angles.csv .png                       per track: joint angles and their plot
     clip_mocap/track_<id>.trc                                   per track: OpenSim markers (OpenCap's mmpose set)
     clip_mocap.json                                             the summary, written last (the run is complete)
@@ -95,6 +96,8 @@ class MocapOptions:
         rig_proportions: a rig's bone lengths: ``track`` (the track's own: the rig's joints land on the solved
             ones) or ``rig`` (its table's, the root translation scaled by the leg-length ratio)
             [``--rig-proportions``].
+        plant_feet: offline, keep a foot detected planted in place (``mocap.contacts``); the contacts are
+            detected and exported either way [on: ``--no-plant-feet`` turns it off].
     """
 
     video: Any = None
@@ -107,6 +110,7 @@ class MocapOptions:
     scene: bool = False
     rig: str = "sapiens2"
     rig_proportions: str = "track"
+    plant_feet: bool = True
 
     def __post_init__(self) -> None:
         from ..video.run import VideoOptions
@@ -344,6 +348,7 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
         old.unlink()
     per_track = [f for f in options.formats if not (options.scene and f in SCENE_FORMATS)]
     in_scene: list[tuple[int, Any, float]] = []
+    found: dict[int, Any] = {}  # track id -> its foot contacts
     for track, data in tracks.items():
         seen = int(data.seen.sum())
         if seen < min_frames:
@@ -351,7 +356,7 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
             continue
         start = time.perf_counter()
         try:
-            solved = solve_track(data.lifted, fps, SolveOptions(smooth=mode))
+            solved = solve_track(data.lifted, fps, SolveOptions(smooth=mode, plant_feet=options.plant_feet))
         except ValueError as error:
             left_out[track] = f"cannot solve: {error}"
             continue
@@ -360,21 +365,27 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
         start = time.perf_counter()
         rigged = retarget(solved.motion, options.rig, options.rig_proportions)
         stem = folder / f"track_{track}"
-        files[track] = [str(p) for p in export_motion(solved.motion, stem, per_track, rigged)]
+        files[track] = [str(p) for p in export_motion(solved.motion, stem, per_track, rigged, solved.contacts)]
         in_scene.append((track, rigged, float(data.times[0])))  # its start in the clip, in seconds
+        found[track] = solved.contacts
         seconds["export"] += time.perf_counter() - start
     if in_scene and per_track != list(options.formats):
         start = time.perf_counter()
-        scene = export_scene(in_scene, folder / "scene", [f for f in options.formats if f not in per_track])
+        scene = export_scene(in_scene, folder / "scene", [f for f in options.formats if f not in per_track],
+                             found)  # fmt: skip
         for track, _, _ in in_scene:
             files[track] += [str(p) for p in scene]  # the files holding the track
         seconds["export"] += time.perf_counter() - start
     return files, left_out, seconds
 
 
-def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any = None) -> list[Path]:
+def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any = None,
+                  contacts: Any = None) -> list[Path]:  # fmt: skip
     """Write ``motion`` in each of ``formats`` at ``stem`` + the format's suffix; returns the files written. With
-    ``rigged`` (a ``rigs.RigMotion``) the ``RIG_FORMATS`` hold that rig's motion (FBX and USD its bone axes too)."""
+    ``rigged`` (a ``rigs.RigMotion``) the ``RIG_FORMATS`` hold that rig's motion (FBX and USD its bone axes too).
+    The foot ``contacts`` (``mocap.contacts.FootContacts``) go with CSV / Parquet into ``<stem>_contacts.<suffix>``,
+    into the FBX as an animated ``contact`` user property of each ankle joint (on a rig: the joint that follows
+    our ankle) and into the USD as time-sampled attributes ``sapiens2:contact:<foot>`` of the Skeleton prim."""
     written: list[Path] = []
     animated = motion if rigged is None else rigged.motion
     axes = None if rigged is None else rigged.orientations
@@ -389,7 +400,7 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any =
     if "fbx" in formats:
         from .fbx import FbxTrack, write_fbx_scene
 
-        track = FbxTrack(stem.name, animated, orientations=axes)
+        track = FbxTrack(stem.name, animated, orientations=axes, curves=_contact_curves(contacts, rigged))
         written.append(Path(write_fbx_scene([track], stem.with_name(stem.name + ".fbx"))))
     if "c3d" in formats:
         from .c3d import write_c3d
@@ -398,7 +409,8 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any =
     if "usd" in formats:
         from .usd import SkeletalAnimation, write_usd
 
-        animation = SkeletalAnimation.from_motion(animated, stem.name, orientations=axes)
+        attributes = contacts.attributes() if contacts is not None else None
+        animation = SkeletalAnimation.from_motion(animated, stem.name, orientations=axes, attributes=attributes)
         written.append(Path(write_usd(animation, stem.with_name(stem.name + ".usdc"))))
     if "csv" in formats or "parquet" in formats:
         from .tables import write_trajectories
@@ -406,6 +418,13 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any =
         for suffix in ("csv", "parquet"):
             if suffix in formats:
                 written.append(Path(write_trajectories(motion, stem.with_name(f"{stem.name}_points.{suffix}"))))
+        if contacts is not None:
+            from .tables import write_contacts
+
+            for suffix in ("csv", "parquet"):
+                if suffix in formats:
+                    path = stem.with_name(f"{stem.name}_contacts.{suffix}")
+                    written.append(Path(write_contacts(motion, contacts, path)))
     if "angles" in formats:
         from .tables import write_joint_angles
 
@@ -418,23 +437,42 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any =
     return written
 
 
-def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: Sequence[str]) -> list[Path]:
+def _contact_curves(contacts: Any, rigged: Any) -> dict[str, dict[str, np.ndarray]] | None:
+    """The FBX user curves of foot ``contacts`` on the animated skeleton: our ankles, or on a rig the joints that
+    follow them (``rigs.RigMotion.mapping``); None without contacts."""
+    if contacts is None:
+        return None
+    curves = contacts.by_joint()
+    if rigged is None or rigged.rig == "sapiens2":
+        return curves
+    follows = {ours: joint for joint, ours in rigged.mapping.items()}
+    return {follows[joint]: values for joint, values in curves.items() if joint in follows}
+
+
+def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: Sequence[str],
+                 contacts: Mapping[int, Any] | None = None) -> list[Path]:  # fmt: skip
     """Write every (track id, ``Motion`` or ``rigs.RigMotion``, its start in the clip in seconds) into one file per
-    format of ``formats`` (from ``SCENE_FORMATS``) at ``stem`` + the format's suffix, each track at its time;
-    returns the files written."""
+    format of ``formats`` (from ``SCENE_FORMATS``) at ``stem`` + the format's suffix, each track at its time, with
+    its foot ``contacts`` (track id -> ``FootContacts``) as ``export_motion`` writes them; returns the files
+    written."""
     from .rig import Motion
 
     written: list[Path] = []
+    contacts = contacts or {}
+    rigs = {t: (None if isinstance(m, Motion) else m) for t, m, _ in tracks}
     rigged = [(t, (m, None) if isinstance(m, Motion) else (m.motion, m.orientations), s) for t, m, s in tracks]
     if "fbx" in formats:
         from .fbx import FbxTrack, write_fbx_scene
 
-        scene = [FbxTrack(f"track_{track}", motion, start, axes) for track, (motion, axes), start in rigged]
+        scene = [FbxTrack(f"track_{track}", motion, start, axes, curves=_contact_curves(contacts.get(track),
+                                                                                         rigs[track]))
+                 for track, (motion, axes), start in rigged]  # fmt: skip
         written.append(Path(write_fbx_scene(scene, stem.with_name(stem.name + ".fbx"))))
     if "usd" in formats:
         from .usd import SkeletalAnimation, write_usd
 
-        animations = [SkeletalAnimation.from_motion(motion, f"track_{track}", round(start * motion.fps), axes)
+        animations = [SkeletalAnimation.from_motion(motion, f"track_{track}", round(start * motion.fps), axes,
+                                                    contacts[track].attributes() if track in contacts else None)
                       for track, (motion, axes), start in rigged]  # fmt: skip
         written.append(Path(write_usd(animations, stem.with_name(stem.name + ".usdc"))))
     return written
@@ -537,7 +575,7 @@ def run_mocap(
     summary = {
         "source": text, "frames": report.video.frames, "fps": fps / stride, "smooth_3d": mode,
         "seg": "seg" in tasks, "formats": list(options.formats), "scene": options.scene, "rig": options.rig,
-        "rig_proportions": options.rig_proportions, "error": report.error,
+        "rig_proportions": options.rig_proportions, "plant_feet": options.plant_feet, "error": report.error,
         "tracks": {str(t): [str(Path(p).relative_to(stem.parent)) for p in paths] for t, paths in
                    report.tracks.items()},
         "left_out": {str(t): why for t, why in report.left_out.items()},

@@ -36,6 +36,9 @@ Per track, in order:
    frame (the 2D keypoint is right even where its depth is not), so forward kinematics of the motion also gives all
    308 keypoints.
 
+7. **Feet** (``mocap.contacts``): the contacts of each foot are detected on the solved motion and, offline, a planted
+   foot is kept in place by leg IK (``SolveOptions.plant_feet``); ``SolvedTrack.contacts`` holds them.
+
 Steps 3-4 run ``SolveOptions.passes`` times: in between, the skeleton so far predicts each joint, and measured joints
 seen nearer than it are occluded after all, while bone-check flags that it agrees with are lifted.
 
@@ -54,6 +57,7 @@ import numpy as np
 
 from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
 from sapiens2.mocap import rig
+from sapiens2.mocap.contacts import FootContacts, detect_contacts, plant_feet
 from sapiens2.mocap.lift import Lifted3D
 from sapiens2.mocap.rigid import RIGID_PARTS, UNCOVERED, fit_rigid_parts
 from sapiens2.mocap.skeleton import MocapSkeleton, mocap_skeleton
@@ -86,6 +90,8 @@ class SolveOptions:
         passes: rounds of fill and smoothing; after each but the last, the skeleton's prediction re-flags measured
             joints seen nearer than it by more than ``bone_tolerance`` and trusts again bone-check flags it agrees
             with within half of that.
+        plant_feet: offline (not ``online``), detect foot contacts and keep a planted foot in place
+            (``mocap.contacts.plant_feet``); the contacts are detected either way.
     """
 
     smooth: str = "offline"
@@ -98,6 +104,7 @@ class SolveOptions:
     bone_tolerance: float = 0.03
     window: int = 300
     passes: int = 2
+    plant_feet: bool = True
 
     def __post_init__(self) -> None:
         if self.smooth not in SOLVE_SMOOTH_MODES:
@@ -117,6 +124,7 @@ class SolvedTrack:
         measured: (T, J, 3) joint positions after filling and smoothing, before the rig fit.
         filled: (T, J) bool, the joint was not measured in that frame (occluded, low score, depth jump, unseen).
         bone_lengths: (J,) metres from each joint's parent (0 for the root).
+        contacts: the feet's contacts (``mocap.contacts.FootContacts``).
     """
 
     motion: rig.Motion
@@ -125,6 +133,7 @@ class SolvedTrack:
     measured: np.ndarray
     filled: np.ndarray
     bone_lengths: np.ndarray
+    contacts: FootContacts | None = None
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -776,8 +785,13 @@ def solve_track(frames: Sequence[Lifted3D | None], fps: float, options: SolveOpt
     marker_offsets = _marker_offsets(skel, keypoints, ~kp_filled & seen[:, None], aimed, positions, global_m)
     markers = rig.Markers(keypoint_metadata().names, skel.keypoint_joint, marker_offsets)
     motion = rig.Motion(skeleton, fps, joints[:, 0], motion.rotations, markers, seen)
+    if opts.plant_feet and not online:
+        motion, contacts = plant_feet(motion)
+        positions, global_q = rig.forward_kinematics(motion)
+    else:
+        contacts = detect_contacts(motion)
     marker_xyz = rig.marker_positions(motion, (positions, global_q))
-    return SolvedTrack(motion, positions, marker_xyz, joints, filled | ~seen[:, None], lengths)
+    return SolvedTrack(motion, positions, marker_xyz, joints, filled | ~seen[:, None], lengths, contacts)
 
 
 @dataclass

@@ -29,6 +29,7 @@ __all__ = [
     "angle_chart",
     "joint_angles",
     "trajectory_table",
+    "write_contacts",
     "write_joint_angles",
     "write_trajectories",
 ]
@@ -102,17 +103,32 @@ def write_trajectories(motion: Motion, path: str | os.PathLike) -> Path:
     Raises:
         ValueError: ``path`` has another suffix.
     """
-    table = trajectory_table(motion)
+    return _write_table(path, trajectory_table(motion), "trajectories")
+
+
+def write_contacts(motion: Motion, contacts: Any, path: str | os.PathLike) -> Path:
+    """Write a track's foot contacts (``mocap.contacts.FootContacts``) as CSV or Parquet, atomically: one row per
+    frame, ``frame, time, valid``, then per foot ``<foot>`` (1 planted, 0 not) and ``<foot>_height`` (metres of its
+    lowest point above the ground)."""
+    table: dict[str, np.ndarray] = {"frame": np.arange(motion.num_frames), "time": motion.times,
+                                    "valid": motion.valid.copy()}  # fmt: skip
+    for i, foot in enumerate(contacts.feet):
+        table[foot] = contacts.contact[:, i].astype(np.int64)
+        table[f"{foot}_height"] = contacts.heights[:, i]
+    return _write_table(path, table, "contacts")
+
+
+def _write_table(path: str | os.PathLike, table: dict[str, np.ndarray], what: str) -> Path:
     suffix = Path(path).suffix.lower()
     if suffix == ".csv":
         return _write_csv(path, table, digits=6)
     if suffix != ".parquet":
-        raise ValueError(f"{path}: trajectories are written as .csv or .parquet, not {suffix or 'no suffix'}")
+        raise ValueError(f"{path}: {what} are written as .csv or .parquet, not {suffix or 'no suffix'}")
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise ImportError("Parquet trajectories need pyarrow: pip install sapiens2[mocap]") from None
+        raise ImportError(f"Parquet {what} need pyarrow: pip install sapiens2[mocap]") from None
     arrow = pa.table({name: pa.array(values) for name, values in table.items()})
     # no dictionary pages: trajectories hardly repeat a value, and trying costs a quarter of the write
     return atomic_write(path, lambda temporary: pq.write_table(arrow, str(temporary), use_dictionary=False))

@@ -8,6 +8,8 @@ What a file holds (``docs/mocap.md``)::
         skeleton             Skeleton: joints (paths "pelvis/spine/chest"), jointNames, bindTransforms (rest pose in
                              skeleton space), restTransforms (the same, local); skel:animationSource -> animation
             animation        SkelAnimation: translations and rotations, one time sample per video frame; scales
+                             the Skeleton's custom attributes (``SkeletalAnimation.attributes``), e.g. the foot
+                             contacts ``sapiens2:contact:left_foot`` (bool), time-sampled per frame too
 
 Axes and time: Y up (``upAxis``), metres (``metersPerUnit`` 1), right-handed: camera (x, y, z) -> (x, -y, -z) as in
 the BVH and glTF. A time code is a video frame (``timeCodesPerSecond`` = ``framesPerSecond`` = the track's rate); a
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +89,8 @@ class SkeletalAnimation:
             orientation included (what a rig with bone axes animates).
         fps: frames per second (> 0).
         start: the time code (frame) of the first frame.
+        attributes: custom attributes of the Skeleton prim, name (e.g. ``sapiens2:contact:left_foot``) -> (T,)
+            values, one time sample per frame: ``bool`` arrays as ``bool``, others as ``float``.
     """
 
     name: str
@@ -98,6 +102,7 @@ class SkeletalAnimation:
     rotations: np.ndarray
     fps: float
     start: float = 0.0
+    attributes: Mapping[str, np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         joints, parents = tuple(self.joints), tuple(int(p) for p in self.parents)
@@ -118,6 +123,10 @@ class SkeletalAnimation:
                              "earlier joint")  # fmt: skip
         if not all(np.isfinite(a).all() for a in arrays.values()) or not (np.isfinite(self.fps) and self.fps > 0):
             raise ValueError(f"SkeletalAnimation {self.name!r}: values must be finite and fps > 0")
+        attributes = {str(k): np.asarray(v).reshape(-1) for k, v in (self.attributes or {}).items()}
+        if any(len(v) != frames for v in attributes.values()):
+            raise ValueError(f"SkeletalAnimation {self.name!r}: attributes need one value per frame ({frames})")
+        object.__setattr__(self, "attributes", attributes)
         for key, array in arrays.items():
             array.flags.writeable = False
             object.__setattr__(self, key, array)
@@ -130,14 +139,16 @@ class SkeletalAnimation:
 
     @classmethod
     def from_motion(cls, motion: Motion, name: str = "track", start: float = 0.0,
-                    orientations: np.ndarray | None = None) -> SkeletalAnimation:  # fmt: skip
+                    orientations: np.ndarray | None = None,
+                    attributes: Mapping[str, np.ndarray] | None = None) -> SkeletalAnimation:  # fmt: skip
         """A solved ``rig.Motion`` (camera axes, no rotation in its rest pose) in Y-up axes: (x, y, z) -> (x, -y,
         -z), each rotation turned the same way (``C q C⁻¹``, C the half turn about x).
 
         ``orientations`` (J, 4) gives a rig's bone axes (each joint's rest orientation W in the world, camera axes;
         ``rigs.RigMotion.orientations``): the joints then turn in their own axes, rest rotation ``W_parent⁻¹ W``,
         rest translation ``W_parent⁻¹ offset`` and rotation ``W_parent⁻¹ L W`` per frame (L the motion's local
-        rotation), at the same joint positions."""
+        rotation), at the same joint positions. ``attributes``: time-sampled Skeleton attributes (name -> (T,) values,
+        e.g. the foot contacts)."""
         Rotation = _rotation()
         turn = Rotation.from_quat([1.0, 0.0, 0.0, 0.0])  # the half turn about x, exactly
         skeleton = motion.skeleton
@@ -153,7 +164,8 @@ class SkeletalAnimation:
             rotations = up[each].inv() * rotations * world[each]
         return cls(name=name, joints=skeleton.names, parents=skeleton.parents, rest_translations=offsets,
                    rest_rotations=rest.as_quat(), root_translation=turn.apply(np.array(motion.root_translation)),
-                   rotations=rotations.as_quat().reshape(frames, joints, 4), fps=motion.fps, start=start)  # fmt: skip
+                   rotations=rotations.as_quat().reshape(frames, joints, 4), fps=motion.fps, start=start,
+                   attributes=attributes)  # fmt: skip
 
 
 def _matrices(rotations: np.ndarray, translations: np.ndarray) -> np.ndarray:
@@ -210,6 +222,12 @@ def _define_skeleton(stage, path, animation: SkeletalAnimation) -> None:
         rotate.Set(Vt.QuatfArray.FromNumpy(quaternions[frame]), time)
     motion.CreateScalesAttr(Vt.Vec3hArray.FromNumpy(np.ones((len(joints), 3), np.float16)))  # constant: no scaling
     UsdSkel.BindingAPI.Apply(skeleton.GetPrim()).CreateAnimationSourceRel().SetTargets([motion.GetPath()])
+    for name, values in sorted(animation.attributes.items()):
+        flag = values.dtype == bool
+        kind = Sdf.ValueTypeNames.Bool if flag else Sdf.ValueTypeNames.Float
+        attribute = skeleton.GetPrim().CreateAttribute(name, kind, custom=True)
+        for frame, value in enumerate(values.tolist()):
+            attribute.Set(bool(value) if flag else float(value), Usd.TimeCode(animation.start + frame))
 
 
 def write_usd(tracks: Motion | SkeletalAnimation | Sequence[SkeletalAnimation], path: str | os.PathLike, *,
