@@ -154,7 +154,7 @@ def test_contacts_written_as_csv_and_parquet(planted, tmp_path):
 
     from sapiens2.mocap.run import export_motion
 
-    files = export_motion(planted.motion, tmp_path / "track_1", ["csv", "parquet"], planted.contacts)
+    files = export_motion(planted.motion, tmp_path / "track_1", ["csv", "parquet"], contacts=planted.contacts)
     assert {p.name for p in files} >= {"track_1_contacts.csv", "track_1_contacts.parquet"}
     rows = list(csv.DictReader(open(tmp_path / "track_1_contacts.csv")))
     assert len(rows) == planted.motion.num_frames
@@ -196,7 +196,7 @@ def test_contacts_ride_in_the_fbx_and_the_usd(planted, tmp_path):
     require_module("ufbx")
     _, Usd, _, _, _ = pxr()
     motion, contacts = planted.motion, planted.contacts
-    fbx, usd = export_motion(motion, tmp_path / "track_1", ["fbx", "usd"], contacts)
+    fbx, usd = export_motion(motion, tmp_path / "track_1", ["fbx", "usd"], contacts=contacts)
     times = motion.times
     request = {"l_foot": (times + 0.5 / motion.fps).tolist(), "r_foot": times.tolist()}
     done = subprocess.run([sys.executable, "-c", CONTACT_SCRIPT, str(fbx), json.dumps(request)], capture_output=True,
@@ -218,6 +218,34 @@ def test_contacts_ride_in_the_fbx_and_the_usd(planted, tmp_path):
         values = [attribute.Get(Usd.TimeCode(t)) for t in range(motion.num_frames)]
         np.testing.assert_array_equal(values, contacts.column(foot))
     assert validation_errors(usd) == []
+
+
+def test_on_a_rig_the_contacts_ride_on_the_joints_that_follow_our_ankles(planted, tmp_path):
+    """Retargeted (``--rig mixamo``), the FBX's ``contact`` curves sit on the rig's joints that follow our ankles
+    (``rigs.RigMotion.mapping``), with the same values; the USD attributes are the Skeleton's, whatever its joints."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import require_module
+
+    from sapiens2.mocap.rigs import retarget
+    from sapiens2.mocap.run import export_motion
+
+    require_module("ufbx")
+    motion, contacts = planted.motion, planted.contacts
+    rigged = retarget(motion, "mixamo")
+    follows = {ours: joint for joint, ours in rigged.mapping.items()}
+    left, right = follows["l_foot"], follows["r_foot"]
+    assert left != "l_foot" and left in rigged.motion.skeleton.names
+    (fbx,) = export_motion(motion, tmp_path / "track_1", ["fbx"], rigged, contacts)
+    request = {left: motion.times.tolist(), right: motion.times.tolist()}
+    done = subprocess.run([sys.executable, "-c", CONTACT_SCRIPT, str(fbx), json.dumps(request)], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    read = json.loads(done.stdout)
+    for joint, foot in ((left, "left_foot"), (right, "right_foot")):
+        np.testing.assert_array_equal(read[joint]["values"], contacts.column(foot).astype(float))
 
 
 BLENDER_CONTACT_SCRIPT = """
@@ -246,7 +274,7 @@ def test_blender_imports_the_planted_walk_with_its_contacts(planted, tmp_path):
     from sapiens2.mocap.run import export_motion
 
     motion, contacts = planted.motion, planted.contacts
-    (fbx,) = export_motion(motion, tmp_path / "walk", ["fbx"], contacts)
+    (fbx,) = export_motion(motion, tmp_path / "walk", ["fbx"], contacts=contacts)
     frames = list(range(0, motion.num_frames, 6))
     positions, _ = blender_joint_positions(fbx, "fbx", motion.fps, frames, motion.skeleton.names, tmp_path)
     ours, _ = rig.forward_kinematics(motion)
