@@ -298,50 +298,66 @@ def _ue5() -> RigTable:
 
 
 def _rigify() -> RigTable:
-    """Blender Rigify's deform bones (``DEF-``) of the human metarig, as a generated rig parents them: metres,
-    Z up, facing -Y, T pose; Blender's bone axes: Y along the bone, Z towards the front."""
+    """Blender Rigify's deform bones (``DEF-``) of the human metarig: metres, Z up, facing -Y; the metarig's rest
+    pose (arms about 30° down and slightly back, elbows and fingers a little bent: an A pose), each joint at its
+    metarig bone's head to the millimetre (Blender's ``rigify/metarigs/human.py``; the two-segment deform chains
+    split each limb bone at its middle); parented as the game-export tools parent them, each deform bone under the
+    deform bone of its metarig parent (a generated rig hangs the first deform bone of each chain off an ``ORG-``
+    bone); Blender's bone axes: Y along the bone, Z towards the front (our rule, not the metarig's rolls)."""
     trunk = [
-        ("DEF-spine", None, (0.0, 0.03, 1.0), "pelvis"),
-        ("DEF-spine.001", "DEF-spine", (0.0, 0.03, 1.1), "spine"),
-        ("DEF-spine.002", "DEF-spine.001", (0.0, 0.02, 1.22), None),
-        ("DEF-spine.003", "DEF-spine.002", (0.0, 0.02, 1.3), "chest"),
-        ("DEF-spine.004", "DEF-spine.003", (0.0, 0.04, 1.45), "neck"),
-        ("DEF-spine.005", "DEF-spine.004", (0.0, 0.03, 1.52), None),
-        ("DEF-spine.006", "DEF-spine.005", (0.0, 0.02, 1.58), "head"),
+        ("DEF-spine", None, (0.0, 0.055, 1.01), "pelvis"),
+        ("DEF-spine.001", "DEF-spine", (0.0, 0.017, 1.157), "spine"),
+        ("DEF-spine.002", "DEF-spine.001", (0.0, 0.0, 1.293), None),
+        ("DEF-spine.003", "DEF-spine.002", (0.0, 0.006, 1.466), "chest"),
+        ("DEF-spine.004", "DEF-spine.003", (0.0, 0.011, 1.658), "neck"),
+        ("DEF-spine.005", "DEF-spine.004", (0.0, -0.013, 1.72), None),
+        ("DEF-spine.006", "DEF-spine.005", (0.0, -0.025, 1.781), "head"),
     ]
+
+    def middle(a: tuple, b: tuple) -> tuple:
+        return tuple(round((x + y) / 2, 4) for x, y in zip(a, b, strict=True))
+
+    shoulder, elbow, wrist = (0.195, 0.027, 1.585), (0.442, 0.089, 1.449), (0.659, 0.049, 1.306)
+    hip, knee, ankle = (0.098, 0.012, 1.072), (0.098, -0.029, 0.537), (0.098, 0.016, 0.085)
     left = [
-        ("DEF-shoulder.L", "DEF-spine.003", (0.02, -0.01, 1.42), "l_clavicle"),
-        ("DEF-upper_arm.L", "DEF-shoulder.L", (0.17, 0.03, 1.4), "l_upperarm"),
-        ("DEF-upper_arm.L.001", "DEF-upper_arm.L", (0.31, 0.035, 1.4), None),
-        ("DEF-forearm.L", "DEF-upper_arm.L.001", (0.45, 0.04, 1.4), "l_forearm"),
-        ("DEF-forearm.L.001", "DEF-forearm.L", (0.58, 0.03, 1.4), None),
-        ("DEF-hand.L", "DEF-forearm.L.001", (0.71, 0.02, 1.4), "l_hand"),
+        ("DEF-pelvis.L", "DEF-spine", (0.0, 0.055, 1.01), None),
+        ("DEF-shoulder.L", "DEF-spine.003", (0.018, -0.068, 1.605), "l_clavicle"),
+        ("DEF-upper_arm.L", "DEF-shoulder.L", shoulder, "l_upperarm"),
+        ("DEF-upper_arm.L.001", "DEF-upper_arm.L", middle(shoulder, elbow), None),
+        ("DEF-forearm.L", "DEF-upper_arm.L.001", elbow, "l_forearm"),
+        ("DEF-forearm.L.001", "DEF-forearm.L", middle(elbow, wrist), None),
+        ("DEF-hand.L", "DEF-forearm.L.001", wrist, "l_hand"),
     ]
-    palms = {"index": ("01", -0.02, 0.79, 0.035), "middle": ("02", 0.0, 0.795, 0.04), "ring": ("03", 0.02, 0.79, 0.035),
-             "pinky": ("04", 0.035, 0.78, 0.025)}  # fmt: skip  # palm number, front (-y) offset, first x, step
-    for finger, (number, across, first, step) in palms.items():
+    hand = {  # palm head, then the finger's three joints (the metarig's bone heads)
+        "index": ("01", (0.692, 0.022, 1.288), ((0.746, 0.005, 1.248), (0.772, 0.001, 1.211), (0.784, 0.0, 1.186))),
+        "middle": ("02", (0.697, 0.039, 1.288), ((0.752, 0.028, 1.249), (0.776, 0.023, 1.206), (0.785, 0.022, 1.175))),
+        "ring": ("03", (0.696, 0.055, 1.287), ((0.754, 0.052, 1.248), (0.772, 0.05, 1.207), (0.779, 0.049, 1.176))),
+        "pinky": ("04", (0.693, 0.07, 1.287), ((0.753, 0.076, 1.243), (0.759, 0.077, 1.216), (0.762, 0.077, 1.193))),
+    }  # fmt: skip
+    for finger, (number, palm_head, joints) in hand.items():
         palm = f"DEF-palm.{number}.L"
-        left.append((palm, "DEF-hand.L", (0.725, across * 0.6, 1.4), None))
+        left.append((palm, "DEF-hand.L", palm_head, None))
         parent = palm
-        for i in (1, 2, 3):
+        for i, position in enumerate(joints, 1):
             name = f"DEF-f_{finger}.0{i}.L"
-            left.append((name, parent, (first + (i - 1) * step, across, 1.4), f"l_{finger}{i}"))
+            left.append((name, parent, position, f"l_{finger}{i}"))
             parent = name
-    parent = "DEF-palm.01.L"
-    for i, position in enumerate(((0.735, -0.035, 1.385), (0.76, -0.06, 1.375), (0.785, -0.08, 1.37)), 1):
+    parent = "DEF-palm.01.L"  # the metarig's thumb hangs off the index finger's palm bone
+    for i, position in enumerate(((0.671, 0.021, 1.274), (0.686, 0.002, 1.24), (0.706, -0.006, 1.215)), 1):
         left.append((f"DEF-thumb.0{i}.L", parent, position, f"l_thumb{i}"))
         parent = f"DEF-thumb.0{i}.L"
     left += [
-        ("DEF-thigh.L", "DEF-spine", (0.09, 0.02, 0.95), "l_thigh"),
-        ("DEF-thigh.L.001", "DEF-thigh.L", (0.095, 0.01, 0.74), None),
-        ("DEF-shin.L", "DEF-thigh.L.001", (0.1, 0.0, 0.52), "l_shin"),
-        ("DEF-shin.L.001", "DEF-shin.L", (0.1, 0.01, 0.3), None),
-        ("DEF-foot.L", "DEF-shin.L.001", (0.1, 0.03, 0.08), "l_foot"),
-        ("DEF-toe.L", "DEF-foot.L", (0.105, -0.1, 0.015), "l_toe"),
+        ("DEF-breast.L", "DEF-spine.003", (0.118, 0.049, 1.46), None),
+        ("DEF-thigh.L", "DEF-spine", hip, "l_thigh"),
+        ("DEF-thigh.L.001", "DEF-thigh.L", middle(hip, knee), None),
+        ("DEF-shin.L", "DEF-thigh.L.001", knee, "l_shin"),
+        ("DEF-shin.L.001", "DEF-shin.L", middle(knee, ankle), None),
+        ("DEF-foot.L", "DEF-shin.L.001", ankle, "l_foot"),
+        ("DEF-toe.L", "DEF-foot.L", (0.098, -0.093, 0.017), "l_toe"),
     ]
     return RigTable(
         "rigify", "Blender Rigify (DEF- deform bones of the human metarig)",
-        tuple(trunk + left + _mirror(left, ".L", ".R")), pose="T", axes=Z_UP_FACING_MINUS_Y, unit=1.0,
+        tuple(trunk + left + _mirror(left, ".L", ".R")), pose="A", axes=Z_UP_FACING_MINUS_Y, unit=1.0,
         bone_axis="+Y", roll_axis="+Z", right_words=(".R",),
     )  # fmt: skip
 
