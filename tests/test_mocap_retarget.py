@@ -301,3 +301,68 @@ def test_blender_imports_each_rigs_fbx_with_its_fk(rig, tmp_path):
         bones = _identifiers(names) if kind == "usd" else names  # USD's prim names: letters, digits, '_'
         positions, _ = blender_joint_positions(file, kind, motion.fps, frames, bones, tmp_path)
         np.testing.assert_allclose(positions, theirs[frames], atol=BAR, err_msg=kind)
+
+
+# Facts the tables were checked against (public sources, read 2026-11-29; docs/mocap.md "Rigs (retargeting)").
+# SMPL-X: the first 55 names of JOINT_NAMES in vchoutas/smplx smplx/joint_names.py, and the kinematic tree
+# (model.parents) as projects using SMPL-X quote it (e.g. GRAB's and VPoser's `smplx_parents`).
+SMPLX_NAMES = (
+    "pelvis left_hip right_hip spine1 left_knee right_knee spine2 left_ankle right_ankle spine3 left_foot right_foot "
+    "neck left_collar right_collar head left_shoulder right_shoulder left_elbow right_elbow left_wrist right_wrist "
+    "jaw left_eye_smplhf right_eye_smplhf"
+).split() + [f"{side}_{finger}{i}" for side in ("left", "right") for finger in ("index", "middle", "pinky", "ring",
+                                                                               "thumb") for i in (1, 2, 3)]  # fmt: skip
+SMPLX_PARENTS = (
+    -1, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 12, 13, 14, 16, 17, 18, 19, 15, 15, 15, 20, 25, 26, 20, 28, 29, 20,
+    31, 32, 20, 34, 35, 20, 37, 38, 21, 40, 41, 21, 43, 44, 21, 46, 47, 21, 49, 50, 21, 52, 53,
+)  # fmt: skip
+VERIFIED_PARENTS = {
+    # Mixamo: the mixamorig: tree of Mixamo characters as retargeting code builds it (a Rust MixamoRig joint tree;
+    # home-gamejam/stick-game docs/rigs.md): legs and spine off Hips, neck and shoulders off Spine2, every finger
+    # off the hand, four joints a finger (the 4th the tip)
+    "mixamo": {"mixamorig:Spine": "mixamorig:Hips", "mixamorig:LeftUpLeg": "mixamorig:Hips",
+               "mixamorig:Neck": "mixamorig:Spine2", "mixamorig:LeftShoulder": "mixamorig:Spine2",
+               "mixamorig:RightArm": "mixamorig:RightShoulder", "mixamorig:LeftHandThumb1": "mixamorig:LeftHand",
+               "mixamorig:LeftHandPinky4": "mixamorig:LeftHandPinky3", "mixamorig:HeadTop_End": "mixamorig:Head",
+               "mixamorig:LeftToe_End": "mixamorig:LeftToeBase"},
+    # UE5 (Manny / MetaHuman body): retargeting and export tools' parent tables: clavicles and neck off spine_05,
+    # neck_02 between neck_01 and head, thumbs straight off the hand, the other fingers through a metacarpal
+    "ue5": {"pelvis": "root", "spine_05": "spine_04", "neck_01": "spine_05", "neck_02": "neck_01", "head": "neck_02",
+            "clavicle_l": "spine_05", "thigh_r": "pelvis", "ball_l": "foot_l", "thumb_01_l": "hand_l",
+            "index_metacarpal_l": "hand_l", "index_01_l": "index_metacarpal_l", "pinky_03_r": "pinky_02_r"},
+    # Rigify: blender/blender-addons rigify/metarigs/human.py (metarig parents, DEF- prefixed): thighs off the spine
+    # root, shoulders off spine.003, the thumb off the index finger's palm bone, fingers off their palm bones
+    "rigify": {"DEF-thigh.L": "DEF-spine", "DEF-shoulder.R": "DEF-spine.003", "DEF-spine.004": "DEF-spine.003",
+               "DEF-thumb.01.L": "DEF-palm.01.L", "DEF-f_ring.01.R": "DEF-palm.03.R", "DEF-palm.04.L": "DEF-hand.L"},
+}  # fmt: skip
+# Rigify's human metarig bone heads (metres, Blender's axes): blender/blender-addons rigify/metarigs/human.py
+RIGIFY_HEADS = {"DEF-upper_arm.L": (0.1953, 0.0267, 1.5846), "DEF-forearm.L": (0.4424, 0.0885, 1.4491),
+                "DEF-hand.L": (0.6594, 0.0492, 1.3061), "DEF-thigh.L": (0.0980, 0.0124, 1.0720),
+                "DEF-shin.R": (-0.0980, -0.0286, 0.5372), "DEF-foot.L": (0.0980, 0.0162, 0.0852),
+                "DEF-toe.L": (0.0980, -0.0934, 0.0167), "DEF-f_index.01.L": (0.7464, 0.0051, 1.2482),
+                "DEF-spine.006": (0.0, -0.0247, 1.7813)}  # fmt: skip
+
+
+def _parent_of(table: RigTable) -> dict[str, str | None]:
+    return {name: (None if p < 0 else table.names[p]) for name, p in zip(table.names, table.parents, strict=True)}
+
+
+def test_the_tables_agree_with_the_rigs_public_definitions():
+    """Names, tree and (Rigify) rest positions as the public sources above give them."""
+    smplx = RIGS["smplx"]
+    assert list(smplx.names) == SMPLX_NAMES and smplx.parents == SMPLX_PARENTS
+    for rig, parents in VERIFIED_PARENTS.items():
+        table = _parent_of(RIGS[rig])
+        assert {joint: table.get(joint, "missing") for joint in parents} == parents, rig
+    mixamo = RIGS["mixamo"].names
+    assert sum("Hand" in name and name[-1].isdigit() for name in mixamo) == 40  # 5 fingers x 4, both hands
+    ue5 = RIGS["ue5"].names
+    assert {n for n in ue5 if n.endswith("_l") and n.split("_")[0] in ("thumb", "index", "middle", "ring", "pinky")} \
+        == {f"thumb_0{i}_l" for i in (1, 2, 3)} | {f"{f}_{k}_l" for f in ("index", "middle", "ring", "pinky")
+                                                   for k in ("metacarpal", "01", "02", "03")}  # fmt: skip
+    rigify = RIGS["rigify"]
+    for name, head in RIGIFY_HEADS.items():
+        np.testing.assert_allclose(rigify.joints[rigify.names.index(name)][2], head, atol=1.5e-3, err_msg=name)
+    assert rigify.pose == "A"  # the metarig's arms hang about 30 degrees below the horizontal
+    arm = np.subtract(RIGIFY_HEADS["DEF-forearm.L"], RIGIFY_HEADS["DEF-upper_arm.L"])
+    assert 25 < np.degrees(np.arctan2(-arm[2], arm[0])) < 35
