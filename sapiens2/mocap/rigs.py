@@ -3,9 +3,10 @@
 
 A ``RigTable`` holds a rig's joint names, its tree, its rest pose as that rig ships it (T or A pose, the rig's own
 axes and units; ``docs/mocap.md`` "Rigs"), its bone axes (joint orients) as a rule, and which of our joints each of
-its joints follows. The rest poses are the rigs' public proportions rounded to the centimetre (half a centimetre for
-hands), not any one character's measurements: Mixamo's Y Bot, SMPL-X's neutral template, UE5's Manny, Rigify's human
-metarig.
+its joints follows. Rigify's rest pose is its human metarig's (bone heads to the millimetre); the others are the
+rigs' usual proportions rounded to the centimetre (half a centimetre for hands), not any one character's measurements
+(Mixamo's Y Bot, SMPL-X's neutral template, UE5's Manny). Names and trees are checked against public sources
+(``docs/mocap.md`` "Rigs", ``tests/test_mocap_retarget.py``).
 
 Retargeting is rest-pose relative. For a rig joint ``r`` that follows our joint ``j``, its world rotation away from
 its own rest pose is ``H_r = G_j A_r``: ``G_j`` is our joint's world rotation away from our rest pose (a T pose) and
@@ -183,6 +184,7 @@ def _mixamo() -> RigTable:
         ("mixamorig:Neck", "mixamorig:Spine2", (0.0, 149.5, 1.5), "neck"),
         ("mixamorig:Head", "mixamorig:Neck", (0.0, 159.5, 3.5), "head"),
         ("mixamorig:HeadTop_End", "mixamorig:Head", (0.0, 178.0, 6.0), None),
+        # the eyes: on Mixamo characters that have eyes (not in every mixamorig: skeleton)
         ("mixamorig:LeftEye", "mixamorig:Head", (3.2, 167.0, 10.0), "l_eye"),
         ("mixamorig:RightEye", "mixamorig:Head", (-3.2, 167.0, 10.0), "r_eye"),
     ]
