@@ -28,13 +28,13 @@ from sapiens2.mocap.fbx import FbxTrack, write_fbx_scene  # noqa: E402
 from sapiens2.mocap.rigs import RIG_NAMES, RIGS, retarget  # noqa: E402
 
 WIDTH, HEIGHT = 480, 640
-CAPTIONS = {
-    "sapiens2": "sapiens2 (ours): {joints} joints",
-    "mixamo": "mixamo: {joints} joints, T pose",
-    "smplx": "smplx: {joints} joints, T pose",
-    "ue5": "ue5 (Manny): {joints} joints, A pose",
-    "rigify": "rigify (DEF-): {joints} joints, T pose",
-}
+TITLES = {"sapiens2": "sapiens2 (ours)", "ue5": "ue5 (Manny)", "rigify": "rigify (DEF-)"}
+
+
+def caption(name: str, joints: int) -> str:
+    """The picture's label: the rig, its joint count and (for a standard rig) the rest pose of its table."""
+    pose = f", {RIGS[name].pose} pose" if name in RIGS else ""
+    return f"{TITLES.get(name, name)}: {joints} joints{pose}"
 
 BLENDER_SCRIPT = r"""
 import json, math, re, sys
@@ -244,7 +244,7 @@ def main() -> None:
             script.write_text(BLENDER_SCRIPT)
             subprocess.run([python, str(script), json.dumps(job)], check=True, capture_output=True, timeout=600)
             picture = cv2.imread(job["png"])
-            write_small(out / f"rig_{name}.png", label(picture, CAPTIONS[name].format(joints=len(names))))
+            write_small(out / f"rig_{name}.png", label(picture, caption(name, len(names))))
             small = cv2.resize(picture, (WIDTH // 2, HEIGHT // 2), interpolation=cv2.INTER_AREA)
             pictures.append(label(small, f"{name}: {len(names)} joints", 0.5))
             print(f"rig_{name}.png: {len(names)} joints, frame {frame}")
