@@ -154,9 +154,7 @@ def export_program(
             hint = ""
             if isinstance(model, TaskModel) and model.task == "pointmap":
                 height, width = model_input_size(model)
-                hint = (
-                    f"; a pointmap model runs only at input sizes its scale MLP was built for: pass {height}x{width}"
-                )
+                hint = f"; a pointmap model runs only at input sizes its scale MLP was built for: pass {height}x{width}"
             raise ExportError(f"the model cannot run at {size[0]}x{size[1]}: {_first_line(error)}{hint}") from None
     batch = torch.export.Dim("batch", min=1)
     return torch.export.export(network, (example,), dynamic_shapes=({0: batch},))
