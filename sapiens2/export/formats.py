@@ -76,9 +76,9 @@ def _check_suffix(path: str | os.PathLike, suffixes: tuple[str, ...], what: str)
     return path
 
 
-def _require(module: str, purpose: str, extra: str = EXPORT_EXTRA) -> None:
+def _require(module: str, purpose: str) -> None:
     if importlib.util.find_spec(module) is None:
-        raise ExportError(f"{purpose} needs the '{module}' package, which is not installed; {extra}")
+        raise ExportError(f"{purpose} needs the '{module}' package, which is not installed; {EXPORT_EXTRA}")
 
 
 def _write_into_place(path: Path, write) -> Path:
@@ -302,20 +302,22 @@ def export_openvino(
     if dtype not in OPENVINO_DTYPES:
         raise ExportError(
             f"OpenVINO IR is written with {', '.join(OPENVINO_DTYPES)} weights, not {dtype!r} (the graph computes "
-            "in float32; the CPU plugin chooses bf16 arithmetic itself where the CPU has it)"
+            "in float32 whatever the weights)"
         )
-    _require("openvino", "OpenVINO export", OPENVINO_EXTRA)
-    if dtype == "int8":
-        _require("nncf", "int8 OpenVINO export", OPENVINO_EXTRA)
-    import openvino
+    try:
+        import openvino
+
+        if dtype == "int8":
+            import nncf
+    except ImportError as error:
+        raise ExportError(f"{'int8 ' if dtype == 'int8' else ''}OpenVINO export needs the '{error.name}' package, "
+                          f"which is not installed; {OPENVINO_EXTRA}") from None  # fmt: skip
 
     size = tuple(input_size or default_input_size(model))
     with tempfile.TemporaryDirectory() as folder:
         onnx_path = export_onnx(model, Path(folder) / "network.onnx", input_size=size, dtype="fp32")
         network = openvino.convert_model(str(onnx_path))
     if dtype == "int8":
-        import nncf
-
         network = nncf.compress_weights(network, mode=nncf.CompressWeightsMode.INT8_ASYM)
     for key, value in network_metadata(model, size, dtype).items():
         network.set_rt_info(value, key.split("."))
