@@ -17,9 +17,17 @@ import numpy as np
 import pytest
 import torch
 from conftest import load_case, require_module
-from parity import assert_parity, case_tolerance, misses_parity, tensor_rule
+from parity import assert_parity, case_tolerance, misses_parity
 from safetensors.torch import load_file
-from test_export import TASK_NAMES, TIER_CASE, _as_tuple, _input_size, _peaked_pose_model, _task_params, _tiny_model
+from test_export import (
+    TASK_NAMES,
+    _as_tuple,
+    _input_size,
+    _peaked_pose_model,
+    _task_params,
+    _tiny_model,
+    _within_tier,
+)
 
 from sapiens2 import Predictor, cli
 from sapiens2.data.io import read_image
@@ -29,12 +37,6 @@ from sapiens2.metadata import SAMPLE_IMAGE
 
 require_module("openvino")
 require_module("onnxscript")
-
-
-def _within_tier(task: str, got, expected) -> tuple[bool, list]:
-    tier = case_tolerance(TIER_CASE[task])["loose"]
-    figures = [tensor_rule(g.numpy(), e.numpy()) for g, e in zip(_as_tuple(got), _as_tuple(expected), strict=True)]
-    return all(m <= tier["max_rel"] and r <= tier["rms_rel"] for m, r in figures), figures
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """``sapiens2 export MODEL -o PATH [--format FORMAT] [--check IMAGE]``.
 
-FORMAT: onnx, pt2, aoti, tensorrt, openvino, safetensors or transformers.
+FORMAT: onnx, pt2, aoti, tensorrt, openvino, executorch, safetensors or transformers.
 
 MODEL is anything ``load_model`` accepts (a file, folder, repo id or size) or a training run folder / checkpoint.
 The name of PATH says the format (``.onnx``, ``.pt2``, ``.engine``/``.plan``, ``.xml``, ``.safetensors``; a folder:
@@ -20,10 +20,10 @@ from pathlib import Path
 from ..messages import report_error
 from .predict import add_input_size_flag
 
-FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "openvino", "safetensors", "transformers")
-NETWORK_FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "openvino")
+FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "openvino", "executorch", "safetensors", "transformers")
+NETWORK_FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "openvino", "executorch")
 # Formats whose files Predictor (and so --check) runs here.
-RUNNABLE_FORMATS = ("onnx", "pt2", "aoti", "openvino")
+RUNNABLE_FORMATS = ("onnx", "pt2", "aoti", "openvino", "executorch")
 # The file name tells the format (the first one listed; --format picks another of the same suffix): ``Predictor``
 # and ``load_model`` read files by their suffix. transformers writes a folder.
 SUFFIX_FORMATS = {
@@ -32,6 +32,7 @@ SUFFIX_FORMATS = {
     ".engine": ("tensorrt",),
     ".plan": ("tensorrt",),
     ".xml": ("openvino",),
+    ".pte": ("executorch",),
     ".safetensors": ("safetensors",),
 }
 # User-input problems: one line on stderr and exit status 2, no traceback.
@@ -44,10 +45,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
     parser = commands.add_parser(
         "export",
-        help="write a model as ONNX, .pt2, an AOTInductor package, a TensorRT engine, OpenVINO IR, safetensors or "
-        "transformers",
-        description="Export a model for deployment (or a training run's weights). Predictor runs .onnx, .pt2 and "
-        "OpenVINO .xml files: Predictor(task, model='model.onnx').",
+        help="write a model as ONNX, .pt2, an AOTInductor package, a TensorRT engine, OpenVINO IR, an ExecuTorch "
+        "program, safetensors or transformers",
+        description="Export a model for deployment (or a training run's weights). Predictor runs .onnx, .pt2, "
+        "OpenVINO .xml and ExecuTorch .pte files: Predictor(task, model='model.onnx').",
     )
     parser.add_argument(
         "model",
@@ -61,8 +62,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--format",
         choices=FORMATS,
         default=None,
-        help="default: from the -o name (.onnx, .pt2, .engine/.plan: tensorrt, .xml: openvino, .safetensors); give "
-        "it for aoti (a .pt2 name) and transformers (a folder)",
+        help="default: from the -o name (.onnx, .pt2, .engine/.plan: tensorrt, .xml: openvino, .pte: executorch, "
+        ".safetensors); give it for aoti (a .pt2 name) and transformers (a folder)",
     )
     parser.add_argument(
         "--task",

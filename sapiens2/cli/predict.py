@@ -197,8 +197,8 @@ def add_model_flags(
         action="append",
         default=[],
         metavar="[TASK=]SOURCE",
-        help="size (0.4b, 0.8b, 1b, 5b), repo id, file or folder, or an exported .onnx/.pt2/.xml file; 'seg=path' sets "
-        "one task's model (repeatable; default 1b, downloaded on first use)",
+        help="size (0.4b, 0.8b, 1b, 5b), repo id, file or folder, or an exported .onnx/.pt2/.xml/.pte file; "
+        "'seg=path' sets one task's model (repeatable; default 1b, downloaded on first use)",
     )
     group.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     group.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")

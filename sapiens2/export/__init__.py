@@ -1,5 +1,5 @@
-"""Deployment: Sapiens2 networks as ONNX, torch.export ``.pt2``, AOTInductor, TensorRT and OpenVINO IR files,
-runtimes that run them under ``Predictor``, and the parity figures of an export against PyTorch on an image.
+"""Deployment: Sapiens2 networks as ONNX, torch.export ``.pt2``, AOTInductor, TensorRT, OpenVINO IR and ExecuTorch
+files, runtimes that run them under ``Predictor``, and the parity figures of an export against PyTorch on an image.
 
 >>> from sapiens2.export import export_onnx
 >>> export_onnx(load_model("seg", "1b"), "seg.onnx")  # then Predictor("seg", model="seg.onnx")
@@ -10,6 +10,7 @@ from .formats import (
     FORMATS,
     OPENVINO_DTYPES,
     export_aoti,
+    export_executorch,
     export_onnx,
     export_openvino,
     export_pt2,
@@ -17,13 +18,22 @@ from .formats import (
     tensorrt_problem,
 )
 from .program import EXPORT_DTYPES, OUTPUT_NAMES, ExportError, default_input_size, export_program
-from .runtime import NetworkFileError, OnnxNetwork, OpenVinoNetwork, Pt2Network, is_network_file, load_network
+from .runtime import (
+    ExecuTorchNetwork,
+    NetworkFileError,
+    OnnxNetwork,
+    OpenVinoNetwork,
+    Pt2Network,
+    is_network_file,
+    load_network,
+)
 
 __all__ = [
     "EXPORT_DTYPES",
     "FORMATS",
     "OPENVINO_DTYPES",
     "OUTPUT_NAMES",
+    "ExecuTorchNetwork",
     "ExportError",
     "NetworkFileError",
     "OnnxNetwork",
@@ -32,6 +42,7 @@ __all__ = [
     "default_input_size",
     "emulate_bfloat16",
     "export_aoti",
+    "export_executorch",
     "export_onnx",
     "export_openvino",
     "export_program",

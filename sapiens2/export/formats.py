@@ -33,6 +33,7 @@ __all__ = [
     "MIN_OPSET",
     "OPENVINO_DTYPES",
     "export_aoti",
+    "export_executorch",
     "export_onnx",
     "export_openvino",
     "export_pt2",
@@ -328,11 +329,57 @@ def export_openvino(
     return _write_into_place(Path(path), write)
 
 
+EXECUTORCH_EXTRA = "install the executorch extra: pip install 'sapiens2[executorch]'"
+EXECUTORCH_METADATA = "sapiens2_metadata"  # the .pte's constant method holding network_metadata as UTF-8 JSON bytes
+
+
+def export_executorch(
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    input_size: Sequence[int] | None = None,
+    dtype: str = "fp32",
+    batch: int = 1,
+) -> Path:
+    """Write ``model`` as an ExecuTorch program (``.pte``) lowered to the XNNPACK delegate, for phones and edge CPUs.
+
+    The ``torch.export`` program of every format, at a fixed ``batch`` (ExecuTorch plans memory statically; the
+    runtime splits and pads other batches), with the bf16 RoPE as float32 ops and explicit bf16 rounding as in the
+    ONNX export (XNNPACK has no bf16 arithmetic); float32 only. The metadata is the constant method
+    ``sapiens2_metadata`` (UTF-8 JSON bytes).
+
+    Example:
+        >>> export_executorch(load_model("pose", "0.4b"), "pose.pte", input_size=(256, 192))
+        >>> Predictor("pose", model="pose.pte")("photo.jpg")  # the ExecuTorch runtime's Python bindings
+    """
+    _check_suffix(path, (".pte",), "an ExecuTorch program")
+    if dtype != "fp32":
+        raise ExportError(f"ExecuTorch export is float32 only, not {dtype!r}")
+    if int(batch) < 1:
+        raise ExportError(f"batch must be >= 1, got {batch}")
+    try:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+    except ImportError:
+        raise ExportError(f"ExecuTorch export needs the 'executorch' package, which is not installed; "
+                          f"{EXECUTORCH_EXTRA}") from None  # fmt: skip
+    size = tuple(input_size or default_input_size(model))
+    program = export_program(model, size, dtype, batch=int(batch))
+    if has_bfloat16(program):
+        program = emulate_bfloat16(program)
+    metadata = json.dumps(network_metadata(model, size, dtype) | {"sapiens2.batch": str(int(batch))})
+    constants = {EXECUTORCH_METADATA: torch.tensor(list(metadata.encode()), dtype=torch.uint8)}
+    lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()], constant_methods=constants)
+    buffer = lowered.to_executorch().buffer
+    return _write_into_place(Path(path), lambda staged: staged.write_bytes(buffer))
+
+
 FORMATS = {
     "onnx": export_onnx,
     "pt2": export_pt2,
     "aoti": export_aoti,
     "tensorrt": export_tensorrt,
     "openvino": export_openvino,
+    "executorch": export_executorch,
 }
 """Network formats of ``sapiens2 export`` (``safetensors`` and ``transformers`` write weights, not networks)."""

@@ -1,10 +1,10 @@
 """Exported networks as callables for ``Predictor``: an ONNX file through onnxruntime, a ``.pt2`` through torch, an
-OpenVINO IR ``.xml`` through OpenVINO's CPU plugin.
+OpenVINO IR ``.xml`` through OpenVINO's CPU plugin, an ExecuTorch ``.pte`` through ExecuTorch's runtime.
 
 Each adapter maps float32 images (B, 3, H, W) to the network's raw outputs as float32 tensors on the images' device
 (one tensor, or a tuple for pointmap), and tells its ``task`` and fixed ``input_size`` read from the file. The
-sapiens2 model code is not involved, so the pre/post-processing of ``Predictor`` runs unchanged on top. onnxruntime
-and OpenVINO are imported only when a file of theirs is opened.
+sapiens2 model code is not involved, so the pre/post-processing of ``Predictor`` runs unchanged on top. onnxruntime,
+OpenVINO and ExecuTorch are imported only when a file of theirs is opened.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .formats import EXPORT_EXTRA, METADATA_FILE, OPENVINO_EXTRA
+from .formats import EXECUTORCH_EXTRA, EXECUTORCH_METADATA, EXPORT_EXTRA, METADATA_FILE, OPENVINO_EXTRA
 from .program import OUTPUT_NAMES
 
 __all__ = [
     "NETWORK_SUFFIXES",
     "InputSizeError",
+    "ExecuTorchNetwork",
     "NetworkFileError",
     "OnnxNetwork",
     "OpenVinoNetwork",
@@ -46,7 +47,7 @@ class InputSizeError(ValueError):
 
 
 def is_network_file(source: Any) -> bool:
-    """Whether ``source`` names an exported network (``.onnx``, ``.pt2``, ``.xml``) rather than weights."""
+    """Whether ``source`` names an exported network (``.onnx``, ``.pt2``, ``.xml``, ``.pte``) rather than weights."""
     return isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() in NETWORK_SUFFIXES
 
 
@@ -307,14 +308,63 @@ class OpenVinoNetwork(_Network):
         )
 
 
+class ExecuTorchNetwork(_Network):
+    """An ExecuTorch program (``export_executorch``: ``.pte``, XNNPACK delegate) run by ExecuTorch's Python runtime.
+
+    The program has a fixed batch: a batch is run in chunks of it, the last one padded with zero images (each
+    image is computed on its own). Outputs come back on the images' device.
+
+    Raises:
+        NetworkFileError: a missing or unreadable file, one without sapiens2 metadata, another task's network, or
+            no executorch.
+    """
+
+    def __init__(self, path: str | os.PathLike, task: str | None = None):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise NetworkFileError(f"{self.path}: no such file")
+        try:
+            from executorch.runtime import Runtime
+        except ImportError:
+            raise NetworkFileError(
+                f"{self.path}: running an ExecuTorch program needs executorch; {EXECUTORCH_EXTRA}"
+            ) from None
+        try:
+            program = Runtime.get().load_program(self.path)
+            if EXECUTORCH_METADATA not in program.method_names:
+                raise ValueError("it holds no sapiens2 metadata (not made by sapiens2 export)")
+            [raw] = program.load_method(EXECUTORCH_METADATA).execute([])
+            metadata = json.loads(bytes(raw.tolist()).decode())
+            self.method = program.load_method("forward")
+        except Exception as error:  # the runtime raises RuntimeError for any bad file, without naming it
+            raise NetworkFileError(f"{self.path}: not a usable ExecuTorch program: {_first_line(error)}") from None
+        self.task = metadata.get("sapiens2.task")
+        self.dtype = metadata.get("sapiens2.dtype", "fp32")
+        self.output_names = tuple(filter(None, metadata.get("sapiens2.outputs", "").split(",")))
+        self.input_size = _parse_size(metadata.get("sapiens2.input_size")) or (0, 0)
+        self.batch = int(metadata.get("sapiens2.batch", "1"))
+        self._check_task(task)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        x = images.detach().to("cpu", torch.float32).contiguous()
+        chunks = []
+        for start in range(0, len(x), self.batch):
+            chunk = x[start : start + self.batch]
+            count = len(chunk)
+            if count < self.batch:
+                chunk = torch.cat([chunk, chunk.new_zeros(self.batch - count, *chunk.shape[1:])])
+            chunks.append([output[:count].clone() for output in self.method.execute([chunk])])
+        return self._pack([torch.cat(parts).to(images.device) for parts in zip(*chunks, strict=True)])
+
+
 # Exported network files by suffix, and the runtime each opens with.
-RUNTIMES = {".onnx": OnnxNetwork, ".pt2": Pt2Network, ".xml": OpenVinoNetwork}
+RUNTIMES = {".onnx": OnnxNetwork, ".pt2": Pt2Network, ".xml": OpenVinoNetwork, ".pte": ExecuTorchNetwork}
 NETWORK_SUFFIXES = tuple(RUNTIMES)
 
 
-def load_network(path: str | os.PathLike, task: str | None = None) -> OnnxNetwork | Pt2Network | OpenVinoNetwork:
-    """Open an exported network file by its suffix (``.onnx``: onnxruntime; ``.pt2``: torch; ``.xml``: OpenVINO),
-    checked for ``task``.
+def load_network(path: str | os.PathLike, task: str | None = None) -> Any:
+    """Open an exported network file by its suffix (``.onnx``: onnxruntime; ``.pt2``: torch; ``.xml``: OpenVINO;
+    ``.pte``: ExecuTorch), checked for ``task``.
 
     Example:
         >>> network = load_network("seg.onnx", "seg")
