@@ -56,6 +56,13 @@ def _first_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+def _existing_file(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise NetworkFileError(f"{path}: no such file")
+    return path
+
+
 def _parse_size(text: str | None) -> tuple[int, int] | None:
     if not text:
         return None
@@ -106,9 +113,7 @@ class OnnxNetwork(_Network):
     """
 
     def __init__(self, path: str | os.PathLike, task: str | None = None, providers: Sequence[str] | None = None):
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise NetworkFileError(f"{self.path}: no such file")
+        self.path = _existing_file(path)
         try:
             import onnxruntime
         except ImportError:
@@ -170,9 +175,7 @@ class Pt2Network(_Network):
     """
 
     def __init__(self, path: str | os.PathLike, task: str | None = None):
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise NetworkFileError(f"{self.path}: no such file")
+        self.path = _existing_file(path)
         try:
             if _is_aoti_package(self.path):
                 self._load_aoti()
@@ -231,9 +234,7 @@ class OpenVinoNetwork(_Network):
     """
 
     def __init__(self, path: str | os.PathLike, task: str | None = None):
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise NetworkFileError(f"{self.path}: no such file")
+        self.path = _existing_file(path)
         try:
             import openvino
         except ImportError:
@@ -320,9 +321,7 @@ class ExecuTorchNetwork(_Network):
     """
 
     def __init__(self, path: str | os.PathLike, task: str | None = None):
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise NetworkFileError(f"{self.path}: no such file")
+        self.path = _existing_file(path)
         try:
             from executorch.runtime import Runtime
         except ImportError:
