@@ -62,6 +62,13 @@ def _as_tuple(output) -> tuple[torch.Tensor, ...]:
     return tuple(output) if isinstance(output, (tuple, list)) else (output,)
 
 
+def _within_tier(task: str, got, expected) -> tuple[bool, list]:
+    """Whether every output of ``got`` is within the loose tier of the task's C case of ``expected``; the figures."""
+    tier = case_tolerance(TIER_CASE[task])["loose"]
+    figures = [tensor_rule(g.numpy(), e.numpy()) for g, e in zip(_as_tuple(got), _as_tuple(expected), strict=True)]
+    return all(m <= tier["max_rel"] and r <= tier["rms_rel"] for m, r in figures), figures
+
+
 @pytest.fixture(scope="module")
 def models(tiny_checkpoints) -> dict[str, torch.nn.Module]:
     return {task: _tiny_model(task, tiny_checkpoints[task]) for task in TASK_NAMES}

@@ -1,7 +1,9 @@
-"""``sapiens2 export MODEL -o PATH [--format onnx|pt2|aoti|tensorrt|safetensors|transformers] [--check IMAGE]``.
+"""``sapiens2 export MODEL -o PATH [--format FORMAT] [--check IMAGE]``.
+
+FORMAT: onnx, pt2, aoti, tensorrt, openvino, executorch, safetensors or transformers.
 
 MODEL is anything ``load_model`` accepts (a file, folder, repo id or size) or a training run folder / checkpoint.
-The name of PATH says the format (``.onnx``, ``.pt2``, ``.engine``/``.plan``, ``.safetensors``; a folder:
+The name of PATH says the format (``.onnx``, ``.pt2``, ``.engine``/``.plan``, ``.xml``, ``.safetensors``; a folder:
 ``transformers``); ``--format`` picks another of the same suffix (``aoti``: ``.pt2``), and a mismatch is refused.
 Networks are exported at the size the model was built or trained for unless ``--input-size`` says otherwise.
 Network formats go through ``sapiens2.export``; ``safetensors`` (the default for a training run) through
@@ -18,8 +20,10 @@ from pathlib import Path
 from ..messages import report_error
 from .predict import add_input_size_flag
 
-FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "safetensors", "transformers")
-NETWORK_FORMATS = ("onnx", "pt2", "aoti", "tensorrt")
+FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "openvino", "executorch", "safetensors", "transformers")
+NETWORK_FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "openvino", "executorch")
+# Formats whose files Predictor (and so --check) runs here.
+RUNNABLE_FORMATS = ("onnx", "pt2", "aoti", "openvino", "executorch")
 # The file name tells the format (the first one listed; --format picks another of the same suffix): ``Predictor``
 # and ``load_model`` read files by their suffix. transformers writes a folder.
 SUFFIX_FORMATS = {
@@ -27,6 +31,8 @@ SUFFIX_FORMATS = {
     ".pt2": ("pt2", "aoti"),
     ".engine": ("tensorrt",),
     ".plan": ("tensorrt",),
+    ".xml": ("openvino",),
+    ".pte": ("executorch",),
     ".safetensors": ("safetensors",),
 }
 # User-input problems: one line on stderr and exit status 2, no traceback.
@@ -39,9 +45,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
     parser = commands.add_parser(
         "export",
-        help="write a model as ONNX, .pt2, an AOTInductor package, a TensorRT engine, safetensors or transformers",
-        description="Export a model for deployment (or a training run's weights). Predictor runs .onnx and .pt2 "
-        "files: Predictor(task, model='model.onnx').",
+        help="write a model as ONNX, .pt2, an AOTInductor package, a TensorRT engine, OpenVINO IR, an ExecuTorch "
+        "program, safetensors or transformers",
+        description="Export a model for deployment (or a training run's weights). Predictor runs .onnx, .pt2, "
+        "OpenVINO .xml and ExecuTorch .pte files: Predictor(task, model='model.onnx').",
     )
     parser.add_argument(
         "model",
@@ -55,8 +62,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--format",
         choices=FORMATS,
         default=None,
-        help="default: from the -o name (.onnx, .pt2, .engine/.plan: tensorrt, .safetensors); give it for aoti "
-        "(a .pt2 name) and transformers (a folder)",
+        help="default: from the -o name (.onnx, .pt2, .engine/.plan: tensorrt, .xml: openvino, .pte: executorch, "
+        ".safetensors); give it for aoti (a .pt2 name) and transformers (a folder)",
     )
     parser.add_argument(
         "--task",
@@ -64,8 +71,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="the model's task; read from a local file when not given",
     )
-    parser.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="network precision "
-                        "(default fp32; tensorrt: fp16); inputs and outputs stay float32")  # fmt: skip
+    parser.add_argument("--dtype", choices=("fp32", "fp16", "bf16", "int8"), default=None, help="network precision "
+                        "(default fp32; tensorrt: fp16; openvino: the weights' fp32, fp16 or int8, computing in "
+                        "float32); inputs and outputs stay float32")  # fmt: skip
     add_input_size_flag(parser)
     parser.add_argument("--opset", type=int, default=18, help="ONNX opset (>= 18)")
     parser.add_argument("--check", metavar="IMAGE", default=None,
@@ -155,8 +163,8 @@ def _run(args: argparse.Namespace) -> int:
 
     run = is_training_run(args.model)
     format_ = output_format(args.output, args.format)
-    if args.check and format_ not in ("onnx", "pt2", "aoti"):
-        raise ValueError(f"--check runs .onnx and .pt2 files, not --format {format_}")
+    if args.check and format_ not in RUNNABLE_FORMATS:
+        raise ValueError(f"--check runs {', '.join(RUNNABLE_FORMATS)} files, not --format {format_}")
     if format_ == "safetensors":
         if not run:
             raise ValueError(f"--format safetensors exports a training run folder or checkpoint, not '{args.model}'")

@@ -135,7 +135,7 @@ def positive_float(text: str) -> float:
 
 INPUT_SIZE_HELP = (
     "network input height and width in pixels, multiples of 16 (of 64 for 4K models); default: the size the model "
-    "was built or trained for (an exported .onnx/.pt2 file's, a training run's, what a pointmap scale head takes), "
+    "was built or trained for (an exported network file's, a training run's, what a pointmap scale head takes), "
     "else 1024 768, the size of the released models"
 )
 
@@ -197,8 +197,8 @@ def add_model_flags(
         action="append",
         default=[],
         metavar="[TASK=]SOURCE",
-        help="size (0.4b, 0.8b, 1b, 5b), repo id, file or folder, or an exported .onnx/.pt2 file; 'seg=path' sets "
-        "one task's model (repeatable; default 1b, downloaded on first use)",
+        help="size (0.4b, 0.8b, 1b, 5b), repo id, file or folder, or an exported .onnx/.pt2/.xml/.pte file; "
+        "'seg=path' sets one task's model (repeatable; default 1b, downloaded on first use)",
     )
     group.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     group.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference precision")

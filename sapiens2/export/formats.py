@@ -1,8 +1,10 @@
-"""Deployable files of a Sapiens2 network: ONNX, torch.export ``.pt2``, AOTInductor package, TensorRT engine.
+"""Deployable files of a Sapiens2 network: ONNX, torch.export ``.pt2``, AOTInductor package, TensorRT engine,
+OpenVINO IR (``.xml`` + ``.bin``).
 
 Every format starts from the same ``export_program`` (dynamic batch, float32 in and out, MODEL.md §4 for what the
 official deployment scripts did). Each file carries the task, arch, input size and dtype (ONNX metadata properties,
-``.pt2`` extra file ``sapiens2.json``), which ``sapiens2.export.runtime`` reads back.
+``.pt2`` extra file ``sapiens2.json``, OpenVINO ``rt_info`` under ``sapiens2``), which ``sapiens2.export.runtime``
+reads back.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ __all__ = [
     "FORMATS",
     "METADATA_FILE",
     "MIN_OPSET",
+    "OPENVINO_DTYPES",
     "export_aoti",
+    "export_executorch",
     "export_onnx",
+    "export_openvino",
     "export_pt2",
     "export_tensorrt",
     "network_metadata",
@@ -41,6 +46,9 @@ MIN_OPSET = 18
 EXTERNAL_DATA_BYTES = int(1.8 * 2**30)
 METADATA_FILE = "sapiens2.json"  # inside .pt2 archives
 EXPORT_EXTRA = "install the export extra: pip install 'sapiens2[export]'"
+OPENVINO_EXTRA = "install the openvino extra: pip install 'sapiens2[openvino]'"
+# OpenVINO IR precisions: the float32 graph with float32, float16 or int8 (per-channel, asymmetric) weights.
+OPENVINO_DTYPES = ("fp32", "fp16", "int8")
 
 
 def network_metadata(model: nn.Module, input_size: Sequence[int], dtype: str) -> dict[str, str]:
@@ -269,5 +277,109 @@ def export_tensorrt(
     return _write_into_place(Path(path), lambda staged: staged.write_bytes(bytes(engine)))
 
 
-FORMATS = {"onnx": export_onnx, "pt2": export_pt2, "aoti": export_aoti, "tensorrt": export_tensorrt}
+def export_openvino(
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    input_size: Sequence[int] | None = None,
+    dtype: str = "fp32",
+) -> Path:
+    """Write ``model`` as OpenVINO IR: ``path`` (``.xml``, the graph) and the weights in ``.bin`` beside it.
+
+    The graph is OpenVINO's conversion of the fp32 ONNX export (``export_onnx``: the bf16 RoPE as float32 ops with
+    explicit bf16 rounding), so both share one interface: ``images`` (batch, 3, H, W) float32 in, float32 outputs.
+    The precision is that of the stored weights; the graph computes in float32 either way:
+
+    - ``fp32``: float32 weights, the reference numerics;
+    - ``fp16``: weights stored in float16 (``compress_to_fp16``), half the file, decompressed when loaded;
+    - ``int8``: weights compressed to int8 per output channel by NNCF (``nncf.compress_weights``, asymmetric),
+      a quarter of the file; activations stay float.
+
+    Example:
+        >>> export_openvino(load_model("seg", "0.4b"), "seg.xml", dtype="fp16")
+        >>> Predictor("seg", model="seg.xml")("photo.jpg")  # openvino.Core on the CPU
+    """
+    _check_suffix(path, (".xml",), "an OpenVINO IR network")
+    if dtype not in OPENVINO_DTYPES:
+        raise ExportError(
+            f"OpenVINO IR is written with {', '.join(OPENVINO_DTYPES)} weights, not {dtype!r} (the graph computes "
+            "in float32 whatever the weights)"
+        )
+    try:
+        import openvino
+
+        if dtype == "int8":
+            import nncf
+    except ImportError as error:
+        raise ExportError(f"{'int8 ' if dtype == 'int8' else ''}OpenVINO export needs the '{error.name}' package, "
+                          f"which is not installed; {OPENVINO_EXTRA}") from None  # fmt: skip
+
+    size = tuple(input_size or default_input_size(model))
+    with tempfile.TemporaryDirectory() as folder:
+        onnx_path = export_onnx(model, Path(folder) / "network.onnx", input_size=size, dtype="fp32")
+        network = openvino.convert_model(str(onnx_path))
+    if dtype == "int8":
+        network = nncf.compress_weights(network, mode=nncf.CompressWeightsMode.INT8_ASYM)
+    for key, value in network_metadata(model, size, dtype).items():
+        network.set_rt_info(value, key.split("."))
+
+    def write(staged: Path) -> None:
+        openvino.save_model(network, staged, compress_to_fp16=dtype == "fp16")
+
+    return _write_into_place(Path(path), write)
+
+
+EXECUTORCH_EXTRA = "install the executorch extra: pip install 'sapiens2[executorch]'"
+EXECUTORCH_METADATA = "sapiens2_metadata"  # the .pte's constant method holding network_metadata as UTF-8 JSON bytes
+
+
+def export_executorch(
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    input_size: Sequence[int] | None = None,
+    dtype: str = "fp32",
+    batch: int = 1,
+) -> Path:
+    """Write ``model`` as an ExecuTorch program (``.pte``) lowered to the XNNPACK delegate, for phones and edge CPUs.
+
+    The ``torch.export`` program of every format, at a fixed ``batch`` (ExecuTorch plans memory statically; the
+    runtime splits and pads other batches), with the bf16 RoPE as float32 ops and explicit bf16 rounding as in the
+    ONNX export (XNNPACK has no bf16 arithmetic); float32 only. The metadata is the constant method
+    ``sapiens2_metadata`` (UTF-8 JSON bytes).
+
+    Example:
+        >>> export_executorch(load_model("pose", "0.4b"), "pose.pte", input_size=(256, 192))
+        >>> Predictor("pose", model="pose.pte")("photo.jpg")  # the ExecuTorch runtime's Python bindings
+    """
+    _check_suffix(path, (".pte",), "an ExecuTorch program")
+    if dtype != "fp32":
+        raise ExportError(f"ExecuTorch export is float32 only, not {dtype!r}")
+    if int(batch) < 1:
+        raise ExportError(f"batch must be >= 1, got {batch}")
+    try:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+    except ImportError:
+        raise ExportError(f"ExecuTorch export needs the 'executorch' package, which is not installed; "
+                          f"{EXECUTORCH_EXTRA}") from None  # fmt: skip
+    size = tuple(input_size or default_input_size(model))
+    program = export_program(model, size, dtype, batch=int(batch))
+    if has_bfloat16(program):
+        program = emulate_bfloat16(program)
+    metadata = json.dumps(network_metadata(model, size, dtype) | {"sapiens2.batch": str(int(batch))})
+    constants = {EXECUTORCH_METADATA: torch.tensor(list(metadata.encode()), dtype=torch.uint8)}
+    lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()], constant_methods=constants)
+    buffer = lowered.to_executorch().buffer
+    return _write_into_place(Path(path), lambda staged: staged.write_bytes(buffer))
+
+
+FORMATS = {
+    "onnx": export_onnx,
+    "pt2": export_pt2,
+    "aoti": export_aoti,
+    "tensorrt": export_tensorrt,
+    "openvino": export_openvino,
+    "executorch": export_executorch,
+}
 """Network formats of ``sapiens2 export`` (``safetensors`` and ``transformers`` write weights, not networks)."""

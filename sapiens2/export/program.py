@@ -129,6 +129,7 @@ def export_program(
     model: nn.Module,
     input_size: Sequence[int] | None = None,
     dtype: str = "fp32",
+    batch: int | None = None,
 ) -> torch.export.ExportedProgram:
     """``torch.export`` of ``model`` (a ``TaskModel`` or ``Sapiens2``) with a dynamic batch at one (H, W).
 
@@ -136,6 +137,7 @@ def export_program(
         model: the network; not modified (a copy is cast for fp16/bf16).
         input_size: network input (H, W); default the size the model was built for.
         dtype: ``"fp32"``, ``"fp16"`` or ``"bf16"``: the precision of the computation (I/O stay float32).
+        batch: a fixed batch size instead of the dynamic one (for runtimes that plan memory statically).
 
     Raises:
         ExportError: an unknown dtype, a size the model cannot run at (with the size it can), a foreign module.
@@ -146,7 +148,7 @@ def export_program(
     network = ExportedNetwork(_cast_copy(model, EXPORT_DTYPES[dtype]), EXPORT_DTYPES[dtype]).eval()
     device = next(model.parameters()).device
     # Batch 2 as the example: a batch of 1 would let export specialise the batch dimension to 1.
-    example = torch.zeros(2, 3, *size, device=device)
+    example = torch.zeros(batch or 2, 3, *size, device=device)
     with torch.no_grad():
         try:
             network(example)
@@ -154,9 +156,8 @@ def export_program(
             hint = ""
             if isinstance(model, TaskModel) and model.task == "pointmap":
                 height, width = model_input_size(model)
-                hint = (
-                    f"; a pointmap model runs only at input sizes its scale MLP was built for: pass {height}x{width}"
-                )
+                hint = f"; a pointmap model runs only at input sizes its scale MLP was built for: pass {height}x{width}"
             raise ExportError(f"the model cannot run at {size[0]}x{size[1]}: {_first_line(error)}{hint}") from None
-    batch = torch.export.Dim("batch", min=1)
-    return torch.export.export(network, (example,), dynamic_shapes=({0: batch},))
+    if batch is not None:
+        return torch.export.export(network, (example,))
+    return torch.export.export(network, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))

@@ -1,9 +1,10 @@
-"""Exported networks as callables for ``Predictor``: an ONNX file through onnxruntime, a ``.pt2`` through torch.
+"""Exported networks as callables for ``Predictor``: an ONNX file through onnxruntime, a ``.pt2`` through torch, an
+OpenVINO IR ``.xml`` through OpenVINO's CPU plugin, an ExecuTorch ``.pte`` through ExecuTorch's runtime.
 
 Each adapter maps float32 images (B, 3, H, W) to the network's raw outputs as float32 tensors on the images' device
 (one tensor, or a tuple for pointmap), and tells its ``task`` and fixed ``input_size`` read from the file. The
-sapiens2 model code is not involved, so the pre/post-processing of ``Predictor`` runs unchanged on top. onnxruntime
-is imported only when an ONNX file is opened.
+sapiens2 model code is not involved, so the pre/post-processing of ``Predictor`` runs unchanged on top. onnxruntime,
+OpenVINO and ExecuTorch are imported only when a file of theirs is opened.
 """
 
 from __future__ import annotations
@@ -15,22 +16,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from .formats import EXPORT_EXTRA, METADATA_FILE
+from .formats import EXECUTORCH_EXTRA, EXECUTORCH_METADATA, EXPORT_EXTRA, METADATA_FILE, OPENVINO_EXTRA
 from .program import OUTPUT_NAMES
 
 __all__ = [
     "NETWORK_SUFFIXES",
     "InputSizeError",
+    "ExecuTorchNetwork",
     "NetworkFileError",
     "OnnxNetwork",
+    "OpenVinoNetwork",
     "Pt2Network",
     "is_network_file",
     "load_network",
 ]
 
-NETWORK_SUFFIXES = (".onnx", ".pt2")
 # onnxruntime execution providers in order of preference, when installed and usable.
 PREFERRED_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 
@@ -44,13 +47,20 @@ class InputSizeError(ValueError):
 
 
 def is_network_file(source: Any) -> bool:
-    """Whether ``source`` names an exported network (``.onnx`` or ``.pt2``) rather than weights."""
+    """Whether ``source`` names an exported network (``.onnx``, ``.pt2``, ``.xml``, ``.pte``) rather than weights."""
     return isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() in NETWORK_SUFFIXES
 
 
 def _first_line(error: BaseException) -> str:
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
     return lines[0] if lines else type(error).__name__
+
+
+def _existing_file(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise NetworkFileError(f"{path}: no such file")
+    return path
 
 
 def _parse_size(text: str | None) -> tuple[int, int] | None:
@@ -103,9 +113,7 @@ class OnnxNetwork(_Network):
     """
 
     def __init__(self, path: str | os.PathLike, task: str | None = None, providers: Sequence[str] | None = None):
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise NetworkFileError(f"{self.path}: no such file")
+        self.path = _existing_file(path)
         try:
             import onnxruntime
         except ImportError:
@@ -167,9 +175,7 @@ class Pt2Network(_Network):
     """
 
     def __init__(self, path: str | os.PathLike, task: str | None = None):
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise NetworkFileError(f"{self.path}: no such file")
+        self.path = _existing_file(path)
         try:
             if _is_aoti_package(self.path):
                 self._load_aoti()
@@ -214,16 +220,156 @@ class Pt2Network(_Network):
         return self._pack([output.to(images.device) for output in outputs])
 
 
-def load_network(path: str | os.PathLike, task: str | None = None) -> OnnxNetwork | Pt2Network:
-    """Open an exported network file by its suffix (``.onnx``: onnxruntime; ``.pt2``: torch), checked for ``task``.
+class OpenVinoNetwork(_Network):
+    """An OpenVINO IR export (``export_openvino``: ``.xml`` and its ``.bin``) compiled for OpenVINO's CPU plugin.
+
+    The plugin computes in float32 (``INFERENCE_PRECISION_HINT``; by default it would pick bf16 on CPUs that have
+    it, ~20x outside the parity tiers) with as many threads as torch uses; fp16 and int8 weights are expanded when
+    compiled. The network is compiled for a static batch (``_compile`` says why): the largest batch seen so far.
+    Outputs come back on the images' device.
+
+    Raises:
+        NetworkFileError: a missing or unreadable file or ``.bin``, not an image network, another task's network,
+            or no openvino.
+    """
+
+    def __init__(self, path: str | os.PathLike, task: str | None = None):
+        self.path = _existing_file(path)
+        try:
+            import openvino
+        except ImportError:
+            raise NetworkFileError(
+                f"{self.path}: running an OpenVINO IR file needs openvino; {OPENVINO_EXTRA}"
+            ) from None
+        core = openvino.Core()
+        try:
+            network = core.read_model(str(self.path))
+        except Exception as error:  # OpenVINO raises RuntimeError subclasses of its own for every kind of bad file
+            raise NetworkFileError(f"{self.path}: not a usable OpenVINO IR model: {_first_line(error)}") from None
+        inputs = network.inputs
+        shape = inputs[0].get_partial_shape() if len(inputs) == 1 else None
+        if (
+            shape is None
+            or shape.rank.is_dynamic
+            or len(shape) != 4
+            or not all(side.is_static for side in list(shape)[1:])
+            or shape[1].get_length() != 3
+            or inputs[0].get_element_type() != openvino.Type.f32
+        ):
+            found = ", ".join(f"{item.get_any_name()} {item.get_element_type()} {item.get_partial_shape()}"
+                              for item in inputs)  # fmt: skip
+            raise NetworkFileError(
+                f"{self.path}: expected one float32 input (batch, 3, H, W) as sapiens2 exports have, found: {found}"
+            )
+        self.input_size = (shape[2].get_length(), shape[3].get_length())
+        metadata = self._metadata(network)
+        self.task = metadata.get("task")
+        self.dtype = metadata.get("dtype", "fp32")
+        self.output_names = tuple(output.get_any_name() for output in network.outputs)
+        self._check_task(task)
+        self._core, self._network = core, network
+        self._config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": torch.get_num_threads()}
+        self._compile(1)
+
+    def _compile(self, batch: int) -> None:
+        """Compile the network for a static ``batch``, replacing the one compiled before.
+
+        Static, because on a dynamic batch the CPU plugin runs the bf16 rounding of the RoPE recipe (``Convert``
+        to bf16 and back) as stand-alone nodes that do not round to nearest even (OpenVINO 2026.4: about a fifth of
+        the values land on the other bf16 neighbour, which put the fixture backbone 2.3x outside its tier, nearly
+        as far as a float32 RoPE); with static shapes they are fused into its generated kernels, which round exactly.
+        """
+        self._network.reshape([batch, 3, *self.input_size])
+        try:
+            self.compiled = self._core.compile_model(self._network, "CPU", self._config)
+        except Exception as error:
+            raise NetworkFileError(f"{self.path}: OpenVINO cannot compile it: {_first_line(error)}") from None
+        self.batch = batch
+
+    @staticmethod
+    def _metadata(network: Any) -> dict[str, str]:
+        """The ``sapiens2.*`` fields ``export_openvino`` wrote into the model's ``rt_info``, without the prefix."""
+        if not network.has_rt_info(["sapiens2"]):
+            return {}
+        fields = network.get_rt_info(["sapiens2"]).astype(dict)
+        return {name: value.astype(str) for name, value in fields.items()}
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Run a batch: compiled anew for a batch larger than any before, a smaller one padded with zero images
+        (each image is computed on its own: the padding changes no result, and one compiled network is kept)."""
+        array = images.detach().to("cpu", torch.float32).contiguous().numpy()
+        count = len(array)
+        if count > self.batch:
+            self._compile(count)
+        if count < self.batch:
+            array = np.concatenate([array, np.zeros((self.batch - count, *array.shape[1:]), np.float32)])
+        results = self.compiled(array)
+        return self._pack(
+            [torch.from_numpy(results[output][:count].copy()).to(images.device) for output in self.compiled.outputs]
+        )
+
+
+class ExecuTorchNetwork(_Network):
+    """An ExecuTorch program (``export_executorch``: ``.pte``, XNNPACK delegate) run by ExecuTorch's Python runtime.
+
+    The program has a fixed batch: a batch is run in chunks of it, the last one padded with zero images (each
+    image is computed on its own). Outputs come back on the images' device.
+
+    Raises:
+        NetworkFileError: a missing or unreadable file, one without sapiens2 metadata, another task's network, or
+            no executorch.
+    """
+
+    def __init__(self, path: str | os.PathLike, task: str | None = None):
+        self.path = _existing_file(path)
+        try:
+            from executorch.runtime import Runtime
+        except ImportError:
+            raise NetworkFileError(
+                f"{self.path}: running an ExecuTorch program needs executorch; {EXECUTORCH_EXTRA}"
+            ) from None
+        try:
+            program = Runtime.get().load_program(self.path)
+            if EXECUTORCH_METADATA not in program.method_names:
+                raise ValueError("it holds no sapiens2 metadata (not made by sapiens2 export)")
+            [raw] = program.load_method(EXECUTORCH_METADATA).execute([])
+            metadata = json.loads(bytes(raw.tolist()).decode())
+            self.method = program.load_method("forward")
+        except Exception as error:  # the runtime raises RuntimeError for any bad file, without naming it
+            raise NetworkFileError(f"{self.path}: not a usable ExecuTorch program: {_first_line(error)}") from None
+        self.task = metadata.get("sapiens2.task")
+        self.dtype = metadata.get("sapiens2.dtype", "fp32")
+        self.output_names = tuple(filter(None, metadata.get("sapiens2.outputs", "").split(",")))
+        self.input_size = _parse_size(metadata.get("sapiens2.input_size")) or (0, 0)
+        self.batch = int(metadata.get("sapiens2.batch", "1"))
+        self._check_task(task)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        x = images.detach().to("cpu", torch.float32).contiguous()
+        chunks = []
+        for start in range(0, len(x), self.batch):
+            chunk = x[start : start + self.batch]
+            count = len(chunk)
+            if count < self.batch:
+                chunk = torch.cat([chunk, chunk.new_zeros(self.batch - count, *chunk.shape[1:])])
+            chunks.append([output[:count].clone() for output in self.method.execute([chunk])])
+        return self._pack([torch.cat(parts).to(images.device) for parts in zip(*chunks, strict=True)])
+
+
+# Exported network files by suffix, and the runtime each opens with.
+RUNTIMES = {".onnx": OnnxNetwork, ".pt2": Pt2Network, ".xml": OpenVinoNetwork, ".pte": ExecuTorchNetwork}
+NETWORK_SUFFIXES = tuple(RUNTIMES)
+
+
+def load_network(path: str | os.PathLike, task: str | None = None) -> Any:
+    """Open an exported network file by its suffix (``.onnx``: onnxruntime; ``.pt2``: torch; ``.xml``: OpenVINO;
+    ``.pte``: ExecuTorch), checked for ``task``.
 
     Example:
         >>> network = load_network("seg.onnx", "seg")
         >>> logits = network(images)  # (B, 29, H, W) float32
     """
-    suffix = Path(path).suffix.lower()
-    if suffix == ".onnx":
-        return OnnxNetwork(path, task)
-    if suffix == ".pt2":
-        return Pt2Network(path, task)
-    raise NetworkFileError(f"{path}: not an exported network (expected a {' or '.join(NETWORK_SUFFIXES)} file)")
+    runtime = RUNTIMES.get(Path(path).suffix.lower())
+    if runtime is None:
+        raise NetworkFileError(f"{path}: not an exported network (expected a {' or '.join(NETWORK_SUFFIXES)} file)")
+    return runtime(path, task)

@@ -3,7 +3,7 @@
 ``model_input_size`` is what every interface uses when no size is given (``Predictor``, ``predict``, ``eval``,
 ``demo``, ``export``, ``benchmark``), and what a refusal names as the size to pass:
 
-1. an exported network (``.onnx``/``.pt2``): the size it was exported at (its ``input_size``);
+1. an exported network (``.onnx``/``.pt2``/``.xml``/``.pte``): the size it was exported at (its ``input_size``);
 2. a Sapiens2 model: the backbone's nominal size, which the loader sets from the file (a training run's
    ``data.input_size``, written by ``sapiens2 export``), 1024x768 for the released models, the full resolution for
    4K models; a pointmap model whose scale MLP cannot take that size gets the size nearest to it that it can take;

@@ -133,7 +133,8 @@ class Predictor:
         model: a size (``"1b"``: the released weights of that size, downloaded once), a Hugging Face repo id, a
             local file or folder, or an ``nn.Module`` returning the raw head output (moved to ``device`` and cast
             to ``dtype`` in place, as ``Module.to`` does). An exported network runs instead of the model code: a
-            ``.onnx`` file (onnxruntime: TensorRT, CUDA or CPU provider) or ``.pt2`` file (``sapiens2 export``),
+            ``.onnx`` file (onnxruntime: TensorRT, CUDA or CPU provider), ``.pt2`` file, OpenVINO ``.xml``
+            (CPU plugin) or ExecuTorch ``.pte`` file (``sapiens2 export``),
             or any callable mapping float32 images (B, 3, H, W) to the raw head output (its ``input_size``
             attribute, if any, is the network's input size).
         device: ``"cuda"``/``"cpu"``/a torch device; default CUDA when available.
