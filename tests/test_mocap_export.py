@@ -545,19 +545,24 @@ elif kind == "usd":
     bpy.ops.wm.usd_import(filepath=path)
 else:
     bpy.ops.import_scene.gltf(filepath=path)
-armature = next(o for o in scene.objects if o.type == "ARMATURE")
+armatures = [o for o in scene.objects if o.type == "ARMATURE"]
 meshes = [o.name for o in scene.objects if o.type == "MESH"]
-result = {"meshes": meshes, "frames": {}}
+result = {"meshes": meshes, "frames": {}, "armatures": {a.name: {} for a in armatures}}
 for frame in map(int, frames.split(",")):
     scene.frame_set(frame)
-    result["frames"][frame] = {b.name: list(armature.matrix_world @ b.head) for b in armature.pose.bones}
+    for armature in armatures:
+        posed = {b.name: list(armature.matrix_world @ b.head) for b in armature.pose.bones}
+        result["armatures"][armature.name][frame] = posed
+    result["frames"][frame] = result["armatures"][armatures[0].name][frame]
 with open(output, "w") as handle:
     json.dump(result, handle)
 """
 
 
-def blender_joint_positions(path, kind: str, fps: float, frames: list[int], names, tmp_path) -> tuple[np.ndarray, dict]:
-    """Pose-bone heads in world space after Blender imports ``path``, at our frame indices, in camera axes (m).
+def blender_joint_positions(path, kind: str, fps: float, frames: list[int], names, tmp_path,
+                            armature: str | None = None) -> tuple[np.ndarray, dict]:  # fmt: skip
+    """Pose-bone heads in world space after Blender imports ``path``, at our frame indices, in camera axes (m), of
+    the armature named ``armature`` (default: the first).
 
     Blender's importers turn Y-up files into its Z-up world: (x, y, z)_y_up -> (x, -z, y), so (x, y, z)_camera ->
     (x, z, -y). Its BVH import starts at frame 1 (``frame_start``), FBX keys at time * fps + 1 (``anim_offset``);
@@ -572,8 +577,28 @@ def blender_joint_positions(path, kind: str, fps: float, frames: list[int], name
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(output.read_text())
-    world = np.array([[result["frames"][str(f + first)][name] for name in names] for f in frames])
+    posed = result["frames"] if armature is None else result["armatures"][armature]
+    world = np.array([[posed[str(f + first)][name] for name in names] for f in frames])
     return np.stack([world[..., 0], -world[..., 2], world[..., 1]], -1), result
+
+
+@pytest.mark.slow
+def test_blender_imports_a_glb_scene_an_armature_per_track_at_its_times(tmp_path):
+    """Blender's glTF importer makes an armature per track, named after it, each posed as our FK at its own frames
+    of the clip (the second starts at 0.5 s, frame 15, and holds its first pose before), 2 m apart as written."""
+    from sapiens2.mocap.gltf import write_glb_scene
+
+    first, second = random_motion(frames=30, seed=3), random_motion(frames=12, seed=4)
+    second = dataclasses.replace(second, root_translation=second.root_translation + [2.0, 0.0, 0.0])
+    path = write_glb_scene([("track_1", first, 0.0), ("track_4", second, 0.5)], tmp_path / "scene.glb")
+    frames, names = [0, 10, 15, 20, 26], first.skeleton.names
+    from_first, result = blender_joint_positions(path, "glb", 30.0, frames, names, tmp_path, "track_1")
+    from_second, _ = blender_joint_positions(path, "glb", 30.0, frames, names, tmp_path, "track_4")
+    assert sorted(result["armatures"]) == ["track_1", "track_4"]
+    assert {"track_1_mesh", "track_4_mesh"} <= set(result["meshes"])
+    np.testing.assert_allclose(from_first, forward_kinematics(first)[0][frames], atol=1e-5)
+    expected = forward_kinematics(second)[0][[0, 0, 0, 5, 11]]  # frames 0 and 10: before it starts
+    np.testing.assert_allclose(from_second, expected, atol=1e-5)
 
 
 @pytest.mark.slow

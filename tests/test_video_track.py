@@ -188,3 +188,33 @@ def test_appearance_tells_colours_apart_and_ignores_the_grey_background():
     red, red_wider, green = (appearance(image, b) for b in ([10, 20, 50, 80], [5, 15, 55, 85], [110, 20, 150, 80]))
     assert appearance_distance(red, red_wider) < 0.05 and appearance_distance(red, green) > 0.9
     assert appearance(image, [10, 20, 11, 21]) is None and abs(red.sum() - 1) < 1e-9
+
+
+def test_a_run_resumed_mid_occlusion_keeps_the_ids():
+    """The tracker's state as ``video.people.PoseStage`` saves it with each chunk (JSON) holds the appearances: a
+    run stopped while B is hidden and resumed from that state gives every later frame the ids of a run never
+    stopped; a state without the appearances (as before re-identification) would give B a new id."""
+    import json
+
+    from sapiens2.video.people import PoseStage
+    from sapiens2.video.run import VideoOptions
+
+    frames, _, detections = hidden_crossing(60)
+    hidden = [t for t, (_, _, who) in enumerate(detections) if 1 not in who]
+    stop = hidden[len(hidden) // 2]
+    whole = PoseStage(None, VideoOptions(), None, None, 0)
+    expected = [whole.tracker.update(b, s, image=f).tolist() for f, (b, s, _) in zip(frames, detections, strict=True)]
+    first = PoseStage(None, VideoOptions(), None, None, 0)
+    for image, (boxes, scores, _) in zip(frames[:stop], detections[:stop], strict=True):
+        first.tracker.update(boxes, scores, image=image)
+    state = json.loads(json.dumps(first.state()))
+    for saved, ids_after in ((state, expected[stop:]), (None, None)):
+        if saved is None:  # the control: the same state less the appearances
+            saved = {**state, "tracks": [{k: v for k, v in t.items() if k != "look"} for t in state["tracks"]]}
+        resumed = PoseStage(None, VideoOptions(), None, saved, stop)
+        got = [resumed.tracker.update(b, s, image=f).tolist()
+               for f, (b, s, _) in zip(frames[stop:], detections[stop:], strict=True)]  # fmt: skip
+        if ids_after is not None:
+            assert got == ids_after
+        else:
+            assert max(max(ids, default=0) for ids in got) == 3  # B came back as someone new
