@@ -4,9 +4,11 @@ to our forward kinematics; joint angles against hand-built poses. Blender and th
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -228,8 +230,15 @@ def test_bvh_reader_names_the_problem(tmp_path):
 # --------------------------------------------------------------------------------------------------------- glTF
 
 
-def _gltf_fk(path) -> tuple[list[str], np.ndarray]:
-    """Joint world positions per key from the .glb alone (pygltflib + numpy): node TRS and the animation keys."""
+def _gltf_fk(path, skin_index: int = 0) -> tuple[list[str], np.ndarray]:
+    """Joint world positions per key of one skin's joints from the .glb alone (pygltflib + numpy): node TRS and the
+    animation keys of those joints (nodes above the skin's root are checked to hold no transform)."""
+    names, positions, _ = _gltf_track(path, skin_index)
+    return names, positions
+
+
+def _gltf_track(path, skin_index: int = 0) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """``_gltf_fk`` and the key times of that skin's joints."""
     pygltflib = require_module("pygltflib")
     gltf = pygltflib.GLTF2().load(str(path))
     blob = gltf.binary_blob()
@@ -242,18 +251,28 @@ def _gltf_fk(path) -> tuple[list[str], np.ndarray]:
         data = np.frombuffer(blob, dtype, accessor.count * width, view.byteOffset + (accessor.byteOffset or 0))
         return data.reshape(accessor.count, width)
 
-    skin = gltf.skins[0]
+    skin = gltf.skins[skin_index]
     joints = skin.joints
     names = [gltf.nodes[j].name for j in joints]
-    animation = gltf.animations[0]
-    frames = len(read(animation.samplers[0].input))
+    (animation,) = gltf.animations
+    mine = [c for c in animation.channels if c.target.node in joints]
+    times = read(animation.samplers[mine[0].sampler].input)[:, 0]
+    frames = len(times)
     translation = np.array([gltf.nodes[j].translation for j in joints], np.float64)[None].repeat(frames, 0)
     rotation = np.tile([0.0, 0.0, 0.0, 1.0], (frames, len(joints), 1))
-    for channel in animation.channels:
-        values = read(animation.samplers[channel.sampler].output)
+    for channel in mine:
+        sampler = animation.samplers[channel.sampler]
+        np.testing.assert_array_equal(read(sampler.input)[:, 0], times)  # one track: one set of key times
         slot = joints.index(channel.target.node)
-        (translation if channel.target.path == "translation" else rotation)[:, slot] = values
+        (translation if channel.target.path == "translation" else rotation)[:, slot] = read(sampler.output)
     parent = {child: node for node, n in enumerate(gltf.nodes) for child in (n.children or [])}
+    above = parent.get(joints[0])
+    while above is not None:  # a scene's track node: it only names and groups the skeleton
+        node = gltf.nodes[above]
+        assert not (node.translation or node.rotation or node.scale or node.matrix), node
+        assert above not in {c.target.node for c in animation.channels}
+        above = parent.get(above)
+    parent = {child: up for child, up in parent.items() if up in joints}
     positions = np.zeros((frames, len(joints), 3))
     global_rotation = np.zeros((frames, len(joints), 4))
     for slot, node in enumerate(joints):  # parents come first
@@ -264,7 +283,8 @@ def _gltf_fk(path) -> tuple[list[str], np.ndarray]:
         else:
             positions[:, slot], global_rotation[:, slot] = translation[:, slot], rotation[:, slot]
     # The skin: every vertex fully bound to one joint, the inverse bind matrices undo the rest positions.
-    primitive = gltf.meshes[0].primitives[0]
+    (mesh_node,) = [n for n in gltf.nodes if n.skin == skin_index]
+    primitive = gltf.meshes[mesh_node.mesh].primitives[0]
     weights = read(primitive.attributes.WEIGHTS_0)
     np.testing.assert_allclose(weights.sum(1), 1.0, atol=1e-6)
     assert read(primitive.attributes.JOINTS_0).max() < len(joints)
@@ -279,7 +299,7 @@ def _gltf_fk(path) -> tuple[list[str], np.ndarray]:
         if node in parent:
             rest[slot] += rest[joints.index(parent[node])]
     np.testing.assert_allclose(inverse_bind[:, :3, 3], -rest, atol=1e-6)
-    return names, positions
+    return names, positions, times
 
 
 def test_glb_nodes_and_animation_equal_our_fk(tmp_path):
@@ -292,6 +312,68 @@ def test_glb_nodes_and_animation_equal_our_fk(tmp_path):
     assert names == list(motion.skeleton.names)
     ours, _ = forward_kinematics(motion)
     np.testing.assert_allclose(positions, ours * [1, -1, -1], atol=2e-6)  # glTF is Y up: (x, -y, -z), float32
+
+
+def test_glb_scene_holds_every_track_at_its_times_and_place(tmp_path):
+    """``write_glb_scene``: each track's joints under a node named after it, its skin and mesh, keyed at its start
+    in the clip + its frame times; each track's FK (its root at its own world position) equals that of its own
+    ``write_glb`` file and of our FK."""
+    from sapiens2.mocap.gltf import write_glb, write_glb_scene
+
+    first, second = random_motion(frames=10, seed=3), random_motion(frames=6, seed=4, spread=3.0)
+    second = dataclasses.replace(second, root_translation=second.root_translation + [1.5, 0.0, 1.0])  # beside
+    path = write_glb_scene([("track_1", first, 0.0), ("track_4", second, 0.5)], tmp_path / "scene.glb")
+    gltf = require_module("pygltflib").GLTF2().load(str(path))
+    assert [s.name for s in gltf.skins] == ["track_1", "track_4"] and [a.name for a in gltf.animations] == ["scene"]
+    tops = [gltf.nodes[n].name for n in gltf.scenes[0].nodes]
+    assert tops == ["track_1", "track_1_mesh", "track_4", "track_4_mesh"]
+    for skin, (motion, start) in enumerate(((first, 0.0), (second, 0.5))):
+        names, positions, times = _gltf_track(path, skin)
+        assert names == list(motion.skeleton.names)
+        np.testing.assert_allclose(times, start + np.arange(motion.num_frames) / motion.fps, atol=1e-6)
+        ours, _ = forward_kinematics(motion)
+        np.testing.assert_allclose(positions, ours * [1, -1, -1], atol=2e-6)
+        _, alone = _gltf_fk(write_glb(motion, tmp_path / f"alone_{skin}.glb"))
+        np.testing.assert_array_equal(positions, alone)
+    apart = np.linalg.norm(_gltf_fk(path, 1)[1][:, 0] - _gltf_fk(path, 0)[1][:6, 0], axis=-1)
+    assert apart.min() > 1.0, apart  # each root at its own place in the world
+    with pytest.raises(ValueError, match="scene.glb: the tracks of one scene need distinct names"):
+        write_glb_scene([("t", first, 0.0), ("t", second, 0.0)], tmp_path / "scene.glb")
+
+
+def test_the_run_writes_one_glb_scene_of_every_track(tmp_path):
+    """``solve_and_export`` with ``scene`` on two tracks of the solved synthetic walk, seen from frame 0 and from
+    frame 4 and the second moved 2 m aside: one ``scene.glb`` whose track nodes pose like each track's BVH (the
+    root at its world position, camera axes turned Y up), keyed at their times in the clip; no per-track GLB."""
+    from mocap_synth import lifted_walk
+
+    from sapiens2.mocap.run import MocapOptions, RecordedTrack, solve_and_export
+
+    clip, lifted = lifted_walk(10)
+    aside = [
+        dataclasses.replace(item, keypoints=item.keypoints + [2.0, 0, 0], joints=item.joints + [2.0, 0, 0])
+        for item in lifted[4:]
+    ]
+    frames, fps = np.arange(clip.num_frames), clip.motion.fps
+    tracks = {1: RecordedTrack(1, frames, frames / fps, lifted),
+              2: RecordedTrack(2, frames[4:], frames[4:] / fps, aside)}  # fmt: skip
+    files, left_out, _ = solve_and_export(tracks, tmp_path, fps, MocapOptions(formats=("bvh", "glb"), scene=True),
+                                          "offline")  # fmt: skip
+    assert not left_out and sorted(files) == [1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scene.glb", "track_1.bvh", "track_2.bvh"]
+    gltf = require_module("pygltflib").GLTF2().load(str(tmp_path / "scene.glb"))
+    assert [s.name for s in gltf.skins] == ["track_1", "track_2"]
+    roots = []
+    for skin, (track, first) in enumerate(((1, 0), (2, 4))):
+        assert sorted(Path(f).name for f in files[track]) == ["scene.glb", f"track_{track}.bvh"]
+        names, positions, times = _gltf_track(tmp_path / "scene.glb", skin)
+        bvh = read_bvh(tmp_path / f"track_{track}.bvh")
+        np.testing.assert_allclose(times, (first + np.arange(bvh.num_frames)) / fps, atol=1e-6)
+        from_bvh, _ = forward_kinematics(bvh)
+        order = [bvh.skeleton.index(name) for name in names]
+        np.testing.assert_allclose(positions, from_bvh[:, order] * [1, -1, -1], atol=1e-5)
+        roots.append(positions[:, 0])
+    np.testing.assert_allclose(roots[1][:, 0] - roots[0][4:, 0], 2.0, atol=0.02)  # 2 m aside, as filmed
 
 
 # ----------------------------------------------------------------------------------------------------- C3D, tables
@@ -463,19 +545,24 @@ elif kind == "usd":
     bpy.ops.wm.usd_import(filepath=path)
 else:
     bpy.ops.import_scene.gltf(filepath=path)
-armature = next(o for o in scene.objects if o.type == "ARMATURE")
+armatures = [o for o in scene.objects if o.type == "ARMATURE"]
 meshes = [o.name for o in scene.objects if o.type == "MESH"]
-result = {"meshes": meshes, "frames": {}}
+result = {"meshes": meshes, "frames": {}, "armatures": {a.name: {} for a in armatures}}
 for frame in map(int, frames.split(",")):
     scene.frame_set(frame)
-    result["frames"][frame] = {b.name: list(armature.matrix_world @ b.head) for b in armature.pose.bones}
+    for armature in armatures:
+        posed = {b.name: list(armature.matrix_world @ b.head) for b in armature.pose.bones}
+        result["armatures"][armature.name][frame] = posed
+    result["frames"][frame] = result["armatures"][armatures[0].name][frame]
 with open(output, "w") as handle:
     json.dump(result, handle)
 """
 
 
-def blender_joint_positions(path, kind: str, fps: float, frames: list[int], names, tmp_path) -> tuple[np.ndarray, dict]:
-    """Pose-bone heads in world space after Blender imports ``path``, at our frame indices, in camera axes (m).
+def blender_joint_positions(path, kind: str, fps: float, frames: list[int], names, tmp_path,
+                            armature: str | None = None) -> tuple[np.ndarray, dict]:  # fmt: skip
+    """Pose-bone heads in world space after Blender imports ``path``, at our frame indices, in camera axes (m), of
+    the armature named ``armature`` (default: the first).
 
     Blender's importers turn Y-up files into its Z-up world: (x, y, z)_y_up -> (x, -z, y), so (x, y, z)_camera ->
     (x, z, -y). Its BVH import starts at frame 1 (``frame_start``), FBX keys at time * fps + 1 (``anim_offset``);
@@ -490,8 +577,28 @@ def blender_joint_positions(path, kind: str, fps: float, frames: list[int], name
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(output.read_text())
-    world = np.array([[result["frames"][str(f + first)][name] for name in names] for f in frames])
+    posed = result["frames"] if armature is None else result["armatures"][armature]
+    world = np.array([[posed[str(f + first)][name] for name in names] for f in frames])
     return np.stack([world[..., 0], -world[..., 2], world[..., 1]], -1), result
+
+
+@pytest.mark.slow
+def test_blender_imports_a_glb_scene_an_armature_per_track_at_its_times(tmp_path):
+    """Blender's glTF importer makes an armature per track, named after it, each posed as our FK at its own frames
+    of the clip (the second starts at 0.5 s, frame 15, and holds its first pose before), 2 m apart as written."""
+    from sapiens2.mocap.gltf import write_glb_scene
+
+    first, second = random_motion(frames=30, seed=3), random_motion(frames=12, seed=4)
+    second = dataclasses.replace(second, root_translation=second.root_translation + [2.0, 0.0, 0.0])
+    path = write_glb_scene([("track_1", first, 0.0), ("track_4", second, 0.5)], tmp_path / "scene.glb")
+    frames, names = [0, 10, 15, 20, 26], first.skeleton.names
+    from_first, result = blender_joint_positions(path, "glb", 30.0, frames, names, tmp_path, "track_1")
+    from_second, _ = blender_joint_positions(path, "glb", 30.0, frames, names, tmp_path, "track_4")
+    assert sorted(result["armatures"]) == ["track_1", "track_4"]
+    assert {"track_1_mesh", "track_4_mesh"} <= set(result["meshes"])
+    np.testing.assert_allclose(from_first, forward_kinematics(first)[0][frames], atol=1e-5)
+    expected = forward_kinematics(second)[0][[0, 0, 0, 5, 11]]  # frames 0 and 10: before it starts
+    np.testing.assert_allclose(from_second, expected, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -526,7 +633,7 @@ def test_blender_imports_bvh_and_glb_with_our_fk(tmp_path):
 
 @pytest.mark.slow
 def test_khronos_validator_finds_no_errors(tmp_path):
-    from sapiens2.mocap.gltf import write_glb
+    from sapiens2.mocap.gltf import write_glb, write_glb_scene
 
     validator = gltf_validator()
     script = tmp_path / "validate.js"
@@ -536,8 +643,11 @@ def test_khronos_validator_finds_no_errors(tmp_path):
         "  .then((report) => console.log(JSON.stringify(report)))\n"
         "  .catch((error) => { console.error(error); process.exit(2); });\n"
     )
-    for name, motion in (("walk", random_motion(frames=30, seed=8)), ("still", random_motion(frames=1, seed=9))):
-        path = write_glb(motion, tmp_path / f"{name}.glb")
+    walk, still = random_motion(frames=30, seed=8), random_motion(frames=1, seed=9)
+    scene = [("track_1", walk, 0.0), ("track_2", still, 0.4), ("track_3", random_motion(frames=5, seed=10), 0.1)]
+    for name, write in (("walk", lambda p: write_glb(walk, p)), ("still", lambda p: write_glb(still, p)),
+                        ("scene", lambda p: write_glb_scene(scene, p))):  # fmt: skip
+        path = write(tmp_path / f"{name}.glb")
         done = subprocess.run(["node", str(script), str(validator), str(path)], capture_output=True, text=True,
                               timeout=120)  # fmt: skip
         assert done.returncode == 0, done.stderr

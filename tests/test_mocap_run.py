@@ -212,10 +212,10 @@ def test_cli_with_real_models_bad_inputs_cost_one_line_each(tiny_checkpoints, tm
         assert summary["frames"] == frames and summary["seg"] is True and summary["scene"] is True
         assert all(len(r["mocap"]) == 1 for r in records(out, name))  # the whole frame as one tracked person
         assert summary["tracks"] or summary["left_out"]  # random weights: a track may be unsolvable, and says why
-        for files in summary["tracks"].values():  # --scene: the FBX and USD of every track in one file each
+        for files in summary["tracks"].values():  # --scene: the FBX, USD and GLB of every track in one file each
             assert len(files) == 12 and all((out / f).is_file() for f in files)  # with the contacts' CSV, Parquet
-            assert {f"{name}_mocap/scene.fbx", f"{name}_mocap/scene.usdc"} <= set(files)
-            assert not [f for f in files if f.endswith((".usdc", ".fbx")) and "track_" in f]
+            assert {f"{name}_mocap/scene.fbx", f"{name}_mocap/scene.usdc", f"{name}_mocap/scene.glb"} <= set(files)
+            assert not [f for f in files if f.endswith((".usdc", ".fbx", ".glb")) and "track_" in f]
     assert list(json.loads((out / "still_mocap.json").read_text())["tracks"]) == ["1"]  # a photo: one-frame motion
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(("pan", "still"))) == []
 
@@ -223,7 +223,7 @@ def test_cli_with_real_models_bad_inputs_cost_one_line_each(tiny_checkpoints, tm
 @pytest.mark.parametrize(
     ("flags", "words"),
     [(["--formats", "bvh,obj"], "--formats: unknown obj"), (["--stride", "0"], "--stride"),
-     (["--formats", "bvh,glb", "--scene"], "--scene needs a format that holds several tracks (fbx, usd)"),
+     (["--formats", "bvh,c3d", "--scene"], "--scene needs a format that holds several tracks (fbx, usd, glb)"),
      (["--min-track-frames", "0"], "--min-track-frames")],
 )  # fmt: skip
 def test_usage_errors_name_the_flag_and_exit_2(tmp_path, capsys, flags, words):

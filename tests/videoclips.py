@@ -148,3 +148,64 @@ def probe(path: Path) -> dict:
     with av.open(str(path)) as container:
         audio = sum(1 for s in container.streams.audio for _ in container.demux(s) if _.size)
     return {"frames": len(times), "times": times, "audio_packets": audio, "size": shape}
+
+
+# ------------------------------------------------------------------------------- two people crossing, one hidden
+
+
+def _silhouette(canvas: np.ndarray, label: np.ndarray, value: int, box: np.ndarray, colours) -> None:
+    """Draw a blocky person filling ``box`` (xyxy): a head (top 18 %, 40 % wide), a shirt (next 42 %) and trousers
+    (the rest), each in its colour, into ``canvas`` and ``value`` into ``label``."""
+    x1, y1, x2, y2 = (int(round(v)) for v in box)
+    height, width = y2 - y1, x2 - x1
+    head, shirt = y1 + int(0.18 * height), y1 + int(0.6 * height)
+    cx, half = (x1 + x2) // 2, int(0.2 * width)
+    parts = ((cx - half, y1, cx + half, head, colours[0]), (x1, head, x2, shirt, colours[1]),
+             (x1, shirt, x2, y2, colours[2]))  # fmt: skip
+    for a, b, c, d, colour in parts:
+        canvas[b:d, a:c] = colour
+        label[b:d, a:c] = value
+
+
+def hidden_crossing(hidden: int, size: tuple[int, int] = (240, 320), seed: int = 0, changed: bool = False):
+    """Two people walking across each other: A (red shirt, blue trousers) near the camera, walking right; B (green
+    shirt, yellow trousers) farther (smaller, higher up), walking left behind A and fully hidden by A's body for
+    ``hidden`` frames. Returns (frames (T, H, W, 3) RGB, true boxes (T, 2, 4) xyxy, detections): detections[t] is
+    what a person detector would see, (boxes (N, 4), scores (N,), which person (N,): 0 A, 1 B): each person's
+    visible pixels' box (+-1 px noise), scored by the visible fraction; a person under 15 % visible is missed.
+    ``changed``: someone else comes out from behind A (B's clothes in other colours once past A's centre)."""
+    rng = np.random.default_rng(seed)
+    height, width = size
+    size_a, size_b = (54, 150), (30, 80)  # (width, height)
+    # B is missed (under 15 % visible: about 15 % of its width out) while the centres are this close
+    slack = (size_a[0] - size_b[0]) / 2 + 0.15 * size_b[0]
+    speed = 2 * slack / hidden  # relative px per frame: the centres pass through +-slack in ``hidden`` frames
+    travel = 2 * (size_a[0] + size_b[0]) + 60
+    count = int(np.ceil(travel / speed))
+    ground = rng.integers(80, 120, (height, width, 3), dtype=np.uint8)  # a textured floor and wall
+    frames, boxes, detections = [], [], []
+    for t in range(count):
+        gap = travel / 2 - speed * t  # B's centre minus A's
+        ca, cb = width / 2 - gap / 3, width / 2 + 2 * gap / 3
+        box_a = np.array([ca - size_a[0] / 2, 80, ca + size_a[0] / 2, 80 + size_a[1]])
+        box_b = np.array([cb - size_b[0] / 2, 110, cb + size_b[0] / 2, 110 + size_b[1]])
+        canvas, label = ground.copy(), np.zeros((height, width), np.uint8)
+        clothes = ((40, 170, 60), (220, 200, 40)) if not (changed and gap < 0) else ((150, 60, 200), (30, 200, 210))
+        _silhouette(canvas, label, 2, box_b, ((200, 160, 120), *clothes))
+        _silhouette(canvas, label, 1, box_a, ((210, 170, 130), (200, 40, 40), (40, 60, 190)))  # A in front
+        frames.append(canvas)
+        boxes.append(np.stack([box_a, box_b]))
+        found, scores, who = [], [], []
+        for person, box in enumerate((box_a, box_b)):
+            ys, xs = np.nonzero(label == person + 1)
+            alone = np.zeros_like(label)
+            _silhouette(np.zeros_like(canvas), alone, 1, box, ((0, 0, 0),) * 3)
+            visible = len(xs) / max(int(alone.sum()), 1)
+            if visible < 0.15:
+                continue
+            seen = np.array([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], np.float64)
+            found.append(seen + rng.normal(0, 1.0, 4))
+            scores.append(0.9 * min(1.0, visible / 0.6))
+            who.append(person)
+        detections.append((np.array(found).reshape(-1, 4), np.array(scores), np.array(who, np.int64)))
+    return np.stack(frames), np.stack(boxes), detections

@@ -69,8 +69,8 @@ def add_capture_flags(parser: argparse.ArgumentParser, formats: tuple[str, ...] 
                      help="keep the solved feet as measured (default: a foot detected planted on the ground is "
                      "pinned in place by leg IK; the contacts are exported either way)")  # fmt: skip
     out.add_argument("--scene", action="store_true",
-                     help="FBX and USD: every track of an input in one file (<input>_mocap/scene.fbx, "
-                     "scene.usdc) instead of one per track")  # fmt: skip
+                     help="FBX, USD and GLB: every track of an input in one file (<input>_mocap/scene.fbx, "
+                     "scene.usdc, scene.glb) instead of one per track")  # fmt: skip
     out.add_argument("--rig", default="sapiens2", choices=RIG_NAMES,
                      help=f"the skeleton of the {', '.join(RIG_FORMATS)} exports: sapiens2 (ours, 65 joints) or a "
                      "standard rig the motion is retargeted onto (docs/mocap.md, Rigs)")  # fmt: skip

@@ -1,5 +1,6 @@
-"""glTF 2.0 binary (``.glb``) for one track's ``Motion``, through pygltflib: the skeleton as a node hierarchy, its
-rotation + root translation animation, and a skinned mesh (a box around each bone) so any glTF viewer plays it.
+"""glTF 2.0 binary (``.glb``) for one track's ``Motion`` (or several in one scene), through pygltflib: the skeleton
+as a node hierarchy, its rotation + root translation animation, and a skinned mesh (a box around each bone) so any
+glTF viewer plays it.
 
 Axes are glTF's: Y up, right-handed, metres (camera (x, y, z) -> (x, -y, -z), ``rig.to_y_up``). Each joint is a
 node whose translation is its rest offset and whose rotation is animated; the root node's translation is animated
@@ -10,6 +11,7 @@ pose, each weighted fully to the joint that moves its bone (the bone's parent en
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,7 @@ import numpy as np
 from sapiens2.data.io import atomic_write
 from sapiens2.mocap.rig import Motion, cross, quat_to_y_up, to_y_up
 
-__all__ = ["bone_boxes", "continuous_quaternions", "write_glb"]
+__all__ = ["bone_boxes", "continuous_quaternions", "write_glb", "write_glb_scene"]
 
 _FLOAT, _UNSIGNED_BYTE, _UNSIGNED_SHORT, _UNSIGNED_INT = 5126, 5121, 5123, 5125
 _ARRAY_BUFFER, _ELEMENT_ARRAY_BUFFER = 34962, 34963
@@ -116,6 +118,10 @@ class _Blob:
         return len(self.gltf.accessors) - 1
 
 
+_COLOURS = ((0.26, 0.52, 0.96), (0.96, 0.45, 0.2), (0.3, 0.78, 0.4), (0.85, 0.3, 0.75), (0.95, 0.8, 0.2))
+"""The bone colour of each track in a scene, in turn (one person's bones are told from another's at a glance)."""
+
+
 def write_glb(motion: Motion, path: str | os.PathLike, *, name: str = "track") -> Path:
     """Write ``motion`` as a binary glTF 2.0 file (atomically): joints as nodes, an animation named ``name`` (a key
     per frame, linear), and a skinned box mesh. Frames with ``valid`` False hold the filled motion.
@@ -123,24 +129,66 @@ def write_glb(motion: Motion, path: str | os.PathLike, *, name: str = "track") -
     Returns:
         ``path`` as a ``Path``.
     """
+    return _write([(name, motion, 0.0)], path, scene=name, grouped=False)
+
+
+def write_glb_scene(tracks: Sequence[tuple[str, Motion, float]], path: str | os.PathLike) -> Path:
+    """Write several (name, ``Motion``, its start in seconds) into one binary glTF 2.0 file (atomically), each as
+    ``write_glb`` writes one: its joints under a node ``name`` (no transform, so the root keeps its animated world
+    position), its skin ``name`` and skinned box mesh ``<name>_mesh`` (a colour per track). One animation,
+    ``scene``, keys every track at its times in the clip (``start`` + its frame times), so viewers that play one
+    animation at a time play everyone together.
+
+    Returns:
+        ``path`` as a ``Path``.
+    """
+    if len({name for name, _, _ in tracks}) < len(tracks):
+        raise ValueError(f"{os.fspath(path)}: the tracks of one scene need distinct names")
+    return _write(list(tracks), path, scene="scene", grouped=True)
+
+
+def _write(tracks: list[tuple[str, Motion, float]], path: str | os.PathLike, *, scene: str, grouped: bool) -> Path:
+    pygltflib = _import_pygltflib()
+    gltf = pygltflib.GLTF2(
+        asset=pygltflib.Asset(version="2.0", generator="sapiens2 mocap"), scene=0, accessors=[], bufferViews=[],
+        nodes=[], meshes=[], skins=[], materials=[],
+    )  # fmt: skip
+    blob = _Blob(gltf)
+    top: list[int] = []
+    samplers, channels = [], []
+    for index, (name, motion, start) in enumerate(tracks):
+        colour = _COLOURS[index % len(_COLOURS)] if grouped else _COLOURS[0]
+        root, mesh_node = _add_track(gltf, blob, motion, name, [*colour, 1.0], samplers, channels, start)
+        if grouped:
+            gltf.nodes.append(pygltflib.Node(name=name, children=[root]))
+            root = len(gltf.nodes) - 1
+        top += [root, mesh_node]
+    gltf.scenes = [pygltflib.Scene(name=scene, nodes=top)]
+    gltf.animations = [pygltflib.Animation(name=scene, samplers=samplers, channels=channels)]
+    gltf.buffers = [pygltflib.Buffer(byteLength=len(blob.data))]
+    gltf.set_binary_blob(bytes(blob.data))
+    return atomic_write(path, lambda temporary: gltf.save_binary(str(temporary)))
+
+
+def _add_track(gltf, blob: _Blob, motion: Motion, name: str, colour: list[float], samplers: list, channels: list,
+               start: float) -> tuple[int, int]:  # fmt: skip
+    """Add one track's joint nodes, skinned mesh, skin, material and animation keys to ``gltf``; returns the node
+    indices of its root joint and its mesh."""
     pygltflib = _import_pygltflib()
     skeleton = motion.skeleton
     joints = skeleton.num_joints
+    first = len(gltf.nodes)  # its joints are nodes first ... first + joints - 1
     rest = to_y_up(skeleton.rest_positions())
     offsets = to_y_up(skeleton.offsets)
-    children = [skeleton.children(j) for j in range(joints)]
-    gltf = pygltflib.GLTF2(
-        asset=pygltflib.Asset(version="2.0", generator="sapiens2 mocap"), scene=0, accessors=[], bufferViews=[]
-    )
-    blob = _Blob(gltf)
-    gltf.nodes = [
-        pygltflib.Node(name=skeleton.names[j], translation=offsets[j].tolist(), children=children[j] or None)
+    gltf.nodes += [
+        pygltflib.Node(name=skeleton.names[j], translation=offsets[j].tolist(),
+                       children=[first + c for c in skeleton.children(j)] or None)
         for j in range(joints)
-    ]
+    ]  # fmt: skip
     positions, normals, triangles, owners = bone_boxes(rest, skeleton.parents)
-    mesh_node = joints
-    gltf.nodes.append(pygltflib.Node(name=f"{name}_mesh", mesh=0, skin=0))
-    gltf.scenes = [pygltflib.Scene(name=name, nodes=[0, mesh_node])]
+    mesh, skin, material = len(gltf.meshes), len(gltf.skins), len(gltf.materials)
+    gltf.nodes.append(pygltflib.Node(name=f"{name}_mesh", mesh=mesh, skin=skin))
+    mesh_node = len(gltf.nodes) - 1
     joint_type, joint_component = (np.uint8, _UNSIGNED_BYTE) if joints <= 256 else (np.uint16, _UNSIGNED_SHORT)
     joint_ids = np.zeros((len(owners), 4), joint_type)
     joint_ids[:, 0] = owners
@@ -155,24 +203,21 @@ def write_glb(motion: Motion, path: str | os.PathLike, *, name: str = "track") -
     )
     indices = blob.add(triangles.reshape(-1).astype(index_type), "SCALAR", index_component,
                        target=_ELEMENT_ARRAY_BUFFER)  # fmt: skip
-    gltf.materials = [
-        pygltflib.Material(
-            name="bone",
-            pbrMetallicRoughness=pygltflib.PbrMetallicRoughness(baseColorFactor=[0.26, 0.52, 0.96, 1.0],
-                                                               metallicFactor=0.0, roughnessFactor=0.8),
-        )
-    ]  # fmt: skip
-    gltf.meshes = [pygltflib.Mesh(name=f"{name}_bones", primitives=[
-        pygltflib.Primitive(attributes=attributes, indices=indices, material=0)])]  # fmt: skip
+    gltf.materials.append(pygltflib.Material(
+        name="bone" if material == 0 else f"bone_{material}",
+        pbrMetallicRoughness=pygltflib.PbrMetallicRoughness(baseColorFactor=colour, metallicFactor=0.0,
+                                                           roughnessFactor=0.8),
+    ))  # fmt: skip
+    gltf.meshes.append(pygltflib.Mesh(name=f"{name}_bones", primitives=[
+        pygltflib.Primitive(attributes=attributes, indices=indices, material=material)]))  # fmt: skip
     # Inverse bind matrices (column-major): the rest pose has no rotation, so each is a translation by -rest.
     inverse_bind = np.tile(np.eye(4, dtype=np.float32), (joints, 1, 1))
     inverse_bind[:, :3, 3] = -rest
     inverse_bind = inverse_bind.transpose(0, 2, 1).reshape(joints, 16)
-    gltf.skins = [pygltflib.Skin(name=name, joints=list(range(joints)), skeleton=0,
-                                 inverseBindMatrices=blob.add(inverse_bind, "MAT4", _FLOAT))]  # fmt: skip
-    times = blob.add(motion.times.astype(np.float32), "SCALAR", _FLOAT, bounds=True)
+    gltf.skins.append(pygltflib.Skin(name=name, joints=list(range(first, first + joints)), skeleton=first,
+                                     inverseBindMatrices=blob.add(inverse_bind, "MAT4", _FLOAT)))  # fmt: skip
+    times = blob.add((start + motion.times).astype(np.float32), "SCALAR", _FLOAT, bounds=True)
     rotations = continuous_quaternions(quat_to_y_up(motion.rotations)).astype(np.float32)  # (T, J, 4)
-    samplers, channels = [], []
 
     def animate(node: int, target: str, values: np.ndarray) -> None:
         output = blob.add(values, "VEC4" if values.shape[1] == 4 else "VEC3", _FLOAT)
@@ -180,10 +225,7 @@ def write_glb(motion: Motion, path: str | os.PathLike, *, name: str = "track") -
         target = pygltflib.AnimationChannelTarget(node=node, path=target)
         channels.append(pygltflib.AnimationChannel(sampler=len(samplers) - 1, target=target))
 
-    animate(0, "translation", to_y_up(motion.root_translation).astype(np.float32))
+    animate(first, "translation", to_y_up(motion.root_translation).astype(np.float32))
     for joint in range(joints):
-        animate(joint, "rotation", np.ascontiguousarray(rotations[:, joint]))
-    gltf.animations = [pygltflib.Animation(name=name, samplers=samplers, channels=channels)]
-    gltf.buffers = [pygltflib.Buffer(byteLength=len(blob.data))]
-    gltf.set_binary_blob(bytes(blob.data))
-    return atomic_write(path, lambda temporary: gltf.save_binary(str(temporary)))
+        animate(first + joint, "rotation", np.ascontiguousarray(rotations[:, joint]))
+    return first, mesh_node

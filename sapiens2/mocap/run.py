@@ -14,7 +14,7 @@ Layout for ``out/clip`` (``docs/mocap.md``)::
 
     clip_overlay.mp4, clip_frames.jsonl, clip_video.json       the video pipeline's outputs (records with "mocap")
     clip_mocap/track_<id>.bvh .glb .fbx .c3d .usdc .trc         per track: animation and markers
-    clip_mocap/scene.fbx .usdc                                  with ``scene``: every track in one file each
+    clip_mocap/scene.fbx .usdc .glb                             with ``scene``: every track in one file each
     clip_mocap/track_<id>_points.csv .parquet                   per track: the solved 308 keypoints per frame
     clip_mocap/track_<id>_contacts.csv .parquet                 per track: foot contacts per frame (mocap.contacts)
     clip_mocap/track_<id>_angles.csv .png                       per track: joint angles and their plot
@@ -63,7 +63,7 @@ solved keypoints as CSV and Parquet, the joint angles (CSV and a plot), and Open
 set, ``mocap.trc``)."""
 RIG_FORMATS = ("bvh", "glb", "fbx", "usd")
 """The animation exports, written on ``MocapOptions.rig``; the others (markers, tables, angles) keep our skeleton."""
-SCENE_FORMATS = ("fbx", "usd")
+SCENE_FORMATS = ("fbx", "usd", "glb")
 """The formats that hold several tracks in one file: with ``MocapOptions.scene`` each writes ``scene.<format>``."""
 
 logger = logging.getLogger(__name__)
@@ -468,6 +468,11 @@ def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: 
                                                                                          rigs[track]))
                  for track, (motion, axes), start in rigged]  # fmt: skip
         written.append(Path(write_fbx_scene(scene, stem.with_name(stem.name + ".fbx"))))
+    if "glb" in formats:
+        from .gltf import write_glb_scene
+
+        path = stem.with_name(stem.name + ".glb")
+        written.append(Path(write_glb_scene([(f"track_{t}", motion, start) for t, (motion, _), start in rigged], path)))
     if "usd" in formats:
         from .usd import SkeletalAnimation, write_usd
 

@@ -36,12 +36,14 @@ class PoseStage:
         self.count = done  # frames seen, for detect_every
         if state:
             self.tracker.next_id = int(state["next_id"])
-            self.tracker.tracks = [Track(t["id"], np.array(t["mean"]), np.array(t["cov"]), t["lost"], t["hits"])
+            self.tracker.tracks = [Track(t["id"], np.array(t["mean"]), np.array(t["cov"]), t["lost"], t["hits"],
+                                         *(None if t.get(k) is None else np.array(t[k]) for k in ("look", "seen")))
                                    for t in state["tracks"]]  # fmt: skip
 
     def state(self) -> dict:
-        tracks = [{"id": t.id, "mean": t.mean.tolist(), "cov": t.cov.tolist(), "lost": t.lost, "hits": t.hits}
-                  for t in self.tracker.tracks]  # fmt: skip
+        tracks = [{"id": t.id, "mean": t.mean.tolist(), "cov": t.cov.tolist(), "lost": t.lost, "hits": t.hits,
+                   "look": None if t.appearance is None else t.appearance.tolist(),
+                   "seen": None if t.seen is None else t.seen.tolist()} for t in self.tracker.tracks]  # fmt: skip
         return {"next_id": self.tracker.next_id, "tracks": tracks}
 
     def _detect(self, images: list[np.ndarray]) -> list[np.ndarray]:
@@ -75,8 +77,8 @@ class PoseStage:
         if self.options.detect_every == 1:  # every frame detected: the whole batch in one pose call
             images = [item.frame.image for item in items]
             detections = self._detect(images)
-            for item, found in zip(items, detections, strict=True):
-                item.ids = self.tracker.update(found[:, :4], found[:, 4])
+            for item, found in zip(items, detections, strict=True):  # the frame's pixels: re-identification
+                item.ids = self.tracker.update(found[:, :4], found[:, 4], image=item.frame.image)
                 item.state = self.state()  # the tracker as it was at this frame, for resuming after it
             start = time.perf_counter()
             poses = self.predictor.predict_batch(images, detections)
@@ -91,10 +93,10 @@ class PoseStage:
                 carried = self._propagated(item.frame.image.shape[:2])
             if carried is not None:
                 found, ids = carried
-                item.ids = self.tracker.update(found[:, :4], found[:, 4], ids=ids)
+                item.ids = self.tracker.update(found[:, :4], found[:, 4], ids=ids, image=item.frame.image)
             else:
                 found = self._detect([item.frame.image])[0]
-                item.ids = self.tracker.update(found[:, :4], found[:, 4])
+                item.ids = self.tracker.update(found[:, :4], found[:, 4], image=item.frame.image)
             self.previous_ids = item.ids
             start = time.perf_counter()
             pose = self.predictor.predict_batch([item.frame.image], [found])[0]
