@@ -255,6 +255,16 @@ def test_predictor_runs_exported_files_with_the_same_processing(models, onnx_fil
     assert normals.shape == (*image.shape[:2], 3)
 
 
+def assert_refused_in_one_line(cases: dict) -> None:
+    """``cases``: network file -> (task, words): ``Predictor(task, model=file)`` refuses it with one line naming the
+    file and the words (every runtime's bad files: ONNX, .pt2, OpenVINO IR, ExecuTorch)."""
+    for path, (task, problem) in cases.items():
+        with pytest.raises(NetworkFileError) as error:
+            Predictor(task, model=path, device="cpu")
+        message = str(error.value)
+        assert str(path) in message and problem in message and "\n" not in message, message
+
+
 def test_predictor_names_a_corrupt_or_mismatched_network_file(onnx_files, tmp_path):
     corrupt = tmp_path / "broken.onnx"
     corrupt.write_bytes(onnx_files["seg"].read_bytes()[:5000])
@@ -274,11 +284,7 @@ def test_predictor_names_a_corrupt_or_mismatched_network_file(onnx_files, tmp_pa
         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), foreign)
     cases[foreign] = ("seg", "expected one float32 input (batch, 3, H, W)")
-    for path, (task, problem) in cases.items():
-        with pytest.raises(NetworkFileError) as error:
-            Predictor(task, model=path, device="cpu")
-        message = str(error.value)
-        assert str(path) in message and problem in message and "\n" not in message, message
+    assert_refused_in_one_line(cases)
     with pytest.raises(ValueError, match="exported for input size 64x48, not 128x96"):
         Predictor("seg", model=onnx_files["seg"], input_size=(128, 96))
     with pytest.raises(ValueError, match="precision it was exported with"):

@@ -217,7 +217,7 @@ def test_the_run_writes_the_rig_in_every_animation_format(tmp_path):
     options = MocapOptions(formats=("bvh", "glb", "fbx", "usd"), rig="ue5", rig_proportions="rig", scene=True)
     scene_folder = tmp_path / "ue5"
     files, _, _ = solve_and_export(tracks, scene_folder, clip.motion.fps, options, "offline")
-    assert sorted(p.rsplit("/", 1)[-1] for p in files[3]) == ["scene.fbx", "scene.usdc", "track_3.bvh", "track_3.glb"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in files[3]) == ["scene.fbx", "scene.glb", "scene.usdc", "track_3.bvh"]
     table = RIGS["ue5"]
     bvh = read_bvh(scene_folder / "track_3.bvh")
     from_bvh = forward_kinematics(bvh)[0][:, [bvh.skeleton.index(name) for name in table.names]]
