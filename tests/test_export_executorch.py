@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import require_module
 from parity import tensor_rule
-from test_export import TASK_NAMES, _input_size, _task_params, _tiny_model, _within_tier, assert_refused_in_one_line
+from test_export import TASK_NAMES, _input_size, _tiny_model, _within_tier, assert_refused_in_one_line
 
 from sapiens2 import Predictor, cli
 from sapiens2.data.io import read_image
