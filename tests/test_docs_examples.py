@@ -152,7 +152,8 @@ def stand_ins(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_the_export_section_runs_as_written(stand_ins, capsys):
     """README "Export and deployment": the commands write seg.onnx (checked on photo.jpg), pointmap.pt2, seg.xml
-    and seg_int8.xml (OpenVINO) and pose.pte (ExecuTorch) at the sizes the models take, then the Python block runs them."""
+    and seg_int8.xml (OpenVINO) and pose.pte (ExecuTorch) at the sizes the models take, then the Python block runs
+    them."""
     pytest.importorskip("onnxruntime")
     from sapiens2.cli import main
 
