@@ -186,6 +186,19 @@ def blender_python() -> str:
     return candidate
 
 
+def run_blender(script: str, *args: str, folder: Path) -> dict:
+    """Run ``script`` (Python for Blender's ``bpy``) with ``args`` and the path of a JSON file it must write (its
+    last argument), in ``folder``; returns what it wrote. A failed run fails with Blender's last output."""
+    import subprocess
+
+    (folder / "blender_script.py").write_text(script)
+    output = folder / "blender_output.json"
+    done = subprocess.run([blender_python(), str(folder / "blender_script.py"), *map(str, args), str(output)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(output.read_text())
+
+
 def gltf_validator() -> Path:
     """The Khronos glTF validator's npm package (``.ci-node/node_modules/gltf-validator``, made by ``.ci/run``; or
     ``$SAPIENS2_GLTF_VALIDATOR``), run through ``node``. Skips locally, fails under CI."""

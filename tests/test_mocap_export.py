@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import blender_python, gltf_validator, require_module
+from conftest import gltf_validator, require_module, run_blender
 
 from sapiens2.mocap.bvh import euler_zxy_from_matrix, matrix_from_euler_zxy, read_bvh, write_bvh
 from sapiens2.mocap.rig import (
@@ -568,15 +568,8 @@ def blender_joint_positions(path, kind: str, fps: float, frames: list[int], name
     (x, z, -y). Its BVH import starts at frame 1 (``frame_start``), FBX keys at time * fps + 1 (``anim_offset``);
     glTF keys sit at time * fps, from frame 0; USD time codes are frames, from 0.
     """
-    script = tmp_path / "blender_fk.py"
-    script.write_text(BLENDER_SCRIPT)
-    output = tmp_path / f"{kind}_fk.json"
     first = 1 if kind in ("bvh", "fbx") else 0
-    command = [blender_python(), str(script), str(path), kind, str(fps), ",".join(str(f + first) for f in frames),
-               str(output)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(output.read_text())
+    result = run_blender(BLENDER_SCRIPT, path, kind, fps, ",".join(str(f + first) for f in frames), folder=tmp_path)
     posed = result["frames"] if armature is None else result["armatures"][armature]
     world = np.array([[posed[str(f + first)][name] for name in names] for f in frames])
     return np.stack([world[..., 0], -world[..., 2], world[..., 1]], -1), result

@@ -454,18 +454,13 @@ def test_blender_imports_a_scene_with_each_track_at_its_time(tmp_path):
     """A scene of two tracks, the second 0.5 s later and with bone axes of its own: Blender makes an armature per
     track, sets the scene's frame rate, and each armature's pose-bone heads at its own frames (Blender frame 1 is
     time 0) are its motion's FK."""
-    from conftest import blender_python
+    from conftest import run_blender
 
     tracks = two_tracks()
     path = write_fbx_scene(tracks, tmp_path / "scene.fbx")
-    script, output = tmp_path / "blender_scene.py", tmp_path / "scene.json"
-    script.write_text(BLENDER_SCENE_SCRIPT)
     wanted = {t.name: [round(t.start * t.motion.fps) + f for f in (0, 4, t.motion.num_frames - 1)] for t in tracks}
     frames = sorted({1 + f for fs in wanted.values() for f in fs})
-    command = [blender_python(), str(script), str(path), ",".join(map(str, frames)), str(output)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(output.read_text())
+    result = run_blender(BLENDER_SCENE_SCRIPT, path, ",".join(map(str, frames)), folder=tmp_path)
     assert result["fps"] == pytest.approx(24.0)
     for track in tracks:
         ours, _ = forward_kinematics(track.motion)

@@ -265,10 +265,8 @@ def test_blender_imports_the_planted_walk_with_its_contacts(planted, tmp_path):
     """Blender's FBX importer opens the planted walk's FBX with its joints where our FK puts them, and keeps each
     ankle's ``contact`` user property as a custom property of the pose bone (its first value: Blender's importer
     does not animate custom properties)."""
-    import json
-    import subprocess
 
-    from conftest import blender_python
+    from conftest import run_blender
     from test_mocap_export import blender_joint_positions
 
     from sapiens2.mocap.run import export_motion
@@ -279,10 +277,5 @@ def test_blender_imports_the_planted_walk_with_its_contacts(planted, tmp_path):
     positions, _ = blender_joint_positions(fbx, "fbx", motion.fps, frames, motion.skeleton.names, tmp_path)
     ours, _ = rig.forward_kinematics(motion)
     assert np.abs(positions - ours[frames]).max() < 1e-4
-    script, output = tmp_path / "contacts.py", tmp_path / "contacts.json"
-    script.write_text(BLENDER_CONTACT_SCRIPT)
-    done = subprocess.run([blender_python(), str(script), str(fbx), str(output)], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    read = json.loads(output.read_text())
+    read = run_blender(BLENDER_CONTACT_SCRIPT, fbx, folder=tmp_path)
     assert read == {"l_foot": float(contacts.contact[0, 0]), "r_foot": float(contacts.contact[0, 1])}

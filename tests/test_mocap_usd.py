@@ -349,9 +349,8 @@ def test_blender_imports_a_scene_with_every_track_at_its_frames(tmp_path):
     """A scene of three tracks starting at frames 0, 3 and 6 (two of one name): Blender makes an armature per track
     (under its SkelRoot's name), each keyed over its own frames, posed as our forward kinematics (Blender's Z up:
     camera (x, y, z) = Blender (x, -z, y))."""
-    import json
 
-    from conftest import blender_python
+    from conftest import run_blender
 
     pxr()
     from sapiens2.mocap.usd import SkeletalAnimation
@@ -360,12 +359,7 @@ def test_blender_imports_a_scene_with_every_track_at_its_frames(tmp_path):
     names = ["track_1", "track_1", "track_5"]
     animations = [SkeletalAnimation.from_motion(motions[i], names[i], start=3 * i) for i in range(3)]
     path = write_usd(animations, tmp_path / "scene.usdc")
-    script, output = tmp_path / "scene.py", tmp_path / "scene.json"
-    script.write_text(BLENDER_SCENE_SCRIPT)
-    done = subprocess.run([blender_python(), str(script), str(path), str(output)], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(output.read_text())
+    result = run_blender(BLENDER_SCENE_SCRIPT, path, folder=tmp_path)
     assert result["range"] == [0, 10] and sorted(result["tracks"]) == ["track_1", "track_1_2", "track_5"]
     for start, (root, motion) in enumerate(zip(["track_1", "track_1_2", "track_5"], motions, strict=True)):
         poses = result["tracks"][root]
