@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -123,13 +124,13 @@ def add_frame_range_flags(group, fps_help: str = "with --frames: the frame rate 
 
 
 def positive_float(text: str) -> float:
-    """argparse type: a number > 0."""
+    """argparse type: a finite number > 0."""
     try:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
 
 
