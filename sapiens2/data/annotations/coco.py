@@ -133,8 +133,9 @@ def coco_dict(annotations: Annotations) -> dict:
     categories, class_ids = [], {}
     if names:
         index = {name: i + 1 for i, name in enumerate(names)}
-        category = {"id": 1, "name": annotations.skeleton_label, "supercategory": annotations.skeleton_label,
-                    "keypoints": list(names), "skeleton": [[index[a], index[b]] for a, b in annotations.skeleton]}  # fmt: skip
+        links = [[index[a], index[b]] for a, b in annotations.skeleton]
+        label = annotations.skeleton_label
+        category = {"id": 1, "name": label, "supercategory": label, "keypoints": list(names), "skeleton": links}
         if annotations.flip_pairs is not None:
             category["flip_pairs"] = [list(pair) for pair in annotations.flip_pairs]
         categories.append(category)
@@ -183,4 +184,3 @@ def coco_dict(annotations: Annotations) -> dict:
 def write_coco(annotations: Annotations, path: str | os.PathLike) -> Path:
     """Write ``annotations`` as a COCO file (``coco_dict``), atomically; returns ``path``."""
     return save_json(path, coco_dict(annotations), indent=None)
-

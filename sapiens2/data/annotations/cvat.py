@@ -102,7 +102,8 @@ def read_cvat(path: str | os.PathLike, *, skeleton: str | None = None) -> Annota
     skeletons = [name for name, kind in kinds.items() if kind == "skeleton"]
     problems: list[str] = []
     if skeleton is not None and skeleton not in skeletons:
-        raise AnnotationError(f"{path}: no skeleton label {skeleton!r}; its skeletons: {', '.join(skeletons) or 'none'}")
+        known = ", ".join(skeletons) or "none"
+        raise AnnotationError(f"{path}: no skeleton label {skeleton!r}; its skeletons: {known}")
     chosen = skeleton or (used_skeletons[0] if len(used_skeletons) == 1 else None)
     if chosen is None and len(skeletons) == 1:
         chosen = skeletons[0]
@@ -209,13 +210,14 @@ def _sub(parent: ET.Element, tag: str, text: str | None = None, **attributes: st
 def _skeleton_svg(names: tuple[str, ...], links: tuple[tuple[str, str], ...]) -> str:
     """A skeleton label's svg as CVAT's editor stores it: points on a circle in a 100 x 100 box, links as lines."""
     angles = np.linspace(0, 2 * np.pi, num=max(len(names), 1), endpoint=False)
-    centres = {name: (50 + 40 * np.cos(a), 50 + 40 * np.sin(a)) for name, a in zip(names, angles)}
+    centres = {name: (50 + 40 * np.cos(a), 50 + 40 * np.sin(a)) for name, a in zip(names, angles, strict=True)}
     node = {name: i + 1 for i, name in enumerate(names)}
     parts = []
     for start, end in links:
         (x1, y1), (x2, y2) = centres[start], centres[end]
-        parts.append(f'<line x1="{x1:.3f}" y1="{y1:.3f}" x2="{x2:.3f}" y2="{y2:.3f}" stroke="black" data-type="edge" '
-                     f'data-node-from="{node[start]}" stroke-width="0.5" data-node-to="{node[end]}"></line>')  # fmt: skip
+        parts.append(f'<line x1="{x1:.3f}" y1="{y1:.3f}" x2="{x2:.3f}" y2="{y2:.3f}" stroke="black" '
+                     f'data-type="edge" data-node-from="{node[start]}" stroke-width="0.5" '
+                     f'data-node-to="{node[end]}"></line>')  # fmt: skip
     for name in names:
         x, y = centres[name]
         parts.append(f'<circle r="1.5" stroke="black" fill="#b3b3b3" cx="{x:.3f}" cy="{y:.3f}" stroke-width="0.1" '
@@ -276,7 +278,7 @@ def write_cvat(annotations: Annotations, path: str | os.PathLike, *, source: str
                        height=str(image.height))  # fmt: skip
         for person in image.people:
             skeleton = _sub(element, "skeleton", label=annotations.skeleton_label, source=source, z_order="0")
-            for name, (x, y, visibility) in zip(names, person.keypoints):
+            for name, (x, y, visibility) in zip(names, person.keypoints, strict=True):
                 _sub(skeleton, "points", label=name, source=source, outside=str(int(visibility == 0)),
                      occluded=str(int(visibility == 1)), points=f"{x:.2f},{y:.2f}")  # fmt: skip
         for region in image.regions:
@@ -284,7 +286,8 @@ def write_cvat(annotations: Annotations, path: str | os.PathLike, *, source: str
             if region.mask is not None:
                 encoded = cvat_rle_encode(region.mask)
                 if encoded is not None:
-                    _sub(element, "mask", **common, **{k: str(v) for k, v in encoded.items()}, z_order=str(region.z_order))
+                    box = {key: str(value) for key, value in encoded.items()}
+                    _sub(element, "mask", **common, **box, z_order=str(region.z_order))
                 continue
             for polygon in region.polygons or []:
                 text = ";".join(f"{x:.2f},{y:.2f}" for x, y in polygon)

@@ -212,8 +212,11 @@ def labelstudio_config(annotations: Annotations) -> str:
         tag = "BrushLabels" if brush else "PolygonLabels"
         lines.append(f'  <{tag} name="classes" toName="image">')
         for index, name in enumerate(annotations.class_names[1:], start=1):
-            color = "" if annotations.palette is None else ' background="#{:02x}{:02x}{:02x}"'.format(
-                *annotations.palette[index])
+            color = (
+                ""
+                if annotations.palette is None
+                else ' background="#{:02x}{:02x}{:02x}"'.format(*annotations.palette[index])
+            )
             lines.append(f'    <Label value="{_attr(name)}"{color}/>')
         lines.append(f"  </{tag}>")
     return "\n".join([*lines, "</View>", ""])

@@ -180,4 +180,3 @@ def import_annotations(annotations: Annotations, images: str | os.PathLike, outp
     text = yaml.safe_dump(annotations.label_set(), sort_keys=False, allow_unicode=True, default_flow_style=None)
     atomic_write(output / "labels.yaml", f"# imported from {source} by sapiens2 labels import\n{text}".encode())
     return report
-

@@ -18,6 +18,7 @@ __all__ = ["AnnotationError", "Annotations", "ImageLabels", "Person", "Region", 
 BACKGROUND = "background"
 """Class 0 of an imported class list when the export names no background class: the pixels no region covers."""
 
+
 class AnnotationError(ValueError):
     """An export that cannot be read at all; ``str(error)`` is one line naming the file and the problem."""
 
@@ -124,4 +125,3 @@ class Annotations:
             if self.palette is not None:
                 data["classes"]["palette"] = [list(color) for color in self.palette]
         return data
-

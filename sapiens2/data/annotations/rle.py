@@ -183,7 +183,7 @@ def cvat_rle_encode(mask: np.ndarray) -> dict | None:
     }
 
 
-# -- Label Studio brush -------------------------------------------------------------------------------------------------
+# -- Label Studio brush ------------------------------------------------------------------------------------------------
 
 
 class _BitReader:
@@ -216,7 +216,8 @@ def labelstudio_rle_decode(rle: Sequence[int], image_size: tuple[int, int]) -> n
     reader = _BitReader(data)
     count = reader.read(32)
     if count != height * width * 4:
-        raise ValueError(f"the brush rle holds {count} values, a {width} x {height} RGBA image has {height * width * 4}")
+        needed = height * width * 4
+        raise ValueError(f"the brush rle holds {count} values, a {width} x {height} RGBA image has {needed}")
     word = reader.read(5) + 1
     sizes = [reader.read(4) + 1 for _ in range(4)]
     out = np.zeros(count, dtype=np.uint32)
