@@ -38,7 +38,7 @@ __all__ = [
     "mask_to_runs",
 ]
 
-_SUBPIXEL_BITS = 8  # cv2.fillPoly's fixed-point fraction: polygon vertices to 1/256 px
+_EDGE_TOLERANCE = 1e-6  # pixels: a centre this close to a polygon edge is on it
 
 
 def mask_to_runs(flat: np.ndarray) -> list[int]:
@@ -263,34 +263,61 @@ def labelstudio_rle_encode(mask: np.ndarray) -> list[int]:
 
 def polygons_to_mask(polygons: Sequence[np.ndarray], image_size: tuple[int, int]) -> np.ndarray:
     """(H, W) bool mask of the pixels whose centre lies inside (or on the edge of) any of ``polygons`` ((P, 2) x, y
-    in continuous image coordinates, P >= 3)."""
-    mask = np.zeros(image_size, dtype=np.uint8)
-    scale = 1 << _SUBPIXEL_BITS
-    shapes = [np.round((np.asarray(p, dtype=np.float64) - 0.5) * scale).astype(np.int32) for p in polygons]
-    if shapes:
-        cv2.fillPoly(mask, shapes, 1, lineType=cv2.LINE_8, shift=_SUBPIXEL_BITS)
-    return mask.astype(bool)
+    in continuous image coordinates, P >= 3; even-odd rule), the rule pycocotools' ``frPyObjects`` follows for the
+    polygons CVAT and Label Studio export (an axis-aligned (10, 10)-(30, 20) rectangle is 20 x 10 pixels)."""
+    height, width = image_size
+    mask = np.zeros((height, width), dtype=bool)
+    centres_x = np.arange(width) + 0.5
+    for polygon in polygons:
+        start = np.asarray(polygon, dtype=np.float64).reshape(-1, 2)
+        if start.shape[0] < 3:
+            continue
+        end = np.roll(start, -1, axis=0)
+        (x0, y0), (x1, y1) = start.T, end.T
+        sloped = y0 != y1
+        low, high = np.minimum(y0, y1), np.maximum(y0, y1)
+        first, last = max(0, int(np.floor(low.min() - 0.5))), min(height - 1, int(np.ceil(high.max() - 0.5)))
+        for row in range(first, last + 1):
+            y = row + 0.5
+            crossing = sloped & (low <= y) & (y < high)  # half-open: a vertex between two edges counts once
+            xs = np.sort(x0[crossing] + (y - y0[crossing]) * (x1[crossing] - x0[crossing]) / (
+                y1[crossing] - y0[crossing]))  # fmt: skip
+            inside = np.searchsorted(xs, centres_x, side="right") % 2 == 1
+            on_edge = np.zeros(width, dtype=bool)
+            if xs.size:  # centres on a sloped edge (ties: a polygon through pixel centres)
+                nearest = np.abs(centres_x[:, None] - xs[None, :]).min(axis=1)
+                on_edge |= nearest < _EDGE_TOLERANCE
+            for a, b in zip(
+                x0[~sloped & (np.abs(y0 - y) < _EDGE_TOLERANCE)],
+                x1[~sloped & (np.abs(y0 - y) < _EDGE_TOLERANCE)],
+                strict=True,
+            ):
+                on_edge |= (centres_x >= min(a, b) - _EDGE_TOLERANCE) & (centres_x <= max(a, b) + _EDGE_TOLERANCE)
+            mask[row] |= inside | on_edge
+    return mask
 
 
-def mask_to_polygons(mask: np.ndarray, *, min_area: float = 0.0) -> list[np.ndarray]:
-    """Outer contours of an (H, W) mask as polygons ((P, 2) float64 x, y in continuous image coordinates: through
-    the centres of the boundary pixels, so ``polygons_to_mask`` gives the mask back where it has no holes). Holes are
-    not represented (CVAT and Label Studio polygons have none); contours of 1 or 2 pixels become small squares.
+def mask_to_polygons(mask: np.ndarray, *, min_pixels: int = 1) -> list[np.ndarray]:
+    """Outer outlines of an (H, W) mask as polygons ((P, 2) float64 x, y in continuous image coordinates), traced
+    a quarter pixel inside the boundary pixels' edges, so that ``polygons_to_mask`` gives back every pixel of a
+    region without holes. Holes are not represented (CVAT and Label Studio polygons have none).
 
     Args:
-        min_area: drop polygons whose pixel count is below this (speckles).
+        min_pixels: leave out regions (8-connected) with fewer pixels than this (speckles).
     """
-    mask = _check_mask(mask).astype(np.uint8)
-    contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    mask = _check_mask(mask)
+    twice = np.repeat(np.repeat(mask, 2, axis=0), 2, axis=1).astype(np.uint8)  # each pixel as 2 x 2
+    contours, _ = cv2.findContours(twice, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     polygons = []
     for contour in contours:
         points = contour.reshape(-1, 2).astype(np.float64)
-        if points.shape[0] < 3:  # a pixel or a line of pixels: the pixels' own outline
-            low, high = points.min(axis=0), points.max(axis=0) + 1.0
-            points = np.array([[low[0], low[1]], [high[0], low[1]], [high[0], high[1]], [low[0], high[1]]]) - 0.5
-            area = float(np.prod(high - low))
-        else:
-            area = float(cv2.contourArea(contour)) + 0.5 * float(cv2.arcLength(contour, True)) + 1.0
-        if area >= min_area:
-            polygons.append(points + 0.5)
+        if int(cv2.countNonZero(_filled(twice.shape, contour))) < 4 * min_pixels:
+            continue
+        polygons.append((points + 0.5) / 2)  # half-pixel centres of the doubled grid -> continuous coordinates
     return polygons
+
+
+def _filled(shape: tuple[int, ...], contour: np.ndarray) -> np.ndarray:
+    canvas = np.zeros(shape[:2], dtype=np.uint8)
+    cv2.drawContours(canvas, [contour], 0, 1, thickness=cv2.FILLED)
+    return canvas
