@@ -267,34 +267,53 @@ def polygons_to_mask(polygons: Sequence[np.ndarray], image_size: tuple[int, int]
     polygons CVAT and Label Studio export (an axis-aligned (10, 10)-(30, 20) rectangle is 20 x 10 pixels)."""
     height, width = image_size
     mask = np.zeros((height, width), dtype=bool)
-    centres_x = np.arange(width) + 0.5
     for polygon in polygons:
         start = np.asarray(polygon, dtype=np.float64).reshape(-1, 2)
-        if start.shape[0] < 3:
-            continue
-        end = np.roll(start, -1, axis=0)
-        (x0, y0), (x1, y1) = start.T, end.T
-        sloped = y0 != y1
-        low, high = np.minimum(y0, y1), np.maximum(y0, y1)
-        first, last = max(0, int(np.floor(low.min() - 0.5))), min(height - 1, int(np.ceil(high.max() - 0.5)))
-        for row in range(first, last + 1):
-            y = row + 0.5
-            crossing = sloped & (low <= y) & (y < high)  # half-open: a vertex between two edges counts once
-            xs = np.sort(x0[crossing] + (y - y0[crossing]) * (x1[crossing] - x0[crossing]) / (
-                y1[crossing] - y0[crossing]))  # fmt: skip
-            inside = np.searchsorted(xs, centres_x, side="right") % 2 == 1
-            on_edge = np.zeros(width, dtype=bool)
-            if xs.size:  # centres on a sloped edge (ties: a polygon through pixel centres)
-                nearest = np.abs(centres_x[:, None] - xs[None, :]).min(axis=1)
-                on_edge |= nearest < _EDGE_TOLERANCE
-            for a, b in zip(
-                x0[~sloped & (np.abs(y0 - y) < _EDGE_TOLERANCE)],
-                x1[~sloped & (np.abs(y0 - y) < _EDGE_TOLERANCE)],
-                strict=True,
-            ):
-                on_edge |= (centres_x >= min(a, b) - _EDGE_TOLERANCE) & (centres_x <= max(a, b) + _EDGE_TOLERANCE)
-            mask[row] |= inside | on_edge
+        if start.shape[0] >= 3 and height > 0 and width > 0:
+            _fill_polygon(mask, start)
     return mask
+
+
+def _fill_polygon(mask: np.ndarray, start: np.ndarray) -> None:
+    """Add one polygon's pixels to ``mask``: per row, its edges' crossings with the line through the row's centres
+    (even-odd, each vertex counted once), sorted and paired; a pair fills the centres between its crossings, ends
+    included. Only the polygon's bounding rows and columns are touched."""
+    height, full_width = mask.shape
+    end = np.roll(start, -1, axis=0)
+    (x0, y0), (x1, y1) = start.T, end.T
+    first = max(0, int(np.floor(y0.min() - 0.5)))
+    last = min(height - 1, int(np.ceil(y0.max() - 0.5)))
+    offset = max(0, int(np.floor(x0.min() - 0.5)))
+    width = min(full_width, int(np.ceil(x0.max() - 0.5)) + 1) - offset
+    if last < first or width <= 0:
+        return
+    x0, x1 = x0 - offset, x1 - offset  # columns of the bounding block
+    y = np.arange(first, last + 1, dtype=np.float64)[:, None] + 0.5  # (R, 1) the rows' centre lines
+    low, high = np.minimum(y0, y1), np.maximum(y0, y1)
+    crossing = (y0 != y1) & (low <= y) & (y < high)  # (R, E); half-open: a vertex between two edges counts once
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xs = np.where(crossing, x0 + (y - y0) * (x1 - x0) / (y1 - y0), np.inf)
+    xs = np.sort(xs, axis=1)
+    count = crossing.sum(axis=1)
+    most = xs.shape[1] // 2
+    enter, leave = xs[:, 0 : 2 * most : 2], xs[:, 1 : 2 * most : 2]
+    pairs = np.arange(most)[None, :] < (count // 2)[:, None]
+    # Columns whose centre (col + 0.5) lies in [enter, leave], with a tolerance for centres on an edge.
+    with np.errstate(invalid="ignore"):  # unpaired entries are inf and masked out by ``pairs``
+        left = np.clip(np.ceil(enter - 0.5 - _EDGE_TOLERANCE), 0, width)
+        right = np.clip(np.floor(leave - 0.5 + _EDGE_TOLERANCE) + 1, 0, width)
+    left, right = np.where(pairs, left, 0).astype(np.int64), np.where(pairs, right, 0).astype(np.int64)
+    rows, spans = np.nonzero(pairs & (right > left))
+    toggles = np.zeros((y.shape[0], width + 1), dtype=np.int32)
+    np.add.at(toggles, (rows, left[rows, spans]), 1)
+    np.add.at(toggles, (rows, right[rows, spans]), -1)
+    mask[first : last + 1, offset : offset + width] |= np.cumsum(toggles, axis=1)[:, :width] > 0
+    flat = (y0 == y1) & (np.abs((y0 - 0.5) - np.round(y0 - 0.5)) < _EDGE_TOLERANCE)  # horizontal edges on centres
+    for a, b, row in zip(x0[flat], x1[flat], np.round(y0[flat] - 0.5).astype(np.int64), strict=True):
+        if 0 <= row < height:
+            lo = int(np.clip(np.ceil(min(a, b) - 0.5 - _EDGE_TOLERANCE), 0, width))
+            hi = int(np.clip(np.floor(max(a, b) - 0.5 + _EDGE_TOLERANCE) + 1, 0, width))
+            mask[row, offset + lo : offset + hi] = True
 
 
 def mask_to_polygons(mask: np.ndarray, *, min_pixels: int = 1) -> list[np.ndarray]:
