@@ -98,19 +98,19 @@ def read_cvat(path: str | os.PathLike, *, skeleton: str | None = None) -> Annota
     parents = {_text(label, "name"): _text(label, "parent") for label in labels}
     colors = {_text(label, "name"): _hex_color(_text(label, "color")) for label in labels}
     images = root.findall("image")
-    used_skeletons = list(dict.fromkeys(s.get("label", "") for image in images for s in image.iter("skeleton")))
     skeletons = [name for name, kind in kinds.items() if kind == "skeleton"]
-    problems: list[str] = []
+    used = [s.get("label", "") for image in images for s in image.iter("skeleton")]
+    used_skeletons = [name for name in dict.fromkeys(used) if name in skeletons]
+    problems = [f"{path}: skeleton label {name!r} is not among the task's skeleton labels; its skeletons are left out"
+                for name in dict.fromkeys(used) if name not in skeletons]  # fmt: skip
     if skeleton is not None and skeleton not in skeletons:
         known = ", ".join(skeletons) or "none"
         raise AnnotationError(f"{path}: no skeleton label {skeleton!r}; its skeletons: {known}")
-    chosen = skeleton or (used_skeletons[0] if len(used_skeletons) == 1 else None)
-    if chosen is None and len(skeletons) == 1:
-        chosen = skeletons[0]
-    if chosen is None and len(used_skeletons) > 1:
+    if skeleton is None and len(used_skeletons) > 1:
         raise AnnotationError(
             f"{path}: {len(used_skeletons)} skeleton labels are used ({', '.join(used_skeletons)}); choose one"
         )
+    chosen = skeleton or (used_skeletons[0] if used_skeletons else skeletons[0] if len(skeletons) == 1 else None)
     keypoint_names: list[str] = []
     links: list[tuple[str, str]] = []
     if chosen is not None:

@@ -174,7 +174,8 @@ def import_annotations(annotations: Annotations, images: str | os.PathLike, outp
         report.people += len(image.people)
         report.regions += len(image.regions)
     if annotations.keypoint_names:
-        pose = Annotations(annotations.keypoint_names, annotations.skeleton, (), kept, annotations.skeleton_label,
+        people = [ImageLabels(i.file_name, i.width, i.height, i.people) for i in kept]  # the classes are in labels/
+        pose = Annotations(annotations.keypoint_names, annotations.skeleton, (), people, annotations.skeleton_label,
                            annotations.flip_pairs)  # fmt: skip
         save_json(output / "annotations.json", coco_dict(pose), indent=None)
     text = yaml.safe_dump(annotations.label_set(), sort_keys=False, allow_unicode=True, default_flow_style=None)
