@@ -303,7 +303,7 @@ def test_label_studio_predictions_carry_the_model_version_scores_and_a_matching_
     for region in prediction["result"]:
         assert region["value"][region["type"]][0] in declared[region["from_name"]]
         assert region["to_name"] == "image" and "score" in region
-    assert declared["keypoints"] == list(KEYPOINTS) and declared["classes"] == list(CLASSES[1:])
+    assert declared["keypoints"] == list(KEYPOINTS) and declared["classes"] == list(CLASSES)
 
 
 # ----------------------------------------------------------------------------------------------- the import command

@@ -3,8 +3,10 @@ the run's pose and seg results as one file, to correct in the tool and train on 
 
 Results become ``sapiens2.data.annotations`` records: a person's keypoints scored at least ``keypoint_threshold``
 are labelled (visibility 2), the others not (CVAT ``outside``, absent from Label Studio, v = 0 in COCO); each seg
-class present in an image is one region, its outline polygons (``masks="polygon"``) or its mask (``"rle"``),
-smaller regions drawn above larger ones. Names come from the results (``keypoint_names``, ``class_names``).
+class present in an image is its mask (``masks="rle"``), or (``"polygon"``) one outline per 8-connected part, drawn
+in the order that paints the label map back: larger parts first, a part in another's hole above it, and the
+background's parts that are holes as regions of class 0. Names come from the results (``keypoint_names``,
+``class_names``).
 """
 
 from __future__ import annotations
@@ -14,9 +16,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
-from ..data.annotations import Annotations, ImageLabels, Person, Region, mask_to_polygons, write_annotations
+from ..data.annotations import (
+    AnnotationError,
+    Annotations,
+    ImageLabels,
+    Person,
+    Region,
+    mask_to_polygons,
+    read_annotations,
+    write_annotations,
+)
 from ..metadata import NUM_KEYPOINTS
 from ..pose.keypoints import FORMATS, format_keypoint_names, skeleton_links
 from ..pose.topdown import as_keypoint_format
@@ -33,6 +45,7 @@ EXPORT_FILES = {
 }
 """The file each format is written to in the output folder (Label Studio: its labeling config beside it)."""
 EXPORT_MASKS = ("polygon", "rle")
+LABEL_STUDIO_CONFIG = "labelstudio_config.xml"  # the labeling config written beside Label Studio's tasks
 
 
 def _skeleton(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -128,20 +141,43 @@ class LabelExport:
         elif names != self.annotations.class_names:
             raise ValueError(f"{file_name}: its {len(names)} class names are not the run's earlier ones")
         image = self._image(file_name, result.size)
-        ids, counts = np.unique(result.labels, return_counts=True)
-        order = np.argsort(-counts, kind="stable")  # larger regions first: a smaller one inside is drawn on top
-        for z_order, (class_id, _) in enumerate(zip(ids[order], counts[order], strict=True)):
-            if class_id == 0 or class_id >= len(names):
-                continue  # class 0 is the background the tools leave unlabelled
+        height, width = result.size
+        outlines = []  # (area, class id, polygon, mask) per 8-connected part
+        for class_id in np.unique(result.labels):
+            if class_id >= len(names):
+                continue
             mask = result.labels == class_id
+            if self.masks == "rle":
+                if class_id > 0:  # class 0 is the background the tools leave unlabelled
+                    outlines.append((0.0, int(class_id), None, mask))
+                continue
+            for polygon in mask_to_polygons(mask):
+                low, high = polygon.min(axis=0), polygon.max(axis=0)
+                enclosed = low[0] > 1 and low[1] > 1 and high[0] < width - 1 and high[1] < height - 1
+                if class_id > 0 or enclosed:  # background only where it is a hole in another class's part
+                    area = float(cv2.contourArea(polygon.astype(np.float32)))
+                    outlines.append((area, int(class_id), polygon, None))
+        # Larger parts first: a part inside another's hole has the smaller outline and is drawn above it, so the
+        # outlines (which have no holes) paint the label map back.
+        outlines.sort(key=lambda part: -part[0])
+        for z_order, (_, class_id, polygon, mask) in enumerate(outlines):
+            region_mask = result.labels == class_id if mask is None else mask
             score = None
             if result.probabilities is not None:
-                score = float(result.probabilities[class_id][mask].mean())
-            if self.masks == "rle":
-                image.regions.append(Region(names[class_id], mask=mask, z_order=z_order, score=score))
-            else:
-                polygons = mask_to_polygons(mask)
-                image.regions.append(Region(names[class_id], polygons=polygons, z_order=z_order, score=score))
+                score = float(result.probabilities[class_id][region_mask].mean())
+            polygons = None if polygon is None else [polygon]
+            image.regions.append(Region(names[class_id], polygons=polygons, mask=mask, z_order=z_order, score=score))
+
+    def class_names(self) -> tuple[str, ...]:
+        """The run's class names: its seg results', else those of the file an earlier run wrote (a resumed run that
+        skipped every seg image); () when neither is known."""
+        if self.annotations.class_names or not self.path.is_file():
+            return self.annotations.class_names
+        config = self.path.with_name(LABEL_STUDIO_CONFIG) if self.fmt == "labelstudio" else None
+        try:
+            return read_annotations(self.path, label_config=config, use_predictions=True).class_names
+        except AnnotationError:
+            return ()
 
     def write(self) -> Path:
         """Write (or rewrite) the file with every image added so far; returns its path."""
@@ -149,7 +185,7 @@ class LabelExport:
         options: dict[str, Any] = {}
         if self.fmt == "labelstudio":
             options = {"model_version": self.model_version,
-                       "config_path": self.path.with_name("labelstudio_config.xml")}  # fmt: skip
+                       "config_path": self.path.with_name(LABEL_STUDIO_CONFIG)}  # fmt: skip
         path = write_annotations(self.annotations, self.path, self.fmt, **options)
         logger.info("wrote the pre-annotations of %d images to %s", len(self), path)
         return path

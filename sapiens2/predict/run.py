@@ -311,12 +311,13 @@ def _write_labels(run: _Run) -> None:
 
     if run.labels is None:
         return
-    names = run.labels.annotations.class_names
+    names = run.labels.class_names() if run.labels_pending else ()
     for item in run.labels_pending:  # seg done by an earlier run: its label map, with this run's class names
         path = item.output_path(WRITERS["seg"].primary)
         try:
             if not names:
-                raise ValueError("no seg ran in this run to name the classes; run without --skip-existing")
+                raise ValueError("neither this run's seg nor an earlier export names the classes; run without "
+                                 "--skip-existing")  # fmt: skip
             labels = read_image(path, max_megapixels=None)[..., 0]
             run.labels.add(item.stem + item.source.suffix, "seg", SegResult(labels, names, str(item.source),
                                                                             labels.shape))  # fmt: skip

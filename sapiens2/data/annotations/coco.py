@@ -4,7 +4,8 @@ The structure is COCO's (cocodataset.org/#format-data, as CVAT's "COCO Keypoints
 it): ``images`` ``{id, file_name, width, height}``, ``categories`` ``{id, name, keypoints?, skeleton? (1-based index
 pairs)}``, ``annotations`` ``{id, image_id, category_id, keypoints? [x, y, v] * K, num_keypoints, bbox [x, y, w, h],
 segmentation? [[x0, y0, x1, y1, ...], ...] | {size, counts}, area, iscrowd}``. The first category with
-``keypoints`` is the keypoint set; the other categories are the classes (``background`` first). Non-standard fields
+``keypoints`` is the keypoint set; the other categories are the classes in id order (``background`` first), but for
+categories only boxes use. Non-standard fields
 honoured: a keypoint category's ``flip_pairs`` (name pairs), an annotation's ``score`` and ``keypoint_scores``.
 """
 
@@ -54,8 +55,14 @@ def read_coco(path: str | os.PathLike) -> Annotations:
         if keypoint_category.get("flip_pairs"):
             flip_pairs = tuple((str(a), str(b)) for a, b in keypoint_category["flip_pairs"])
     class_categories = [c for c in categories if c is not keypoint_category]
-    used = {a.get("category_id") for a in data["annotations"] if isinstance(a, dict) and a.get("segmentation")}
-    class_categories = [c for c in class_categories if c.get("id") in used or c.get("name", "").lower() == BACKGROUND]
+    items = [a for a in data["annotations"] if isinstance(a, dict)]
+    used, segmented = (
+        {a.get("category_id") for a in items},
+        {a.get("category_id") for a in items if a.get("segmentation")},
+    )
+    # Classes: categories with masks or polygons, and those no annotation uses (a class absent from these images
+    # keeps its id); not those only boxes use.
+    class_categories = [c for c in class_categories if c.get("id") in segmented or c.get("id") not in used]
     classes = [str(c.get("name")) for c in class_categories]
     background = next((name for name in classes if name.lower() == BACKGROUND), None)
     if classes:

@@ -211,7 +211,7 @@ def labelstudio_config(annotations: Annotations) -> str:
         brush = any(r.mask is not None for image in annotations.images for r in image.regions)
         tag = "BrushLabels" if brush else "PolygonLabels"
         lines.append(f'  <{tag} name="classes" toName="image">')
-        for index, name in enumerate(annotations.class_names[1:], start=1):
+        for index, name in enumerate(annotations.class_names):  # class 0 too: the ids stay the positions
             color = (
                 ""
                 if annotations.palette is None
