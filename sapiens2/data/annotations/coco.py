@@ -11,26 +11,20 @@ honoured: a keypoint category's ``flip_pairs`` (name pairs), an annotation's ``s
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 
 from ..io import save_json
-from .records import BACKGROUND, AnnotationError, Annotations, ImageLabels, Person, Region
+from .records import BACKGROUND, AnnotationError, Annotations, ImageLabels, Person, Region, read_json
 from .rle import coco_rle_decode, coco_rle_encode
 
 __all__ = ["coco_dict", "read_coco", "write_coco"]
 
 
 def _load(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
-    except ValueError as error:
-        raise AnnotationError(f"{path}: not valid JSON ({error})") from None
+    data = read_json(path)
     if not isinstance(data, dict) or not all(isinstance(data.get(key), list) for key in ("images", "annotations")):
         raise AnnotationError(f"{path}: not a COCO file (no 'images' and 'annotations' lists)")
     return data

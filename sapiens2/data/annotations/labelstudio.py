@@ -13,7 +13,6 @@ Pre-annotations go in ``predictions`` (``model_version``, ``score``; labelstud.i
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import xml.etree.ElementTree as ET
@@ -23,7 +22,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 import numpy as np
 
 from ..io import atomic_write, save_json
-from .records import BACKGROUND, AnnotationError, Annotations, ImageLabels, Person, Region
+from .records import BACKGROUND, AnnotationError, Annotations, ImageLabels, Person, Region, read_json
 from .rle import labelstudio_rle_decode, labelstudio_rle_encode
 
 __all__ = ["labelstudio_config", "read_labelstudio", "read_labelstudio_config", "write_labelstudio"]
@@ -98,12 +97,7 @@ def read_labelstudio(
         AnnotationError: the file cannot be read or is not a Label Studio JSON export.
     """
     path = Path(path)
-    try:
-        tasks = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
-    except ValueError as error:
-        raise AnnotationError(f"{path}: not valid JSON ({error})") from None
+    tasks = read_json(path)
     if isinstance(tasks, dict):
         tasks = [tasks]
     if not isinstance(tasks, list) or not all(isinstance(t, dict) and "data" in t for t in tasks):

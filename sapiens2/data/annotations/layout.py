@@ -6,7 +6,6 @@ has keypoints), ``DIR/labels/<stem>.png`` (class ids, when it has classes) and `
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import zipfile
@@ -21,7 +20,7 @@ from ..io import ImageReadError, atomic_write, read_file_bytes, read_image, save
 from .coco import coco_dict, read_coco
 from .cvat import read_cvat
 from .labelstudio import read_labelstudio, read_labelstudio_config, upload_name
-from .records import AnnotationError, Annotations, ImageLabels
+from .records import AnnotationError, Annotations, ImageLabels, read_json
 
 __all__ = ["FORMATS", "ImportReport", "detect_format", "import_annotations", "open_export", "read_annotations"]
 
@@ -49,12 +48,7 @@ def detect_format(path: str | os.PathLike) -> str:
     path = Path(path)
     if path.suffix.lower() == ".xml":
         return "cvat"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
-    except ValueError as error:
-        raise AnnotationError(f"{path}: not valid JSON ({error})") from None
+    data = read_json(path)
     if isinstance(data, list) or (isinstance(data, dict) and "data" in data):
         return "labelstudio"
     if isinstance(data, dict) and "images" in data and "annotations" in data:

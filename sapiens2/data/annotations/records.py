@@ -7,13 +7,17 @@ visibility is COCO's: 0 = not labelled, 1 = labelled but occluded, 2 = labelled 
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .rle import polygons_to_mask
 
-__all__ = ["AnnotationError", "Annotations", "ImageLabels", "Person", "Region", "BACKGROUND"]
+__all__ = ["AnnotationError", "Annotations", "ImageLabels", "Person", "Region", "BACKGROUND", "read_json"]
 
 BACKGROUND = "background"
 """Class 0 of an imported class list when the export names no background class: the pixels no region covers."""
@@ -21,6 +25,20 @@ BACKGROUND = "background"
 
 class AnnotationError(ValueError):
     """An export that cannot be read at all; ``str(error)`` is one line naming the file and the problem."""
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """A JSON export's content.
+
+    Raises:
+        AnnotationError: the file cannot be read or is not JSON (one line naming it).
+    """
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
+    except ValueError as error:
+        raise AnnotationError(f"{path}: not valid JSON ({error})") from None
 
 
 @dataclass
