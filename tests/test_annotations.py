@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 import yaml
-from conftest import require_module
+from conftest import label_studio_python, require_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -403,3 +404,28 @@ def test_coco_categories_give_the_set_and_flip_pairs(tmp_path):
     back = read_coco(write_annotations(labels, tmp_path / "c.json", "coco"))
     assert back.flip_pairs == (("left_wrist", "right_wrist"),) and back.skeleton == (("left_wrist", "racket_tip"),)
     assert back.label_set()["keypoints"]["flip_pairs"] == [["left_wrist", "right_wrist"]]
+
+
+def _label_studio_errors(config: Path, tasks: Path) -> list[str]:
+    """Label Studio's SDK on our tasks (tests/labelstudio_check.py, in the SDK's own venv)."""
+    done = subprocess.run([label_studio_python(), str(Path(__file__).parent / "labelstudio_check.py"), str(config),
+                           str(tasks)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)["errors"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("masks", ["polygon", "rle"])
+def test_label_studios_sdk_accepts_our_predictions_and_config(masks, tmp_path):
+    labels = _predictions(masks)
+    tasks = write_annotations(labels, tmp_path / "tasks.json", "labelstudio", config_path=tmp_path / "config.xml")
+    assert _label_studio_errors(tmp_path / "config.xml", tasks) == []
+    broken = json.loads(tasks.read_text())  # a negative control: a keypoint past the image's right edge
+    next(r for r in broken[0]["predictions"][0]["result"] if r["type"] == "keypointlabels")["value"]["x"] = 150.0
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    assert len(_label_studio_errors(tmp_path / "config.xml", tmp_path / "broken.json")) == 1
+
+
+@pytest.mark.slow
+def test_the_label_studio_fixture_is_valid_for_label_studio():
+    assert _label_studio_errors(LABEL_STUDIO_CONFIG, LABEL_STUDIO) == []

@@ -34,7 +34,8 @@ def _check_against_run_outputs(out, labels, names, *, exact_masks: bool) -> None
         pose, _ = read_pose_json(out / f"{stem}_pose.json")
         assert labels.keypoint_names == pose.keypoint_names and len(image.people) == len(pose)
         for person, points, scores in zip(image.people, pose.keypoints, pose.scores, strict=True):
-            labelled = scores >= KEYPOINT_THRESHOLD
+            inside = np.all((points >= 0) & (points <= [image.width, image.height]), axis=1)
+            labelled = (scores >= KEYPOINT_THRESHOLD) & inside  # the tools take no point outside the image
             np.testing.assert_array_equal(person.keypoints[:, 2] > 0, labelled)
             np.testing.assert_allclose(person.keypoints[labelled, :2], points[labelled], atol=0.005)
         seg = cv2.imread(str(out / f"{stem}_seg.png"), cv2.IMREAD_UNCHANGED)
@@ -68,6 +69,9 @@ def test_predict_exports_label_studio_and_coco_pre_annotations(fmt, tiny_checkpo
     assert labels.problems == [] and len(labels.keypoint_names) == 17
     _check_against_run_outputs(out, labels, ["a.png", "b.png"], exact_masks=False)
     if fmt == "labelstudio":
+        from test_annotations import _label_studio_errors
+
+        assert _label_studio_errors(config, out / EXPORT_FILES[fmt]) == []  # Label Studio's own SDK
         tasks = json.loads((out / EXPORT_FILES[fmt]).read_text())
         assert [t["data"]["image"] for t in tasks] == ["/data/local-files/?d=a.png", "/data/local-files/?d=b.png"]
         assert all(t["predictions"][0]["model_version"] == "sapiens2" for t in tasks)

@@ -1,12 +1,12 @@
 """Pre-annotations of a ``predict`` run in an annotation tool's format (``--export-labels cvat|labelstudio|coco``):
 the run's pose and seg results as one file, to correct in the tool and train on (docs/training.md).
 
-Results become ``sapiens2.data.annotations`` records: a person's keypoints scored at least ``keypoint_threshold``
-are labelled (visibility 2), the others not (CVAT ``outside``, absent from Label Studio, v = 0 in COCO); each seg
-class present in an image is its mask (``masks="rle"``), or (``"polygon"``) one outline per 8-connected part, drawn
-in the order that paints the label map back: larger parts first, a part in another's hole above it, and the
-background's parts that are holes as regions of class 0. Names come from the results (``keypoint_names``,
-``class_names``).
+Results become ``sapiens2.data.annotations`` records. A person's keypoints scored at least ``keypoint_threshold``
+and inside the image are labelled (visibility 2), the others not (CVAT ``outside``, absent from Label Studio, v = 0
+in COCO). Each seg class present in an image is its mask (``masks="rle"``), or (``"polygon"``) one outline per
+8-connected part, drawn in the order that paints the label map back: larger parts first, a part in another's hole
+above it, and the background's parts that are holes as regions of class 0. Names come from the results
+(``keypoint_names``, ``class_names``).
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ class LabelExport:
         height, width = result.image_size
         for person in range(len(result)):
             points, scores = np.asarray(result.keypoints[person]), np.asarray(result.scores[person], dtype=np.float64)
-            labelled = np.isfinite(points).all(axis=1) & np.isfinite(scores) & (scores >= self.keypoint_threshold)
+            inside = np.all((points >= 0) & (points <= [width, height]), axis=1)  # the tools refuse points outside
+            labelled = inside & np.isfinite(scores) & (scores >= self.keypoint_threshold)
             keypoints = np.zeros((len(names), 3))
             keypoints[:, :2] = np.where(np.isfinite(points), points, 0.0)
             keypoints[:, 2] = np.where(labelled, 2, 0)

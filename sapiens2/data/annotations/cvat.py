@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import xml.etree.ElementTree as ET
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -272,7 +271,7 @@ def write_cvat(annotations: Annotations, path: str | os.PathLike, *, source: str
         _sub(label, "color", _color(annotations, index))
         _sub(label, "type", "mask" if has_masks else "polygon")
         _sub(label, "attributes")
-    _sub(meta, "dumped", datetime.now(timezone.utc).isoformat(sep=" "))
+    # No <dumped> time: the same results give the same bytes (a resumed run writes the file of a single run).
     for number, image in enumerate(annotations.images):
         element = _sub(root, "image", id=str(number), name=image.file_name, width=str(image.width),
                        height=str(image.height))  # fmt: skip
