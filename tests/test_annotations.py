@@ -132,7 +132,7 @@ def test_label_studio_export_groups_keypoints_by_their_rectangle_and_reads_perce
 def test_label_studio_brush_rle_is_the_converters():
     brush = require_module("label_studio_converter.brush")
     rng = np.random.default_rng(0)
-    for _ in range(20):
+    for _ in range(8):
         mask = rng.random((int(rng.integers(1, 30)), int(rng.integers(1, 30)))) < rng.random()
         ours = labelstudio_rle_encode(mask)
         np.testing.assert_array_equal(brush.decode_rle(ours).reshape(*mask.shape, 4)[..., 3], mask * 255)
@@ -429,3 +429,15 @@ def test_label_studios_sdk_accepts_our_predictions_and_config(masks, tmp_path):
 @pytest.mark.slow
 def test_the_label_studio_fixture_is_valid_for_label_studio():
     assert _label_studio_errors(LABEL_STUDIO_CONFIG, LABEL_STUDIO) == []
+
+
+def test_labels_import_of_a_coco_file_with_rle_masks(tmp_path, capsys):
+    labels = _predictions("rle")
+    write_annotations(labels, tmp_path / "instances.json", "coco")
+    images = write_images(tmp_path / "images", "court_000.png")
+    assert main(["labels", "import", str(tmp_path / "instances.json"), "-o", str(tmp_path / "set")]) == 0
+    label_map = cv2.imread(str(tmp_path / "set" / "labels" / "court_000.png"), cv2.IMREAD_UNCHANGED)
+    np.testing.assert_array_equal(label_map, labels.images[0].label_map(CLASSES))
+    coco = json.loads((tmp_path / "set" / "annotations.json").read_text())
+    assert len(coco["annotations"]) == 2 and coco["categories"][0]["keypoints"] == list(KEYPOINTS)
+    assert images.is_dir()

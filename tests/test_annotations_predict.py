@@ -105,3 +105,23 @@ def test_export_labels_needs_pose_or_seg_and_image_files(tmp_path, capsys):
     )
     assert "is not available in bulk mode" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_interrupted_run_writes_the_labels_of_the_images_it_finished(tiny_checkpoints, tmp_path, monkeypatch):
+    import sapiens2.predict.run as predict_run
+
+    calls, process = [], predict_run._process_batch
+
+    def interrupt_the_second_batch(run_state, batch):
+        calls.append(batch)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C while the second image runs
+        process(run_state, batch)
+
+    monkeypatch.setattr(predict_run, "_process_batch", interrupt_the_second_batch)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_checkpoints, ["pose"], [_inputs(tmp_path)], out, "--detector", "none", "--batch-size", "1",
+            "--export-labels", "coco")  # fmt: skip
+    labels = read_annotations(out / EXPORT_FILES["coco"])
+    assert [image.file_name for image in labels.images] == ["a.png"] and len(labels.images[0].people) == 1

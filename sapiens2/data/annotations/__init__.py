@@ -7,7 +7,9 @@ pre-annotations in the same formats.
     ...     report = import_annotations(read_annotations(file), images, "dataset/")
 
 Everything here is plain data (``Annotations``): ``sapiens2.predict`` turns its results into it; ``sapiens2 labels
-import`` is the command.
+import`` is the command. Datumaro (CVAT's dataset framework) is not used: its 1.13 pins pandas 2.3, pyarrow 25 and
+OpenCV < 5 below what sapiens2 runs with, its CVAT reader skips ``<skeleton>`` (how CVAT exports keypoints) and
+stops at the first missing image, and it reads no Label Studio export. The tools' own code checks ours in the tests.
 """
 
 from .coco import coco_dict, read_coco, write_coco

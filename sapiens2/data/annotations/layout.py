@@ -58,7 +58,8 @@ def detect_format(path: str | os.PathLike) -> str:
 
 @contextmanager
 def open_export(path: str | os.PathLike) -> Iterator[tuple[Path, Path | None]]:
-    """The annotation file of an export and its images folder (None when it has none): a file as it is; a folder
+    """The annotation file of an export and its images folder (``images/`` beside the file, None when there is
+    none): a file as it is; a folder
     holding ``annotations.xml`` (CVAT for images) or one ``.json`` (at its top or in ``annotations/``: COCO,
     Label Studio) and maybe ``images/``; or a ``.zip`` of such a folder, unpacked to a temporary folder for the
     ``with`` block.
@@ -80,7 +81,7 @@ def open_export(path: str | os.PathLike) -> Iterator[tuple[Path, Path | None]]:
                 yield file, images
         return
     if path.is_file():
-        yield path, None
+        yield path, (path.parent / "images") if (path.parent / "images").is_dir() else None
         return
     candidates = [path / "annotations.xml"] if (path / "annotations.xml").is_file() else []
     candidates = candidates or sorted([*path.glob("*.json"), *path.glob("annotations/*.json")])
