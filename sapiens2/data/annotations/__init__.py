@@ -8,8 +8,9 @@ pre-annotations in the same formats.
 
 Everything here is plain data (``Annotations``): ``sapiens2.predict`` turns its results into it; ``sapiens2 labels
 import`` is the command. Datumaro (CVAT's dataset framework) is not used: its 1.13 pins pandas 2.3, pyarrow 25 and
-OpenCV < 5 below what sapiens2 runs with, its CVAT reader skips ``<skeleton>`` (how CVAT exports keypoints) and
-stops at the first missing image, and it reads no Label Studio export. The tools' own code checks ours in the tests.
+OpenCV < 5 below what sapiens2 runs with; its CVAT reader knows no ``<skeleton>`` (how CVAT exports keypoints; CVAT
+reads its own with an extractor of its own) and stops at the first missing image; it reads no Label Studio export.
+The tools' own code checks ours in the tests.
 """
 
 from .coco import coco_dict, read_coco, write_coco
