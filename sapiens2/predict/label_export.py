@@ -92,6 +92,7 @@ class LabelExport:
         self.keypoint_threshold, self.model_version = keypoint_threshold, model_version
         self.annotations = Annotations()
         self._images: dict[str, ImageLabels] = {}
+        self._earlier_names: tuple[str, ...] | None = None  # the class names of the file an earlier run wrote
 
     def __len__(self) -> int:
         """Images added."""
@@ -172,13 +173,17 @@ class LabelExport:
     def class_names(self) -> tuple[str, ...]:
         """The run's class names: its seg results', else those of the file an earlier run wrote (a resumed run that
         skipped every seg image); () when neither is known."""
-        if self.annotations.class_names or not self.path.is_file():
+        if self.annotations.class_names:
             return self.annotations.class_names
-        config = self.path.with_name(LABEL_STUDIO_CONFIG) if self.fmt == "labelstudio" else None
-        try:
-            return read_annotations(self.path, label_config=config, use_predictions=True).class_names
-        except AnnotationError:
-            return ()
+        if self._earlier_names is None:  # read once: the earlier file may be large
+            self._earlier_names = ()
+            config = self.path.with_name(LABEL_STUDIO_CONFIG) if self.fmt == "labelstudio" else None
+            if self.path.is_file():
+                try:
+                    self._earlier_names = read_annotations(self.path, label_config=config).class_names
+                except AnnotationError:
+                    pass
+        return self._earlier_names
 
     def write(self) -> Path:
         """Write (or rewrite) the file with every image added so far; returns its path."""

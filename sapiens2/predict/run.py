@@ -286,43 +286,51 @@ def _check_export_labels(options: PredictOptions, tasks: list[str], option: Opti
 
 def _add_labels(run: _Run, item: InputItem, task: str, result: Any) -> None:
     """One image's result into the pre-annotations; ``result`` None: read back from the files an earlier run wrote
-    (``_pose.json``, ``_seg.png`` with the class names of this run's seg results)."""
+    (``_pose.json``; ``_seg.png`` with the class names of this run's seg results or of the earlier run's export, at
+    the end of the run when neither is known yet)."""
     from .writers import WRITERS, read_pose_json
 
     if run.labels is None or task not in ("pose", "seg"):
         return
-    name = item.stem + item.source.suffix
     try:
         if result is None and task == "pose":
             result = read_pose_json(item.output_path(WRITERS["pose"].primary))[0]
         elif result is None:
-            run.labels_pending.append(item)
-            return
-        run.labels.add(name, task, result)
+            if not run.labels.class_names():
+                run.labels_pending.append(item)
+                return
+            result = _read_back_seg(run, item)
+        run.labels.add(item.stem + item.source.suffix, task, result)
     except ValueError as error:
         run.stats.fail(f"{item.source}: not added to {run.option('export_labels', run.options.export_labels)} "
                        f"({error})")  # fmt: skip
 
 
-def _write_labels(run: _Run) -> None:
+def _read_back_seg(run: _Run, item: InputItem) -> Any:
+    """The ``SegResult`` of the ``_seg.png`` an earlier run wrote for ``item``, named as the run's classes."""
     from ..data.io import ImageReadError, read_image
     from ..dense.seg import SegResult
     from .writers import WRITERS
 
+    names = run.labels.class_names()
+    if not names:
+        raise ValueError("neither this run's seg nor an earlier export names the classes; run without --skip-existing")
+    try:
+        labels = read_image(item.output_path(WRITERS["seg"].primary), max_megapixels=None)[..., 0]
+    except ImageReadError as error:
+        raise ValueError(str(error)) from None
+    return SegResult(labels, names, str(item.source), labels.shape)
+
+
+def _write_labels(run: _Run) -> None:
     if run.labels is None:
         return
-    names = run.labels.class_names() if run.labels_pending else ()
-    for item in run.labels_pending:  # seg done by an earlier run: its label map, with this run's class names
-        path = item.output_path(WRITERS["seg"].primary)
+    for item in run.labels_pending:  # seg done by an earlier run, named by a seg result that came later
         try:
-            if not names:
-                raise ValueError("neither this run's seg nor an earlier export names the classes; run without "
-                                 "--skip-existing")  # fmt: skip
-            labels = read_image(path, max_megapixels=None)[..., 0]
-            run.labels.add(item.stem + item.source.suffix, "seg", SegResult(labels, names, str(item.source),
-                                                                            labels.shape))  # fmt: skip
-        except (ImageReadError, ValueError) as error:
+            run.labels.add(item.stem + item.source.suffix, "seg", _read_back_seg(run, item))
+        except ValueError as error:
             run.stats.fail(f"{item.source}: seg labels not added to the pre-annotations ({error})")
+    run.labels_pending.clear()
     try:
         run.labels.write()
         run.stats.written += 1
