@@ -186,6 +186,16 @@ def blender_python() -> str:
     return candidate
 
 
+def label_studio_python() -> str:
+    """The Python that has ``label-studio-sdk`` (a venv of its own: the SDK pins numpy and OpenCV below ours):
+    ``$SAPIENS2_LABEL_STUDIO_PYTHON``, else ``.venv-labelstudio/bin/python`` (made by ``.ci/run``). Skips locally,
+    fails under CI."""
+    candidate = os.environ.get("SAPIENS2_LABEL_STUDIO_PYTHON") or str(REPO / ".venv-labelstudio" / "bin" / "python")
+    require(Path(candidate), f"label-studio-sdk is missing: {candidate} (python3 -m venv .venv-labelstudio && .venv-"
+            "labelstudio/bin/pip install label-studio-sdk==2.1.2, or set SAPIENS2_LABEL_STUDIO_PYTHON)")  # fmt: skip
+    return candidate
+
+
 def run_blender(script: str, *args: str, folder: Path) -> dict:
     """Run ``script`` (Python for Blender's ``bpy``) with ``args`` and the path of a JSON file it must write (its
     last argument), in ``folder``; returns what it wrote. A failed run fails with Blender's last output."""

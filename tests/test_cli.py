@@ -67,6 +67,7 @@ MISSPELT = {
     "mocap": (["clip.mp4", "-o", "out", "--detect-evry", "5"], "--detect-every"),
     "biomech": (["clip_mocap", "--stattic", "0", "1"], "--static"),
     "serve": (["--task", "seg", "--max-bacth", "4"], "--max-batch"),
+    "labels": (["import", "task.zip", "-o", "out", "--skeletn", "person"], "--skeleton"),
 }
 
 

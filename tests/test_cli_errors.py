@@ -92,6 +92,11 @@ CASES = {
         "value": (["clip_mocap", "-o", "out", "--mass", "0"], 2, ["--mass must be > 0"]),
         "flag": (["clip_mocap", "-o", "out", "--mss", "70"], 2, ["did you mean --mass?"]),
     },
+    "labels": {
+        "path": (["import", "missing.xml", "-o", "out"], 1, ["missing.xml: no such file or folder"]),
+        "value": (["import", "cfg.yaml", "-o", "out"], 1, ["cfg.yaml: not valid JSON"]),
+        "flag": (["import", "missing.xml", "-o", "out", "--skeletn", "a"], 2, ["did you mean --skeleton?"]),
+    },
     "serve": {
         "path": (["--task", "seg", "--model", "seg=missing.safetensors"], 2, ["'missing.safetensors' not found"]),
         "value": (["--task", "seg", "--max-queue", "0"], 2, ["--max-queue 0", ">= 1"]),

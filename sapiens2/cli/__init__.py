@@ -1,5 +1,5 @@
 """The ``sapiens2`` command: ``sapiens2 info | predict | train | pretrain | eval | export | benchmark | demo |
-curate | mocap | biomech | relight | serve ...``. ``main(argv)`` returns the exit status.
+curate | mocap | biomech | relight | serve | labels ...``. ``main(argv)`` returns the exit status.
 
 One module per command: each adds its argparse subcommand, turns the parsed flags into a typed options object and calls
 the Python API that accepts the same object.
@@ -16,7 +16,22 @@ from ..messages import log_to_stderr, set_command
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import benchmark, biomech, curate, demo, eval, export, info, mocap, predict, pretrain, relight, serve, train
+    from . import (
+        benchmark,
+        biomech,
+        curate,
+        demo,
+        eval,
+        export,
+        info,
+        labels,
+        mocap,
+        predict,
+        pretrain,
+        relight,
+        serve,
+        train,
+    )
 
     parser = argparse.ArgumentParser(prog="sapiens2", description="Sapiens2 human-centric vision models.")
     parser.add_argument("--version", action="version", version=f"sapiens2 {__version__}")
@@ -34,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     biomech.add_parser(commands)
     relight.add_parser(commands)
     serve.add_parser(commands)
+    labels.add_parser(commands)
     return parser
 
 
@@ -68,6 +84,11 @@ def _refuse_unknown_long_flags(parser: argparse.ArgumentParser, argv: list[str])
     if command is None:
         return
     owner = action.choices[argv[command]]
+    for token in argv[command + 1 :]:  # a command with actions of its own (``labels import``): that action's flags
+        nested = next((a for a in owner._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if nested is None or token not in nested.choices:
+            break
+        owner = nested.choices[token]
     flags = [flag for a in owner._actions for flag in a.option_strings]
     unknown = []
     for token in argv[command + 1 :]:

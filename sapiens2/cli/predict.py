@@ -86,6 +86,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--keypoint-format (coco17 scores against COCO-17 ground truth); image ids are those of a COCO --boxes "
         "file, else 1, 2, ... in input order; FILE_dataset.json beside it lists the images (id, file_name)",
     )
+    labels = parser.add_argument_group("pre-annotations (docs/training.md: predict, correct in the tool, fine-tune)")
+    labels.add_argument(
+        "--export-labels",
+        default=None,
+        choices=("cvat", "labelstudio", "coco"),
+        help="also write the run's pose and seg results as one file an annotation tool imports: "
+        "OUTPUT/cvat_annotations.xml (CVAT for images 1.1), OUTPUT/labelstudio_tasks.json (Label Studio tasks with "
+        "predictions, and labelstudio_config.xml) or OUTPUT/coco_annotations.json",
+    )
+    labels.add_argument(
+        "--export-masks",
+        default="polygon",
+        choices=("polygon", "rle"),
+        help="seg classes in --export-labels as polygon outlines (default) or RLE masks (exact, holes kept)",
+    )
     bulk = parser.add_argument_group("bulk (docs/bulk.md: exactly once, resumable; ledger in OUTPUT/_bulk)")
     bulk.add_argument(
         "--devices",
@@ -301,6 +316,8 @@ def options_from_args(args: argparse.Namespace) -> PredictOptions:
         boxes=args.boxes,
         keypoint_format=args.keypoint_format,
         coco_results=args.coco_results,
+        export_labels=args.export_labels,
+        export_masks=args.export_masks,
         devices=args.devices,
         engine=args.engine,
         ray_address=args.ray_address,

@@ -65,6 +65,10 @@ class PredictOptions:
         coco_results: also write the run's people as a COCO keypoint results array in ``keypoint_format``
             (``CocoResultsWriter``; image ids from a COCO ``boxes`` file, else 1, 2, ... in input order) and the
             dataset-style ``<name>_dataset.json`` beside it (the images' ids and file names) [``--coco-results``].
+        export_labels: also write the run's pose and seg results as pre-annotations for an annotation tool,
+            ``"cvat"`` (CVAT for images 1.1 XML), ``"labelstudio"`` (Label Studio tasks with ``predictions``) or
+            ``"coco"``, one file in ``output`` (``predict.label_export``) [``--export-labels``].
+        export_masks: seg regions in that file as ``"polygon"`` outlines or ``"rle"`` masks [``--export-masks``].
         flip_test: average with the horizontally flipped crop (pose) [off: ``--no-flip-test``].
         devices: bulk mode: one model replica per device, e.g. ``"all"``, ``"0,1"``, ``"cpu:2"`` [``--devices``].
         engine: bulk mode: ``"local"`` (this host) or ``"ray"`` (a Ray Data pipeline) [``--engine``].
@@ -104,6 +108,8 @@ class PredictOptions:
     boxes: str | os.PathLike | None = None
     keypoint_format: str = "sapiens308"
     coco_results: str | os.PathLike | None = None
+    export_labels: str | None = None
+    export_masks: str = "polygon"
     flip_test: bool = True
     devices: str | None = None
     engine: str = "local"

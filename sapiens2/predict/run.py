@@ -69,6 +69,8 @@ class _Run:
     option: OptionText = python_option  # how messages name an option (the CLI: its flags)
     sources: OutputSources | None = None  # where each written output's input is recorded
     written_from: dict[str, str] = field(default_factory=dict)  # output name -> its input's hash (skip_existing)
+    labels: Any = None  # a label_export.LabelExport (--export-labels), or None
+    labels_pending: list[InputItem] = field(default_factory=list)  # skipped images whose seg labels are read back
 
 
 def predict_files(options: PredictOptions, *, option: OptionText = python_option) -> int:
@@ -103,6 +105,7 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
             raise ValueError(f"{option('coco_results', options.coco_results)} holds pose results; add the pose task")
         if options.batch_size < 1:
             raise ValueError(f"{option('batch_size')} must be >= 1")
+        _check_export_labels(options, tasks, option)
         if options.max_megapixels is not None and not options.max_megapixels > 0:
             raise ValueError(f"{option('max_megapixels', options.max_megapixels)}: must be > 0")
         if not options.inputs and not options.sample:
@@ -142,14 +145,24 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
     sources = OutputSources(options.output)
     written_from = sources.read() if options.skip_existing else {}
     run = _Run(options, tasks, predictors, boxes, coco, stats, coco_ids, option, sources, written_from)
+    if options.export_labels:
+        from .label_export import LabelExport
+
+        run.labels = LabelExport(options.export_labels, options.output, masks=options.export_masks,
+                                 keypoint_format=options.keypoint_format)  # fmt: skip
     start = time.perf_counter()
     with output_lease(options.output, lambda: _remove_leftovers(work)):
         progress = tqdm(total=len(work), unit="img", desc="predict", disable=None)
-        for offset in range(0, len(work), options.batch_size):
-            batch = work[offset : offset + options.batch_size]
-            _process_batch(run, batch)
-            progress.update(len(batch))
+        try:
+            for offset in range(0, len(work), options.batch_size):
+                batch = work[offset : offset + options.batch_size]
+                _process_batch(run, batch)
+                progress.update(len(batch))
+        except KeyboardInterrupt:  # the pre-annotations of the images done so far; a resumed run completes them
+            _write_labels(run)
+            raise
         progress.close()
+        _write_labels(run)
     if coco is not None:
         try:
             coco.close()
@@ -201,6 +214,9 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
             stats.redone += bool(redo)
         if run.coco is not None and "pose" in run.tasks and "pose" not in pending:  # done by an earlier run
             _add_coco_results(run, item, None)
+        if run.labels is not None:  # the tasks an earlier run did, read back from their files
+            for task in (t for t in run.tasks if t not in pending):
+                _add_labels(run, item, task, None)
         if not pending:
             stats.skipped += 1
             continue
@@ -223,6 +239,7 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
             stats.fail(f"{item.source}: {task} failed ({type(result).__name__}: {result})")
             exr.drop(index)
             continue
+        _add_labels(run, item, task, result)
         if exr.add(task, index, result, mask):
             continue
         write_options = WriteOptions(
@@ -248,6 +265,77 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
             done(loaded[index][0], exr.tasks[0])  # one file for every dense task: named by any of them
     run.sources.record(written)
     stats.images += len(loaded)
+
+
+def _check_export_labels(options: PredictOptions, tasks: list[str], option: OptionText) -> None:
+    from .label_export import EXPORT_FILES, EXPORT_MASKS
+
+    if options.export_labels is None:
+        return
+    if options.export_labels not in EXPORT_FILES:
+        raise ValueError(f"{option('export_labels', options.export_labels)}: choose from {', '.join(EXPORT_FILES)}")
+    if options.export_masks not in EXPORT_MASKS:
+        raise ValueError(f"{option('export_masks', options.export_masks)}: choose from {', '.join(EXPORT_MASKS)}")
+    if not {"pose", "seg"} & set(tasks):
+        raise ValueError(f"{option('export_labels', options.export_labels)} writes pose and seg labels; add one of "
+                         "those tasks")  # fmt: skip
+    if is_bulk(options):
+        raise ValueError(f"{option('export_labels', options.export_labels)} is not available in bulk mode (devices, "
+                         "Ray, sinks, manifests); run on image files and folders")  # fmt: skip
+
+
+def _add_labels(run: _Run, item: InputItem, task: str, result: Any) -> None:
+    """One image's result into the pre-annotations; ``result`` None: read back from the files an earlier run wrote
+    (``_pose.json``; ``_seg.png`` with the class names of this run's seg results or of the earlier run's export, at
+    the end of the run when neither is known yet)."""
+    from .writers import WRITERS, read_pose_json
+
+    if run.labels is None or task not in ("pose", "seg"):
+        return
+    try:
+        if result is None and task == "pose":
+            result = read_pose_json(item.output_path(WRITERS["pose"].primary))[0]
+        elif result is None:
+            if not run.labels.class_names():
+                run.labels_pending.append(item)
+                return
+            result = _read_back_seg(run, item)
+        run.labels.add(item.stem + item.source.suffix, task, result)
+    except ValueError as error:
+        run.stats.fail(f"{item.source}: not added to {run.option('export_labels', run.options.export_labels)} "
+                       f"({error})")  # fmt: skip
+
+
+def _read_back_seg(run: _Run, item: InputItem) -> Any:
+    """The ``SegResult`` of the ``_seg.png`` an earlier run wrote for ``item``, named as the run's classes."""
+    from ..data.io import ImageReadError, read_image
+    from ..dense.seg import SegResult
+    from .writers import WRITERS
+
+    names = run.labels.class_names()
+    if not names:
+        raise ValueError("neither this run's seg nor an earlier export names the classes; run without --skip-existing")
+    try:
+        labels = read_image(item.output_path(WRITERS["seg"].primary), max_megapixels=None)[..., 0]
+    except ImageReadError as error:
+        raise ValueError(str(error)) from None
+    return SegResult(labels, names, str(item.source), labels.shape)
+
+
+def _write_labels(run: _Run) -> None:
+    if run.labels is None:
+        return
+    for item in run.labels_pending:  # seg done by an earlier run, named by a seg result that came later
+        try:
+            run.labels.add(item.stem + item.source.suffix, "seg", _read_back_seg(run, item))
+        except ValueError as error:
+            run.stats.fail(f"{item.source}: seg labels not added to the pre-annotations ({error})")
+    run.labels_pending.clear()
+    try:
+        run.labels.write()
+        run.stats.written += 1
+    except (OSError, ValueError) as error:
+        run.stats.fail(f"{run.labels.path}: cannot write the pre-annotations ({error})")
 
 
 def _coco_image_ids(path: Path) -> dict[str, int]:

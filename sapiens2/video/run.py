@@ -725,6 +725,9 @@ def predict_videos(options: Any, video: VideoOptions, *, option: Any = None) -> 
     if getattr(options, "coco_results", None):  # a results array is per image; a video's people are per frame
         report_warning(f"{option('coco_results', options.coco_results)} holds images only; each video's people are "
                        "in its _frames.jsonl (COCO keypoints per frame)")  # fmt: skip
+    if getattr(options, "export_labels", None):  # pre-annotations are per image, as an image task in the tools
+        report_warning(f"{option('export_labels', options.export_labels)} holds images only; a video's frames are "
+                       "in its _frames.jsonl")  # fmt: skip
     status = run_each(sources, lambda source: predict_video(predictors, source, options.output, video))
     return max(status, int(len(sources) < len(options.inputs)))
 
