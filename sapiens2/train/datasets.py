@@ -45,7 +45,7 @@ from sapiens2.data.io import read_image
 from sapiens2.data.labelled import LabelledSet, fit_intrinsics, label_map_table
 from sapiens2.data.transforms import normalize_to_tensor
 from sapiens2.dense.pointmap import CANONICAL_FOCAL
-from sapiens2.metadata import NUM_KEYPOINTS
+from sapiens2.metadata import NUM_KEYPOINTS, KeypointMetadata, SegMetadata
 from sapiens2.pose.codec import encode_heatmaps
 from sapiens2.pose.keypoints import format_to_308_ids
 from sapiens2.train import augment as aug
@@ -213,8 +213,12 @@ class SegDataset(_DenseDataset):
         label_map: Mapping[int, int] | str | None = None,
         num_classes: int = 29,
         background_dir: PathLike | None = None,
+        classes: SegMetadata | None = None,
         **kwargs: Any,
     ) -> None:
+        if classes is not None:  # a class list of one's own (sapiens2.labels): its size and flip pairs
+            num_classes = len(classes.class_names)
+        self.swap_pairs = None if classes is None else classes.hflip_swap_pairs
         labelled = {"label_map": label_map, "num_classes": num_classes}
         super().__init__(root, labelled=labelled, **kwargs)
         self.label_table = self.labelled.label_table
@@ -247,7 +251,7 @@ class SegDataset(_DenseDataset):
         if rng.random() < 0.5:
             sample = aug.rotate_sample(sample, rng.uniform(-60.0, 60.0))
         if rng.random() < 0.5:
-            sample = aug.hflip(sample)
+            sample = aug.hflip(sample, self.swap_pairs)
         sample["image"] = aug.photometric_distortion(sample["image"], rng)
         return self._stretch(sample, self.input_size)
 
@@ -394,6 +398,7 @@ class PoseDataset(_TaskDataset):
         annotations: str = "annotations.json",
         keypoint_format: str = "sapiens308",
         box: str = "auto",
+        keypoint_set: KeypointMetadata | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(root, **kwargs)
@@ -404,7 +409,14 @@ class PoseDataset(_TaskDataset):
         self.box = box
         self.annotations = annotations
         self.keypoint_format = keypoint_format
-        self.ids = format_to_308_ids(keypoint_format)
+        # A keypoint set of one's own (sapiens2.labels): the annotations hold its keypoints in its name order.
+        self.keypoint_set = keypoint_set
+        self.num_keypoints = NUM_KEYPOINTS if keypoint_set is None else len(keypoint_set.names)
+        if keypoint_set is None:
+            self.ids = format_to_308_ids(keypoint_format)
+        else:
+            self.ids = np.arange(self.num_keypoints)
+            keypoint_format = "the label set"
         path = self.root / annotations
         try:
             data = json.loads(path.read_text())
@@ -442,8 +454,8 @@ class PoseDataset(_TaskDataset):
         image_path, raw, bbox, number = self.instances[index]
         image = read_image(image_path)
         height, width = image.shape[:2]
-        keypoints = np.zeros((NUM_KEYPOINTS, 2))
-        visible = np.zeros(NUM_KEYPOINTS, dtype=np.float32)
+        keypoints = np.zeros((self.num_keypoints, 2))
+        visible = np.zeros(self.num_keypoints, dtype=np.float32)
         mapped = self.ids >= 0
         keypoints[self.ids[mapped]] = raw[mapped, :2]
         visible[self.ids[mapped]] = raw[mapped, 2] > 0
@@ -468,9 +480,10 @@ class PoseDataset(_TaskDataset):
     def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
         angle = 0.0
         if self.augment:
+            flip = None if self.keypoint_set is None else self.keypoint_set.flip_indices
             if rng.random() < 0.5:
-                sample = aug.hflip(sample)
-            half = aug.pose_half_body(sample["keypoints"], sample["visible"], rng)
+                sample = aug.hflip(sample, flip_indices=flip)
+            half = aug.pose_half_body(sample["keypoints"], sample["visible"], rng, keypoint_set=self.keypoint_set)
             if half is not None:
                 sample = dict(sample, center=half[0], scale=half[1])
             center, scale, angle = aug.pose_random_box(sample["center"], sample["scale"], rng)
@@ -507,7 +520,11 @@ class PoseDataset(_TaskDataset):
         from sapiens2.eval.pose import read_pose_labels
 
         return read_pose_labels(
-            self.root, self.split, keypoint_format=self.keypoint_format, annotations=self.annotations
+            self.root,
+            self.split,
+            keypoint_format=self.keypoint_format,
+            annotations=self.annotations,
+            keypoint_set=self.keypoint_set,
         )
 
 

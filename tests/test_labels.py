@@ -1,0 +1,172 @@
+"""Label sets of one's own (``sapiens2.labels``): the schema and COCO readers, the model file carrying the set, and
+training, prediction and evaluation on a 4-keypoint set and a 5-class set over synthetic images whose labels are
+known (coloured discs at the keypoints; rectangles for the classes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from sapiens2.labels import (
+    DEFAULT_SIGMA,
+    class_set,
+    keypoint_set,
+    label_set_from_json,
+    read_label_set,
+    write_label_set,
+)
+from sapiens2.metadata import keypoint_metadata, seg_metadata
+
+KEYPOINTS = ["racket_tip", "bar_end", "left_wrist", "right_wrist"]
+CLASSES = ["background", "shirt", "trousers", "left_sleeve", "right_sleeve"]
+LABELS_YAML = """\
+keypoints:
+  names: [racket_tip, bar_end, left_wrist, right_wrist]
+  skeleton: [[left_wrist, racket_tip], [right_wrist, bar_end]]
+  sigmas: {racket_tip: 0.05}
+classes:
+  names: [background, shirt, trousers, left_sleeve, right_sleeve]
+"""
+IMAGE_HW = (96, 72)
+
+
+# ------------------------------------------------------------------------------------------------- synthetic data
+
+
+def _pose_image(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A grey image with a red disc (racket tip), a green disc (bar end) and two white discs (the wrists): the one
+    on the image's right is the left wrist (a person facing the camera), so a mirror with the pair swapped is the
+    same labelling. Returns the image and (4, 2) keypoints."""
+    height, width = IMAGE_HW
+    image = np.full((height, width, 3), 90, np.uint8)
+    image += rng.integers(0, 20, image.shape, dtype=np.uint8)
+    points = np.array(
+        [
+            (rng.uniform(0.15, 0.85) * width, rng.uniform(0.1, 0.4) * height),  # racket tip: upper part
+            (rng.uniform(0.15, 0.85) * width, rng.uniform(0.6, 0.9) * height),  # bar end: lower part
+            (rng.uniform(0.6, 0.85) * width, rng.uniform(0.4, 0.6) * height),  # left wrist: image right
+            (rng.uniform(0.15, 0.4) * width, rng.uniform(0.4, 0.6) * height),  # right wrist: image left
+        ]
+    )
+    for (x, y), color in zip(points, [(230, 30, 30), (30, 220, 30), (250, 250, 250), (250, 250, 250)], strict=True):
+        cv2.circle(image, (round(x), round(y)), 5, color, -1, lineType=cv2.LINE_AA)
+    return image, points
+
+
+def make_pose_set(root: Path, count: int, seed: int = 0) -> Path:
+    """A pose folder of the 4-keypoint set: images/, annotations.json (whole-image boxes), labels.yaml."""
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True)
+    images, annotations = [], []
+    for index in range(count):
+        image, points = _pose_image(rng)
+        name = f"{index:04d}.png"
+        cv2.imwrite(str(root / "images" / name), image[..., ::-1])
+        images.append({"id": index, "file_name": name, "height": IMAGE_HW[0], "width": IMAGE_HW[1]})
+        keypoints = np.concatenate([points, np.full((4, 1), 2.0)], axis=1).reshape(-1).tolist()
+        box = [0.0, 0.0, float(IMAGE_HW[1]), float(IMAGE_HW[0])]
+        annotations.append({"id": index + 1, "image_id": index, "category_id": 1, "keypoints": keypoints,
+                            "bbox": box, "area": box[2] * box[3], "iscrowd": 0})  # fmt: skip
+    (root / "annotations.json").write_text(json.dumps({"images": images, "annotations": annotations}))
+    (root / "labels.yaml").write_text(LABELS_YAML)
+    return root
+
+
+def _seg_image(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Shirt (blue rectangle), trousers (brown rectangle) and two sleeves of one colour (the image-right one is the
+    left sleeve) on a noisy background."""
+    height, width = IMAGE_HW
+    image = rng.integers(60, 120, (height, width, 3), dtype=np.uint8)
+    labels = np.zeros((height, width), np.uint8)
+    cx = int(rng.integers(28, 44))
+    top = int(rng.integers(8, 20))
+    shapes = [
+        (1, (cx - 12, top, cx + 12, top + 30), (40, 60, 220)),
+        (2, (cx - 10, top + 31, cx + 10, min(height - 2, top + 70)), (140, 90, 40)),
+        (3, (cx + 13, top, cx + 22, top + 20), (230, 200, 40)),
+        (4, (cx - 22, top, cx - 13, top + 20), (230, 200, 40)),
+    ]
+    for class_id, (x0, y0, x1, y1), color in shapes:
+        image[y0:y1, x0:x1] = color
+        labels[y0:y1, x0:x1] = class_id
+    return image, labels
+
+
+def make_seg_set(root: Path, count: int, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    for index in range(count):
+        image, labels = _seg_image(rng)
+        cv2.imwrite(str(root / "images" / f"{index:04d}.png"), image[..., ::-1])
+        cv2.imwrite(str(root / "labels" / f"{index:04d}.png"), labels)
+    (root / "labels.yaml").write_text(LABELS_YAML)
+    return root
+
+
+# ------------------------------------------------------------------------------------------------- the label set
+
+
+def test_a_schema_file_gives_names_pairs_skeleton_sigmas_and_colours(tmp_path):
+    path = tmp_path / "labels.yaml"
+    path.write_text(LABELS_YAML)
+    labels = read_label_set(path)
+    points, classes = labels.keypoints, labels.classes
+    assert points.names == tuple(KEYPOINTS)
+    assert points.flip_pairs == ((2, 3),)  # derived from left_/right_
+    assert points.flip_indices.tolist() == [0, 1, 3, 2]
+    assert points.skeleton_links.tolist() == [[2, 0], [3, 1]]
+    released = keypoint_metadata()
+    wrist = released.names.index("left_wrist")
+    # a name of the 308 takes its sigma and colour; a new one the documented default and the fixed palette
+    assert points.sigmas.tolist() == [0.05, DEFAULT_SIGMA, released.sigmas[wrist], released.sigmas[wrist]]
+    assert points.keypoint_colors[2].tolist() == released.keypoint_colors[wrist].tolist()
+    assert points.groups == {"all": (0, 1, 2, 3)} and points.coco_wholebody_to_308 == ()
+    assert points.upper_body_ids == (2, 3) and points.min_visible_keypoints == 1
+    assert classes.class_names == tuple(CLASSES) and classes.hflip_swap_pairs == ((3, 4),)
+    assert classes.ce_class_weights == (1.0,) * 5 and classes.palette.shape == (5, 3)
+    # the writer and the JSON of a model file give the same set back
+    for written in (write_label_set(labels, tmp_path / "again.yaml"), write_label_set(labels, tmp_path / "a.json")):
+        assert read_label_set(written).to_dict() == labels.to_dict()
+    assert label_set_from_json(labels.to_json()).to_dict() == labels.to_dict()
+
+
+def test_coco_categories_and_the_released_sets(tmp_path):
+    coco = {
+        "images": [],
+        "annotations": [],
+        "categories": [
+            {"id": 1, "name": "player", "keypoints": KEYPOINTS, "skeleton": [[3, 1], [4, 2]],
+             "flip_pairs": [["left_wrist", "right_wrist"]], "sigmas": [0.04, 0.06, 0.07, 0.07]},
+        ],
+    }  # fmt: skip
+    (tmp_path / "coco.json").write_text(json.dumps(coco))
+    labels = read_label_set(tmp_path / "coco.json")
+    assert labels.classes is None and labels.keypoints.names == tuple(KEYPOINTS)
+    assert labels.keypoints.skeleton_links.tolist() == [[2, 0], [3, 1]]  # 1-based in COCO
+    assert labels.keypoints.sigmas.tolist() == [0.04, 0.06, 0.07, 0.07]
+    assert keypoint_set(keypoint_metadata().names) is keypoint_metadata()
+    assert class_set(seg_metadata().class_names) is seg_metadata()
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("keypoints: {names: [a, a]}", "must be unique; repeated: a"),
+        ("keypoints: {names: [a, b], flip_pairs: [[a, c]]}", "unknown name 'c'"),
+        ("keypoints: {names: [a, b], sigmas: {a: -1}}", "sigmas must all be positive"),
+        ("classes: {names: [x, y], palette: [[0, 0, 0]]}", "one RGB colour per name"),
+        ("keypoints: {names: [a], colours: {}}", "unknown field(s) colours"),
+        ("points: [a]", "expected a 'keypoints' and/or 'classes' section"),
+    ],
+)
+def test_bad_label_files_are_refused_in_one_line_naming_the_file(tmp_path, text, problem):
+    path = tmp_path / "labels.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as error:
+        read_label_set(path)
+    assert str(error.value).startswith(str(path)) and problem in str(error.value) and "\n" not in str(error.value)
