@@ -15,7 +15,7 @@ import numpy as np
 
 from sapiens2 import labels
 from sapiens2.metadata import NUM_KEYPOINTS, KeypointMetadata, SegMetadata, seg_metadata
-from sapiens2.pose.keypoints import SkeletonLayout, format_keypoint_names, skeleton_layout
+from sapiens2.pose.keypoints import FORMATS, SkeletonLayout, format_keypoint_names, skeleton_layout
 from sapiens2.pose.topdown import PoseResult, as_keypoint_format
 
 __all__ = [
@@ -477,7 +477,7 @@ def draw_pose(
     canvas = _check_image(image).copy()
     height, width = canvas.shape[:2]
     names = tuple(pose_result.keypoint_names)
-    if names == format_keypoint_names(fmt) or len(names) == NUM_KEYPOINTS:
+    if len(names) == NUM_KEYPOINTS or names in {format_keypoint_names(known) for known in FORMATS}:
         pose = as_keypoint_format(pose_result, fmt)
         layout = skeleton_layout(fmt)
     else:  # a keypoint set of one's own
