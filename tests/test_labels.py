@@ -10,12 +10,15 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from test_train import TINY
 
 from sapiens2.labels import (
     DEFAULT_SIGMA,
+    LabelSet,
     class_set,
     keypoint_set,
     label_set_from_json,
+    labels_of,
     read_label_set,
     write_label_set,
 )
@@ -230,3 +233,19 @@ def test_a_tiny_seg_model_learns_a_custom_class_list(tmp_path):
     print("seg metrics", report.metrics)
     assert [row["class"] for row in report.tables["per_class"]] == CLASSES
     assert report.metrics["mIoU"] >= 50  # percent
+
+
+def test_mocap_refuses_a_pose_model_of_another_keypoint_set_in_one_line():
+    from test_train import HEADS as TINY_HEADS
+
+    from sapiens2.mocap.run import check_pose_model
+    from sapiens2.models.task_model import build_model
+    from sapiens2.predict.predictor import Predictor
+
+    model = build_model("pose", TINY, input_size=(64, 48), out_channels=4, **TINY_HEADS["pose"])
+    model.labels = LabelSet(keypoints=keypoint_set(KEYPOINTS))
+    own = Predictor("pose", model, device="cpu", input_size=(64, 48), detector=None)
+    with pytest.raises(ValueError, match=r"^mocap needs a pose model of the 308 .*4 keypoints of its own \(racket_tip"):
+        check_pose_model(own)
+    released = build_model("pose", TINY, input_size=(64, 48), **TINY_HEADS["pose"])
+    check_pose_model(Predictor("pose", released, device="cpu", input_size=(64, 48), detector=None))  # no error
