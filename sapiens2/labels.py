@@ -97,6 +97,9 @@ class LabelSet:
     keypoints: KeypointMetadata | None = None
     classes: SegMetadata | None = None
 
+    def __deepcopy__(self, memo: dict) -> LabelSet:
+        return self  # read-only data (frozen, read-only arrays): a model's copy shares it
+
     def for_task(self, task: str) -> KeypointMetadata | SegMetadata | None:
         """The part ``task`` uses: keypoints for pose, classes for seg, None for the other tasks."""
         return self.keypoints if task == "pose" else self.classes if task == "seg" else None

@@ -10,6 +10,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import torch
 from test_train import TINY
 
 from sapiens2.labels import (
@@ -249,3 +250,119 @@ def test_mocap_refuses_a_pose_model_of_another_keypoint_set_in_one_line():
         check_pose_model(own)
     released = build_model("pose", TINY, input_size=(64, 48), **TINY_HEADS["pose"])
     check_pose_model(Predictor("pose", released, device="cpu", input_size=(64, 48), detector=None))  # no error
+
+
+# ------------------------------------------------------------------------------------------------- carried through
+
+
+def _tiny_run(task: str, root: Path, out: Path, **top):
+    from test_train import tiny_config
+
+    from sapiens2.train.trainer import fit
+
+    return fit(tiny_config(task, root, out, steps=2, **top))
+
+
+def test_a_run_saves_its_set_and_load_export_predict_give_the_same_names(tmp_path):
+    """train (labels.yaml found in the dataset) -> model.safetensors -> load_model -> ONNX -> Predictor -> the
+    _pose.json and the COCO-style names; the seg model's classes reach its results and its legend."""
+    from conftest import require_module
+
+    from sapiens2 import load_model
+    from sapiens2.predict.predictor import Predictor
+    from sapiens2.predict.writers import LABELS_FORMAT, WriteOptions, write_result
+
+    root = make_pose_set(tmp_path / "pose", 4)
+    summary = _tiny_run("pose", root, tmp_path / "run")
+    model = load_model("pose", summary["model"])
+    assert model.decode_head.conv_pose.out_channels == 4
+    expected = read_label_set(root / "labels.yaml").to_dict()["keypoints"]
+    assert labels_of(model).to_dict() == {"keypoints": expected}  # a pose model carries the keypoints
+    image = cv2.imread(str(root / "images" / "0000.png"))[..., ::-1].copy()
+    require_module("onnxruntime")
+    require_module("onnxscript")
+    from sapiens2.export.formats import export_onnx
+
+    sources = [model, export_onnx(model, tmp_path / "pose.onnx", input_size=(64, 48))]
+    for source in sources:
+        predictor = Predictor("pose", source, device="cpu", input_size=(64, 48), detector=None)
+        assert predictor.labels.keypoints.names == tuple(KEYPOINTS), source
+        result = predictor(image)
+        assert result.keypoint_names == tuple(KEYPOINTS)
+        written = write_result("pose", result, tmp_path / "out" / "0000", image, WriteOptions(labels=predictor.labels))
+        record = json.loads(next(p for p in written if p.suffix == ".json").read_text())
+        assert record["keypoint_format"] == LABELS_FORMAT and record["keypoint_names"] == KEYPOINTS
+
+    seg_root = make_seg_set(tmp_path / "seg", 4)
+    seg = load_model("seg", _tiny_run("seg", seg_root, tmp_path / "seg_run")["model"])
+    predictor = Predictor("seg", seg, device="cpu", input_size=(64, 48))
+    assert predictor(image).class_names == tuple(CLASSES)
+
+
+def test_shared_names_start_from_the_released_head_and_new_ones_fresh(tmp_path):
+    """A 308-keypoint task file initialises a run of the 4-keypoint set (two new names, two of the 308): the
+    wrists' rows of the final conv are the file's rows of left_wrist / right_wrist, the others are not."""
+    from test_train import HEADS as TINY_HEADS
+    from test_train import tiny_config
+
+    from sapiens2.data.io import write_safetensors
+    from sapiens2.models.task_model import build_model
+    from sapiens2.train.trainer import Trainer
+
+    released = build_model("pose", TINY, input_size=(64, 48), **TINY_HEADS["pose"])
+    write_safetensors(tmp_path / "pose308.safetensors", {k: v.contiguous() for k, v in released.state_dict().items()})
+    root = make_pose_set(tmp_path / "pose", 4)
+    config = tiny_config(
+        "pose", root, tmp_path / "run", model={"arch": None, "init_from": str(tmp_path / "pose308.safetensors")}
+    )
+    trainer = Trainer(config)
+    try:
+        weight = trainer.model.decode_head.conv_pose.weight.detach()
+        bias = trainer.model.decode_head.conv_pose.bias.detach()
+    finally:
+        trainer.close()
+    source_weight, source_bias = released.decode_head.conv_pose.weight.detach(), released.decode_head.conv_pose.bias
+    names = keypoint_metadata().names
+    for row, name in ((2, "left_wrist"), (3, "right_wrist")):
+        assert torch.equal(weight[row], source_weight[names.index(name)])
+        assert torch.equal(bias[row], source_bias[names.index(name)].detach())
+    for row in (0, 1):  # racket tip and bar end: fresh
+        assert not any(torch.equal(weight[row], source_weight[i]) for i in range(308))
+    # everything else of the file loaded as it is
+    assert torch.equal(trainer.model.backbone.cls_token, released.backbone.cls_token)
+
+
+def test_custom_oks_ap_equals_pycocotools_with_the_same_sigmas(tmp_path):
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from sapiens2.eval.pose import pose_metrics, read_pose_labels
+
+    root = make_pose_set(tmp_path / "pose", 12)
+    points = read_label_set(root / "labels.yaml").keypoints
+    labels = read_pose_labels(root, "val", keypoint_set=points)
+    rng = np.random.default_rng(3)
+    results = []
+    for annotation in labels.gt["annotations"]:
+        triplets = np.asarray(annotation["keypoints"]).reshape(-1, 3)
+        noisy = triplets[:, :2] + rng.normal(0, rng.uniform(1, 6), (4, 2))
+        scores = rng.uniform(0.2, 1.0, 4)
+        flat = np.concatenate([noisy, scores[:, None]], axis=1).reshape(-1).tolist()
+        results.append({"image_id": annotation["image_id"], "category_id": 1, "keypoints": flat,
+                        "score": float(scores.mean())})  # fmt: skip
+    ours, _ = pose_metrics(labels.gt, results, points)
+    gt = dict(labels.gt, categories=[{"id": 1, "name": "player", "keypoints": KEYPOINTS}])
+    coco = COCO()
+    coco.dataset = gt
+    coco.createIndex()
+    evaluation = COCOeval(coco, coco.loadRes(results), "keypoints")
+    evaluation.params.kpt_oks_sigmas = points.sigmas
+    evaluation.evaluate()
+    evaluation.accumulate()
+    evaluation.summarize()
+    assert ours["all/AP"] == pytest.approx(evaluation.stats[0], abs=1e-12)
+    assert ours["all/AR"] == pytest.approx(evaluation.stats[5], abs=1e-12)
+    assert 0.1 < ours["all/AP"] < 0.99  # neither trivial nor empty
+    # the 308's sigmas for these names would give other figures: the set's sigmas are the ones used
+    other = keypoint_set(KEYPOINTS, sigmas=[0.01] * 4)
+    assert pose_metrics(labels.gt, results, other)[0]["all/AP"] < ours["all/AP"]

@@ -437,6 +437,9 @@ class PoseResult:
 def as_keypoint_format(pose_result: PoseResult, fmt: str) -> PoseResult:
     """``pose_result`` in keypoint format ``fmt``: itself if already in it, converted if it holds 308 keypoints.
 
+    A result of a keypoint set of one's own (``sapiens2.labels``: names that are no format's) comes back as it is
+    for the default ``"sapiens308"``, which means "the model's own keypoints"; no other format can be made of it.
+
     Raises:
         ValueError: unknown ``fmt`` (with a did-you-mean), or a result in another format that cannot be converted.
     """
@@ -445,6 +448,9 @@ def as_keypoint_format(pose_result: PoseResult, fmt: str) -> PoseResult:
         return pose_result
     if len(pose_result.keypoint_names) == NUM_KEYPOINTS:
         return pose_result.converted(fmt)
+    own = tuple(pose_result.keypoint_names) not in {format_keypoint_names(known) for known in FORMATS}
+    if own and fmt == "sapiens308":
+        return pose_result
     raise ValueError(
         f"pose result has {len(pose_result.keypoint_names)} keypoints that are not the {fmt!r} format; only "
         f"308-keypoint results can be converted (formats: {', '.join(FORMATS)})"

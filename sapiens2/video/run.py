@@ -31,7 +31,9 @@ import numpy as np
 
 from ..data.io import atomic_write
 from ..data.sources import missing_input
+from ..labels import is_released_set
 from ..messages import report_error, report_warning
+from ..predict.writers import LABELS_FORMAT
 from .decode import Frame, FrameSource, VideoReadError, frame_indices, is_stream_url, open_frames
 from .people import PoseStage
 from .smooth import SMOOTH_MODES, FixedLagSmoother, LabelStabilizer, OnlineSmoother, ScaleStabilizer, rescale_pointmap
@@ -425,6 +427,10 @@ def _summary(report: VideoReport, predictors: Mapping[str, Any], options: VideoO
     if "pose" in predictors:
         summary["keypoint_format"] = options.keypoint_format
         summary["keypoint_names"] = list(format_keypoint_names(options.keypoint_format))
+        own = getattr(getattr(predictors["pose"], "labels", None), "keypoints", None)
+        if own is not None and not is_released_set(own) and options.keypoint_format == "sapiens308":
+            summary["keypoint_format"] = LABELS_FORMAT  # a model of its own keypoints: their names, as predicted
+            summary["keypoint_names"] = list(own.names)
     return summary
 
 
