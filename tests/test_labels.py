@@ -263,14 +263,27 @@ def _tiny_run(task: str, root: Path, out: Path, **top):
     return fit(tiny_config(task, root, out, steps=2, **top))
 
 
-def test_a_run_saves_its_set_and_load_export_predict_give_the_same_names(tmp_path):
-    """train (labels.yaml found in the dataset) -> model.safetensors -> load_model -> ONNX -> Predictor -> the
-    _pose.json and the COCO-style names; the seg model's classes reach its results and its legend."""
-    from conftest import require_module
-
-    from sapiens2 import load_model
+def _predicted_names(source, image: np.ndarray, out: Path) -> tuple[list[str], str]:
+    """(names in the written _pose.json, its keypoint_format) of a Predictor on ``source``."""
     from sapiens2.predict.predictor import Predictor
-    from sapiens2.predict.writers import LABELS_FORMAT, WriteOptions, write_result
+    from sapiens2.predict.writers import WriteOptions, write_result
+
+    predictor = Predictor("pose", source, device="cpu", input_size=(64, 48), detector=None)
+    assert predictor.labels.keypoints.names == tuple(KEYPOINTS), source
+    result = predictor(image)
+    assert result.keypoint_names == tuple(KEYPOINTS)
+    written = write_result("pose", result, out / "0000", image, WriteOptions(labels=predictor.labels))
+    record = json.loads(next(p for p in written if p.suffix == ".json").read_text())
+    return record["keypoint_names"], record["keypoint_format"]
+
+
+def test_a_run_saves_its_set_and_load_predict_eval_give_the_same_names(tmp_path):
+    """train (labels.yaml found in the dataset) -> model.safetensors -> load_model -> Predictor -> _pose.json;
+    eval scores the set; the seg model's classes reach its results."""
+    from sapiens2 import load_model
+    from sapiens2.eval.run import EvalOptions, evaluate
+    from sapiens2.predict.predictor import Predictor
+    from sapiens2.predict.writers import LABELS_FORMAT
 
     root = make_pose_set(tmp_path / "pose", 4)
     summary = _tiny_run("pose", root, tmp_path / "run")
@@ -279,24 +292,35 @@ def test_a_run_saves_its_set_and_load_export_predict_give_the_same_names(tmp_pat
     expected = read_label_set(root / "labels.yaml").to_dict()["keypoints"]
     assert labels_of(model).to_dict() == {"keypoints": expected}  # a pose model carries the keypoints
     image = cv2.imread(str(root / "images" / "0000.png"))[..., ::-1].copy()
-    require_module("onnxruntime")
-    require_module("onnxscript")
-    from sapiens2.export.formats import export_onnx
-
-    sources = [model, export_onnx(model, tmp_path / "pose.onnx", input_size=(64, 48))]
-    for source in sources:
-        predictor = Predictor("pose", source, device="cpu", input_size=(64, 48), detector=None)
-        assert predictor.labels.keypoints.names == tuple(KEYPOINTS), source
-        result = predictor(image)
-        assert result.keypoint_names == tuple(KEYPOINTS)
-        written = write_result("pose", result, tmp_path / "out" / "0000", image, WriteOptions(labels=predictor.labels))
-        record = json.loads(next(p for p in written if p.suffix == ".json").read_text())
-        assert record["keypoint_format"] == LABELS_FORMAT and record["keypoint_names"] == KEYPOINTS
+    assert _predicted_names(summary["model"], image, tmp_path / "out") == (KEYPOINTS, LABELS_FORMAT)
+    # eval reads the set from the file before the model loads: the annotations in its order, its sigmas
+    report = evaluate(EvalOptions(task="pose", data=str(root), model=str(summary["model"]), device="cpu",
+                                  input_size=(64, 48), progress=False))  # fmt: skip
+    stats = ("AP", "AP50", "AP75", "APm", "APl", "AR", "AR50", "AR75", "ARm", "ARl")
+    assert set(report.metrics) == {f"all/{stat}" for stat in stats}
 
     seg_root = make_seg_set(tmp_path / "seg", 4)
     seg = load_model("seg", _tiny_run("seg", seg_root, tmp_path / "seg_run")["model"])
     predictor = Predictor("seg", seg, device="cpu", input_size=(64, 48))
     assert predictor(image).class_names == tuple(CLASSES)
+
+
+@pytest.mark.slow
+def test_an_onnx_export_carries_the_set_to_predict(tmp_path):
+    from conftest import require_module
+
+    from sapiens2 import load_model
+    from sapiens2.predict.writers import LABELS_FORMAT
+
+    require_module("onnxruntime")
+    require_module("onnxscript")
+    from sapiens2.export.formats import export_onnx
+
+    root = make_pose_set(tmp_path / "pose", 4)
+    model = load_model("pose", _tiny_run("pose", root, tmp_path / "run")["model"])
+    network = export_onnx(model, tmp_path / "pose.onnx", input_size=(64, 48))
+    image = cv2.imread(str(root / "images" / "0000.png"))[..., ::-1].copy()
+    assert _predicted_names(network, image, tmp_path / "out") == (KEYPOINTS, LABELS_FORMAT)
 
 
 def test_shared_names_start_from_the_released_head_and_new_ones_fresh(tmp_path):
