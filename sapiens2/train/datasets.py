@@ -20,7 +20,8 @@ every image is used. Layouts (a missing or unreadable file raises an error namin
 - pose: ``annotations.json`` in COCO style: ``images`` [{``id``, ``file_name`` (relative to ``images/``)}] and
   ``annotations`` [{``image_id``, ``keypoints`` (K x 3 numbers x, y, v; v > 0 = labelled), optional ``bbox``
   (x, y, w, h), ``iscrowd``}]. K = 308, or another format (option ``keypoint_format``: ``coco17``,
-  ``coco_wholebody133``) mapped into the 308 ids with zero weight on the rest. One sample per person.
+  ``coco_wholebody133``) mapped into the 308 ids with zero weight on the rest, or the K keypoints of a set of one's
+  own in its name order (option ``keypoint_set``, ``sapiens2.labels``). One sample per person.
 
 ``dataset[i]`` is a dict of tensors that the default collate stacks; it is a pure function of
 (seed, epoch, i): randomness comes from ``numpy.random.default_rng((seed, epoch, i))``. A sample failing the
@@ -200,6 +201,8 @@ class SegDataset(_DenseDataset):
         root: dataset folder.
         label_map: remap of the stored ids (see :func:`label_map_table`).
         num_classes: classes of the head (ids must be below it or 255).
+        classes: a class list of one's own (``sapiens2.labels``): its size is ``num_classes`` and its flip pairs
+            are swapped by the horizontal flip (default: the 29 classes' 8 pairs).
         background_dir: optional folder of ``.jpg`` backgrounds for ``SegRandomBackground`` (p = 0.8).
         split, input_size, augment, seed: see :func:`build_dataset`.
     """
@@ -381,6 +384,8 @@ class PoseDataset(_TaskDataset):
         root: dataset folder.
         annotations: annotation file name under ``root``.
         keypoint_format: joint layout of the annotations' ``keypoints`` (mapped into 308 ids).
+        keypoint_set: a keypoint set of one's own (``sapiens2.labels``): the annotations hold its K keypoints in
+            its name order (``keypoint_format`` is not read); its flip pairs flip and its half-body lists zoom.
         box: ``"auto"`` (the annotation ``bbox`` when present, else the tight box of the labelled keypoints, which is
             what the official training uses, POSE.md §4.2), ``"bbox"`` or ``"keypoints"``.
         split, input_size, augment, seed: see :func:`build_dataset`.
@@ -561,7 +566,8 @@ def build_dataset(
         augment: run the official training pipeline; False gives the deterministic resize only.
         seed: base seed; sample i of epoch e draws from ``default_rng((seed, e, i))`` (see ``set_epoch``).
         **options: task options (seg: ``label_map``, ``num_classes``, ``background_dir``; pointmap:
-            ``canonical_focal``; pose: ``annotations``, ``keypoint_format``, ``box``).
+            ``canonical_focal``; pose: ``annotations``, ``keypoint_format``, ``box``, ``keypoint_set``; seg also
+            ``classes``: the label set of one's own, ``sapiens2.labels``).
 
     Returns:
         A map-style dataset whose items are dicts of tensors that the default collate stacks: ``image`` (3, H, W)
