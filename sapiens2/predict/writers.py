@@ -59,7 +59,7 @@ from sapiens2.dense.matting import MattingResult
 from sapiens2.dense.normal import NormalResult
 from sapiens2.dense.pointmap import PointmapResult
 from sapiens2.dense.seg import SegResult
-from sapiens2.labels import LabelSet, class_set
+from sapiens2.labels import LabelSet, class_set, keypoint_set
 from sapiens2.metadata import SegMetadata
 from sapiens2.pose.keypoints import FORMATS, format_keypoint_names, skeleton_links
 from sapiens2.pose.topdown import PoseResult, as_keypoint_format
@@ -659,6 +659,7 @@ class CocoResultsWriter:
         self.path = Path(path)
         self.dataset_path = None if dataset_path is None else Path(dataset_path)
         self.keypoint_format = keypoint_format
+        self._own_names: tuple[str, ...] | None = None  # a model of its own keypoints: their names (sapiens2.labels)
         self._image_ids = None if image_ids is None else {str(name): int(i) for name, i in image_ids.items()}
         self._images: list[dict] = []
         self._annotations: list[dict] = []
@@ -712,6 +713,10 @@ class CocoResultsWriter:
                 raise ValueError("the pose result has no path; pass file_name= to name the image")
             file_name = Path(result.path).name
         pose = as_keypoint_format(result, self.keypoint_format)
+        if tuple(pose.keypoint_names) != format_keypoint_names(self.keypoint_format):
+            if self._own_names not in (None, tuple(pose.keypoint_names)):
+                raise ValueError("the pose results of one file must have the same keypoint names")
+            self._own_names = tuple(pose.keypoint_names)
         image_id = self._pick_id(file_name, image_id)
         self._used_ids.add(image_id)
         height, width = (int(v) for v in result.image_size)
@@ -750,17 +755,19 @@ class CocoResultsWriter:
 
     def dataset(self) -> dict:
         """The dataset-style dict (``info``, ``images``, ``categories``, ``annotations`` with ids and boxes)."""
-        names = format_keypoint_names(self.keypoint_format)
+        names = self._own_names or format_keypoint_names(self.keypoint_format)
+        fmt = LABELS_FORMAT if self._own_names else self.keypoint_format
+        links = keypoint_set(names).skeleton_links if self._own_names else skeleton_links(self.keypoint_format)
         category = {
             "id": 1,
             "name": "person",
             "supercategory": "person",
             "keypoints": list(names),
-            "skeleton": (skeleton_links(self.keypoint_format) + 1).tolist(),
+            "skeleton": (links + 1).tolist(),
         }
         annotations = [{"id": n + 1, **annotation} for n, annotation in enumerate(self._sorted_annotations())]
         return {
-            "info": {"keypoint_format": self.keypoint_format, "num_keypoints": len(names)},
+            "info": {"keypoint_format": fmt, "num_keypoints": len(names)},
             "images": sorted(self._images, key=lambda image: image["id"]),
             "categories": [category],
             "annotations": annotations,
