@@ -262,7 +262,7 @@ class _SegScore:
     of the released models); per-class IoU/Acc table and chart."""
 
     def __init__(self, predictor: Predictor | None = None) -> None:
-        classes = predictor.labels.classes if predictor is not None else None
+        classes = getattr(getattr(predictor, "labels", None), "classes", None)  # a stand-in may have none
         self.class_names = classes.class_names if classes is not None else seg_metadata().class_names
         self.metric = SegMetrics(num_classes=len(self.class_names))
 
