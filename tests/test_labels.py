@@ -223,6 +223,8 @@ def test_a_tiny_pose_model_learns_a_custom_set_and_every_step_keeps_its_names(tm
 
 @pytest.mark.slow
 def test_a_tiny_seg_model_learns_a_custom_class_list(tmp_path):
+    """300 CPU steps reach mIoU >= 50 % over the 5 classes (recorded: 85.7 %, aAcc 95.4 %); the report's table
+    lists the set's classes."""
     from sapiens2.eval.run import EvalOptions, evaluate
 
     train = make_seg_set(tmp_path / "train", 64, seed=0)
@@ -390,3 +392,26 @@ def test_custom_oks_ap_equals_pycocotools_with_the_same_sigmas(tmp_path):
     # the 308's sigmas for these names would give other figures: the set's sigmas are the ones used
     other = keypoint_set(KEYPOINTS, sigmas=[0.01] * 4)
     assert pose_metrics(labels.gt, results, other)[0]["all/AP"] < ours["all/AP"]
+
+
+def test_train_refuses_labels_it_cannot_use_in_one_line(tmp_path, capsys):
+    from test_train import tiny_config
+
+    from sapiens2 import cli
+    from sapiens2.train.trainer import Trainer
+
+    root = make_seg_set(tmp_path / "seg", 2)
+    with pytest.raises(ValueError, match="data.labels .* applies to pose and seg, not normal"):
+        tiny_config("normal", root, tmp_path / "n", data={"labels": str(root / "labels.yaml")})
+    (tmp_path / "points.yaml").write_text("keypoints: {names: [a, b]}")
+    config = tiny_config("seg", root, tmp_path / "run", data={"labels": str(tmp_path / "points.yaml")})
+    with pytest.raises(ValueError, match="has no 'classes' section, which seg training needs"):
+        Trainer(config)
+    assert not (tmp_path / "run").exists()  # refused before the run folder is made
+    # the CLI flag: one error line, exit status 2
+    text = f"task: seg\nsteps: 2\ndevice: cpu\nschedule: {{warmup_steps: 1}}\ndata: {{root: {root}}}\n"
+    text += "model: {arch: 0.4b}\n"
+    (tmp_path / "seg.yaml").write_text(text)
+    assert cli.main(["train", str(tmp_path / "seg.yaml"), "--labels", str(tmp_path / "missing.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "missing.yaml" in err[0] and "does not exist" in err[0]

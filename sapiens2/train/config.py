@@ -288,6 +288,8 @@ def _validate(config: TrainConfig) -> None:
         problems.append(f"model.frozen_stages must be >= -1, got {model.frozen_stages}")
     if not data.root:
         problems.append("data.root is required (the dataset folder)")
+    if data.labels and config.task not in ("pose", "seg"):
+        problems.append(f"data.labels (your own keypoints or classes) applies to pose and seg, not {config.task}")
     if any(side <= 0 or side % 16 for side in data.input_size):
         problems.append(f"data.input_size must be positive multiples of 16 (H, W), got {list(data.input_size)}")
     for name in ("batch_size", "val_batch_size"):
