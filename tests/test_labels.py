@@ -265,6 +265,14 @@ def _tiny_run(task: str, root: Path, out: Path, **top):
     return fit(tiny_config(task, root, out, steps=2, **top))
 
 
+@pytest.fixture(scope="module")
+def pose_run(tmp_path_factory) -> tuple[Path, Path]:
+    """(dataset folder, model.safetensors) of a 2-step run of the 4-keypoint set, trained once per module."""
+    base = tmp_path_factory.mktemp("pose_run")
+    root = make_pose_set(base / "pose", 4)
+    return root, Path(_tiny_run("pose", root, base / "run")["model"])
+
+
 def _predicted_names(source, image: np.ndarray, out: Path) -> tuple[list[str], str]:
     """(names in the written _pose.json, its keypoint_format) of a Predictor on ``source``."""
     from sapiens2.predict.predictor import Predictor
@@ -279,7 +287,7 @@ def _predicted_names(source, image: np.ndarray, out: Path) -> tuple[list[str], s
     return record["keypoint_names"], record["keypoint_format"]
 
 
-def test_a_run_saves_its_set_and_load_predict_eval_give_the_same_names(tmp_path):
+def test_a_run_saves_its_set_and_load_predict_eval_give_the_same_names(pose_run, tmp_path):
     """train (labels.yaml found in the dataset) -> model.safetensors -> load_model -> Predictor -> _pose.json;
     eval scores the set; the seg model's classes reach its results."""
     from sapiens2 import load_model
@@ -287,16 +295,15 @@ def test_a_run_saves_its_set_and_load_predict_eval_give_the_same_names(tmp_path)
     from sapiens2.predict.predictor import Predictor
     from sapiens2.predict.writers import LABELS_FORMAT
 
-    root = make_pose_set(tmp_path / "pose", 4)
-    summary = _tiny_run("pose", root, tmp_path / "run")
-    model = load_model("pose", summary["model"])
+    root, model_file = pose_run
+    model = load_model("pose", model_file)
     assert model.decode_head.conv_pose.out_channels == 4
     expected = read_label_set(root / "labels.yaml").to_dict()["keypoints"]
     assert labels_of(model).to_dict() == {"keypoints": expected}  # a pose model carries the keypoints
     image = cv2.imread(str(root / "images" / "0000.png"))[..., ::-1].copy()
-    assert _predicted_names(summary["model"], image, tmp_path / "out") == (KEYPOINTS, LABELS_FORMAT)
+    assert _predicted_names(model_file, image, tmp_path / "out") == (KEYPOINTS, LABELS_FORMAT)
     # eval reads the set from the file before the model loads: the annotations in its order, its sigmas
-    report = evaluate(EvalOptions(task="pose", data=str(root), model=str(summary["model"]), device="cpu",
+    report = evaluate(EvalOptions(task="pose", data=str(root), model=str(model_file), device="cpu",
                                   input_size=(64, 48), progress=False))  # fmt: skip
     stats = ("AP", "AP50", "AP75", "APm", "APl", "AR", "AR50", "AR75", "ARm", "ARl")
     assert set(report.metrics) == {f"all/{stat}" for stat in stats}
@@ -308,7 +315,7 @@ def test_a_run_saves_its_set_and_load_predict_eval_give_the_same_names(tmp_path)
 
 
 @pytest.mark.slow
-def test_an_onnx_export_carries_the_set_to_predict(tmp_path):
+def test_an_onnx_export_carries_the_set_to_predict(pose_run, tmp_path):
     from conftest import require_module
 
     from sapiens2 import load_model
@@ -318,8 +325,8 @@ def test_an_onnx_export_carries_the_set_to_predict(tmp_path):
     require_module("onnxscript")
     from sapiens2.export.formats import export_onnx
 
-    root = make_pose_set(tmp_path / "pose", 4)
-    model = load_model("pose", _tiny_run("pose", root, tmp_path / "run")["model"])
+    root, model_file = pose_run
+    model = load_model("pose", model_file)
     network = export_onnx(model, tmp_path / "pose.onnx", input_size=(64, 48))
     image = cv2.imread(str(root / "images" / "0000.png"))[..., ::-1].copy()
     assert _predicted_names(network, image, tmp_path / "out") == (KEYPOINTS, LABELS_FORMAT)
@@ -415,3 +422,21 @@ def test_train_refuses_labels_it_cannot_use_in_one_line(tmp_path, capsys):
     assert cli.main(["train", str(tmp_path / "seg.yaml"), "--labels", str(tmp_path / "missing.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing.yaml" in err[0] and "does not exist" in err[0]
+
+
+def test_video_writes_the_sets_names_and_draws_its_skeleton(pose_run, tmp_path):
+    """A frame folder through predict_video with a pose model of the 4-keypoint set: the summary names its
+    keypoints, each frame record holds 4 triplets per person, the overlay is drawn."""
+    from sapiens2 import load_model
+    from sapiens2.predict.predictor import Predictor
+    from sapiens2.predict.writers import LABELS_FORMAT
+    from sapiens2.video import VideoOptions, predict_video
+
+    root, model_file = pose_run
+    predictor = Predictor("pose", load_model("pose", model_file), device="cpu", input_size=(64, 48), detector=None)
+    report = predict_video(predictor, root / "images", tmp_path / "out", VideoOptions(), progress=False)
+    assert report.error is None and report.frames == 4
+    summary = json.loads(next((tmp_path / "out").glob("*_video.json")).read_text())
+    assert summary["keypoint_format"] == LABELS_FORMAT and summary["keypoint_names"] == KEYPOINTS
+    records = [json.loads(line) for line in next((tmp_path / "out").glob("*_frames.jsonl")).read_text().splitlines()]
+    assert records and all(len(person["keypoints"]) == 12 for record in records for person in record["people"])
