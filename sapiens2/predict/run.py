@@ -23,11 +23,10 @@ from ..bulk.ledger import OutputSources, output_lease
 from ..data.collections import content_hash
 from ..data.io import ImageReadError, ImageTooLargeError, decode_image, read_file_bytes, remove_temporaries
 from ..data.sources import InputItem, expand_inputs, usable
-from ..labels import LabelSet
 from ..messages import report_error
 from ..metadata import SAMPLE_IMAGE  # sample=True: a public-domain photo shipped with the package
 from ..tasks import check_task
-from .batch import ExrCollector, make_predictors, pending_tasks, resolve_sources, run_tasks
+from .batch import ExrCollector, make_predictors, pending_tasks, predictor_labels, resolve_sources, run_tasks
 from .options import (
     OptionText,
     PredictOptions,
@@ -71,15 +70,6 @@ class _Run:
     sources: OutputSources | None = None  # where each written output's input is recorded
     written_from: dict[str, str] = field(default_factory=dict)  # output name -> its input's hash (skip_existing)
 
-    @property
-    def labels(self) -> LabelSet:
-        """The keypoints of the pose model and the classes of the seg model (``Predictor.labels``), drawn and
-        written with their results."""
-        pose, seg = self.predictors.get("pose"), self.predictors.get("seg")
-        return LabelSet(
-            keypoints=getattr(getattr(pose, "labels", None), "keypoints", None),
-            classes=getattr(getattr(seg, "labels", None), "classes", None),
-        )
 
 
 def predict_files(options: PredictOptions, *, option: OptionText = python_option) -> int:
@@ -237,7 +227,7 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
         if exr.add(task, index, result, mask):
             continue
         write_options = WriteOptions(
-            labels=run.labels,
+            labels=predictor_labels(run.predictors),
             save_npy=options.save_npy,
             keypoint_format=options.keypoint_format,
             mask=mask if WRITERS[task].maskable else None,

@@ -33,6 +33,7 @@ from ..data.io import atomic_write
 from ..data.sources import missing_input
 from ..labels import LabelSet, is_released_set
 from ..messages import report_error, report_warning
+from ..predict.batch import predictor_labels
 from ..predict.writers import LABELS_FORMAT
 from .decode import Frame, FrameSource, VideoReadError, frame_indices, is_stream_url, open_frames
 from .people import PoseStage
@@ -557,8 +558,7 @@ def _run_pipeline(predictors: Mapping[str, Any], frames: FrameSource, options: V
     stop = threading.Event()
     failed: list[BaseException] = []
     reader = threading.Thread(target=_decode_thread, args=(frames, decoded, timer, stop), daemon=True)
-    labels = LabelSet(keypoints=getattr(getattr(predictors.get("pose"), "labels", None), "keypoints", None),
-                      classes=getattr(getattr(predictors.get("seg"), "labels", None), "classes", None))  # fmt: skip
+    labels = predictor_labels(predictors)
     writing = threading.Thread(target=_write_thread, args=(finished, writer, options, timer, failed, bar, hook, labels),
                                daemon=True)  # fmt: skip
     started = False
