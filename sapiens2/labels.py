@@ -457,8 +457,9 @@ def _from_coco(data: Mapping[str, Any], source: str) -> LabelSet:
 
 
 def read_label_set(path: str | os.PathLike) -> LabelSet:
-    """Read a label set: the YAML/JSON schema of this module, or a COCO JSON's ``categories``; a dataset folder
-    means its ``labels.yaml``.
+    """Read a label set: the YAML/JSON schema of this module, a COCO JSON's ``categories``, or an annotation tool's
+    export (CVAT for images XML, Label Studio JSON; through ``sapiens2.data.annotations``); a dataset folder means its
+    ``labels.yaml``.
 
     Raises:
         FileNotFoundError: no such file.
@@ -471,15 +472,32 @@ def read_label_set(path: str | os.PathLike) -> LabelSet:
         path = path / LABEL_FILE
     if not path.is_file():
         raise FileNotFoundError(f"label set {str(path)!r} does not exist")
+    if path.suffix.lower() == ".xml":  # CVAT for images
+        return _from_annotation_tool(path)
     try:
         text = path.read_text(encoding="utf-8")
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ValueError(f"{path}: cannot read a label set: {reason}") from None
+    if isinstance(data, list):  # a Label Studio export: a JSON array of tasks
+        return _from_annotation_tool(path)
     if isinstance(data, Mapping) and "categories" in data and not ({"keypoints", "classes"} & set(data)):
         return _from_coco(data, str(path))
     return label_set_from_dict(data, str(path))
+
+
+def _from_annotation_tool(path: Path) -> LabelSet:
+    """A CVAT for images XML or a Label Studio JSON export: ``sapiens2.data.annotations.label_schema(path)`` gives
+    the file schema as plain data (that module reads the tools' formats; it imports nothing of this one)."""
+    try:
+        from .data import annotations
+    except ImportError:
+        annotations = None
+    reader = getattr(annotations, "label_schema", None)
+    if reader is None:
+        raise ValueError(f"{path}: a label set from an annotation tool's export needs sapiens2.data.annotations")
+    return label_set_from_dict(reader(path), str(path))
 
 
 def write_label_set(labels: LabelSet, path: str | os.PathLike) -> Path:
