@@ -15,7 +15,7 @@ import logging
 import os
 import pickle
 import socket
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .labels import METADATA_KEY, LabelSet, label_set_from_json, names_of
 from .models.backbone import Sapiens2
 from .models.heads import OUTPUT_LAYERS, infer_head_config
 from .models.task_model import TaskModel, build_model, check_task
@@ -715,23 +716,56 @@ def load_model(
     size = {"input_size": trained} if (trained := file_input_size(path)) else {}  # the model's own input size
     model = build_model(task, arch, rope_dtype=rope_dtype, device="meta", **size, **head_config)
     _load_named(path, model, state_dict, describe_arch(arch))
+    model.labels = file_label_set(path, task, head_config)  # the names every command uses (labels.labels_of)
     logger.info("loaded %s %s from %s", task, describe_arch(arch), path)
     return model.eval()
+
+
+def file_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The string metadata of a ``.safetensors`` file (``{}`` for other files or none)."""
+    if Path(path).suffix != ".safetensors":
+        return {}
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as handle:
+            return dict(handle.metadata() or {})
+    except (OSError, ValueError):
+        return {}
 
 
 def file_input_size(path: str | os.PathLike) -> tuple[int, int] | None:
     """The input size a weight file says its model was trained at (``input_size: "HxW"`` in the safetensors
     metadata that ``sapiens2 export`` writes for a training run); None when it says none."""
-    if Path(path).suffix != ".safetensors":
-        return None
-    from safetensors import safe_open
-
+    height, sep, width = file_metadata(path).get("input_size", "").partition("x")
     try:
-        with safe_open(str(path), "pt") as handle:
-            height, sep, width = (handle.metadata() or {}).get("input_size", "").partition("x")
         return (int(height), int(width)) if sep and int(height) > 0 and int(width) > 0 else None
-    except (OSError, ValueError):
+    except ValueError:
         return None
+
+
+def file_label_set(path: str | os.PathLike, task: str, head_config: Mapping[str, Any]) -> LabelSet | None:
+    """The label set a model file carries (``labels.METADATA_KEY`` in its safetensors metadata, written by
+    ``sapiens2 export`` for a run with its own keypoints or classes); None when it carries none.
+
+    Raises:
+        CheckpointMismatchError: the set is unreadable, or its size is not the head's number of outputs.
+    """
+    text = file_metadata(path).get(METADATA_KEY)
+    if text is None:
+        return None
+    try:
+        labels = label_set_from_json(text, f"{path}: metadata '{METADATA_KEY}'")
+    except ValueError as error:
+        raise CheckpointMismatchError(str(error)) from None
+    part = labels.for_task(task)
+    outputs = head_config.get("out_channels" if task == "pose" else "num_classes")
+    if part is not None and outputs is not None and len(names_of(part)) != outputs:
+        raise CheckpointMismatchError(
+            f"{path}: its label set names {len(names_of(part))} {'keypoints' if task == 'pose' else 'classes'}, "
+            f"its head has {outputs} outputs"
+        )
+    return labels
 
 
 def task_checkpoint_spec(state_dict: Mapping[str, torch.Tensor], task: str) -> tuple[Arch, dict[str, Any]]:
@@ -745,11 +779,23 @@ def task_checkpoint_spec(state_dict: Mapping[str, torch.Tensor], task: str) -> t
     return infer_arch(backbone), infer_head_config(task, head) if detect_task(state_dict) == task else {}
 
 
-def init_task_model(model: TaskModel, state_dict: Mapping[str, torch.Tensor]) -> bool:
+def init_task_model(
+    model: TaskModel,
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    output_rows: Sequence[tuple[int, int]] | None = None,
+) -> bool:
     """Copy a checkpoint's weights into a built task model (its own tensors, dtype and device kept), strictly.
 
     A checkpoint of ``model.task`` fills the whole model; a bare backbone, or another task's checkpoint, fills
     ``model.backbone`` and the head keeps its weights.
+
+    Args:
+        model: the built model.
+        state_dict: the checkpoint's tensors.
+        output_rows: a head for another label set (``sapiens2.labels``): (model channel, file channel) pairs of
+            the outputs the two sets share. The head's final layer then takes only those rows (its other outputs
+            keep their fresh weights); everything else loads strictly.
 
     Returns:
         True when the head was loaded too.
@@ -761,10 +807,32 @@ def init_task_model(model: TaskModel, state_dict: Mapping[str, torch.Tensor]) ->
     suggested = describe_arch(infer_arch(backbone))
     if detect_task(state_dict) == model.task:
         full = {f"backbone.{k}": v for k, v in backbone.items()} | {f"decode_head.{k}": v for k, v in head.items()}
+        if output_rows is not None:
+            full = _with_output_rows(model, full, output_rows)
         load_into(model, full, suggested, assign=False)
         return True
     load_into(model.backbone, backbone, suggested, assign=False)
     return False
+
+
+def _with_output_rows(
+    model: TaskModel, state: dict[str, torch.Tensor], rows: Sequence[tuple[int, int]]
+) -> dict[str, torch.Tensor]:
+    """``state`` with its final head layer replaced by the model's own, the listed (model, file) rows copied in."""
+    state = dict(state)
+    for suffix in ("weight", "bias"):
+        key = f"decode_head.{OUTPUT_LAYERS[model.task]}.{suffix}"
+        own = model.state_dict()[key].detach().clone()
+        if key in state and rows:
+            source = state[key]
+            if tuple(source.shape[1:]) != tuple(own.shape[1:]):
+                raise CheckpointMismatchError(
+                    f"{key}: file {tuple(source.shape)} vs model {tuple(own.shape)}: the trunks differ"
+                )
+            new, old = (torch.tensor(ids, dtype=torch.long) for ids in zip(*rows, strict=True))
+            own[new] = source[old].to(own.dtype)
+        state[key] = own
+    return state
 
 
 __all__ = [
@@ -777,6 +845,8 @@ __all__ = [
     "describe_arch",
     "detect_task",
     "download",
+    "file_label_set",
+    "file_metadata",
     "find_download",
     "infer_arch",
     "init_task_model",

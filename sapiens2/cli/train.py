@@ -96,11 +96,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "training config YAML (see docs/training.md for every key)",
         "--set optimizer.lr=1e-4 --set data.input_size=[512,384]",
     )
+    parser.add_argument(
+        "--labels",
+        metavar="FILE",
+        help="your own keypoints or classes (labels.yaml, or a COCO JSON's categories; docs/training.md): the head "
+        "gets one output per name. Default: DATA/labels.yaml when it exists, else the released 308 / 29 "
+        "(same as --set data.labels=FILE)",
+    )
     parser.set_defaults(func=run_train)
 
 
 def train_options_from_args(args: argparse.Namespace) -> TrainOptions:
-    return TrainOptions(args.config, overrides=args.overrides, resume=resume_flag(args))
+    overrides = [*args.overrides, *([f"data.labels={args.labels}"] if args.labels else [])]
+    return TrainOptions(args.config, overrides=overrides, resume=resume_flag(args))
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -181,7 +181,7 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
             if seg is None:
                 return gr.update()
             try:
-                return render.seg_picture(analysis.image, seg.labels, shown)
+                return render.seg_picture(analysis.image, seg.labels, shown, seg.class_names)
             except Exception:  # the picture stays as it was; the server goes on
                 logger.exception("demo seg redraw failed")
                 return gr.update()
@@ -379,7 +379,7 @@ def _views(gr, analysis: Analysis, keypoint_format: str, draw_boxes: bool, shown
         mesh_path = str(render.pointmap_glb(pointmap, image, analysis.folder / "pointmap_3d.glb", foreground))
     return [
         show(image),
-        show(None if seg is None else render.seg_picture(image, seg.labels, shown)),
+        show(None if seg is None else render.seg_picture(image, seg.labels, shown, seg.class_names)),
         show(None if pose is None else render.pose_picture(image, pose, keypoint_format, draw_boxes)),
         show(None if normal is None else render.normal_picture(normal)),
         show(None if pointmap is None else render.depth_picture(pointmap)),
@@ -387,7 +387,7 @@ def _views(gr, analysis: Analysis, keypoint_format: str, draw_boxes: bool, shown
         show(None if matting is None else render.matting_picture(matting)),
         gr.update(value=mesh_path, visible=True if mesh_path else "hidden"),
         gr.update(visible=seg is not None),
-        render.seg_legend(None if seg is None else seg.labels),
+        render.seg_legend(None, None) if seg is None else render.seg_legend(seg.labels, seg.class_names),
     ]
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from ..labels import class_set
 from ..metadata import seg_metadata
 from ..predict.visualize import colorize_depth, colorize_normals, draw_pose, seg_legend_entries, seg_overlay
 from ..tasks import TASKS
@@ -35,22 +36,28 @@ __all__ = [
 ]
 
 
-def seg_picture(image: np.ndarray, labels: np.ndarray, shown: Iterable[str] | None = None) -> np.ndarray:
-    """The seg overlay (``seg_overlay``) on the classes in ``shown`` (names; None = all); the photo elsewhere."""
-    overlay = seg_overlay(image, labels)
+def seg_picture(
+    image: np.ndarray, labels: np.ndarray, shown: Iterable[str] | None = None, class_names: Sequence[str] | None = None
+) -> np.ndarray:
+    """The seg overlay (``seg_overlay``) on the classes in ``shown`` (names; None = all); the photo elsewhere.
+    ``class_names``: the result's (a model of its own classes, ``sapiens2.labels``); default the 29."""
+    classes = seg_metadata() if class_names is None else class_set(class_names)
+    overlay = seg_overlay(image, labels, palette=classes.palette)
     if shown is None:
         return overlay
-    names = seg_metadata().class_names
+    names = classes.class_names
     keep = np.zeros(max(len(names), int(labels.max(initial=0)) + 1), dtype=bool)
     keep[[names.index(name) for name in shown if name in names]] = True
     return np.where(keep[labels][..., None], overlay, image)
 
 
-def seg_legend(labels: np.ndarray | None) -> str:
-    """HTML legend of the 29 classes: colour, name and share of the image (classes absent from it dimmed); the
-    entries of ``predict.visualize.seg_legend_entries``, as the legend panel of ``_seg_overlay`` pictures."""
+def seg_legend(labels: np.ndarray | None, class_names: Sequence[str] | None = None) -> str:
+    """HTML legend of the 29 classes (or the result's ``class_names``): colour, name and share of the image
+    (classes absent from it dimmed); the entries of ``predict.visualize.seg_legend_entries``, as the legend panel
+    of ``_seg_overlay`` pictures."""
     items = []
-    for entry in seg_legend_entries(labels):
+    classes = None if class_names is None else class_set(class_names)
+    for entry in seg_legend_entries(labels, classes):
         share = f"{100.0 * entry.share:.1f}%" if entry.pixels else "–"
         opacity = 1.0 if entry.pixels or labels is None else 0.45
         colour = entry.color

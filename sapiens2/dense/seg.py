@@ -370,6 +370,7 @@ def postprocess(
     return_probabilities: bool = False,
     classwise: bool | None = None,
     exact: bool = False,
+    names: Sequence[str] | None = None,
 ) -> list[SegResult]:
     """Turn (B, C, H_in, W_in) logits into per-image label maps at the original resolution.
 
@@ -392,10 +393,15 @@ def postprocess(
             ``False`` never. ``True`` or ``False`` also rule out the boundary refinement.
         exact: large outputs' labels bit for bit as the official order (``Predictor(reference=True)``); default
             the boundary refinement.
+        names: the C class names (the model's label set, ``sapiens2.labels``); default the 29 classes when C is 29,
+            else ``class_<i>``.
     """
     logits = as_output_batch(logits, meta, None, "seg logits")
     count = logits.shape[1]
-    names = class_names() if count == len(class_names()) else tuple(f"class_{i}" for i in range(count))
+    if names is not None and len(names) == count:
+        names = tuple(names)
+    else:
+        names = class_names() if count == len(class_names()) else tuple(f"class_{i}" for i in range(count))
     per_image = functools.partial(
         _seg_image, names=names, return_probabilities=return_probabilities, classwise=classwise, exact=exact
     )

@@ -7,7 +7,11 @@ and scores the predictions with :func:`sapiens2.eval.oks.evaluate_sapiens308` (P
 xtcocotools) on body-17, feet, face, each hand, both hands and all 308 keypoints.
 
 The ground truth is read into the 308 ids whatever the file's ``keypoint_format``; ids the format lacks are
-unlabelled, so their groups report -1 (no ground truth). Labelled keypoints and boxes outside their image (what
+unlabelled, so their groups report -1 (no ground truth). A model of its own keypoint set (``sapiens2.labels``) is
+scored on that set instead: the annotations' ``keypoints`` in the set's name order, one group ``all`` with the set's
+OKS sigmas (:func:`sapiens2.eval.oks.evaluate_keypoints`, equal to pycocotools with those sigmas).
+
+Labelled keypoints and boxes outside their image (what
 annotation tools write when a limb leaves the frame) are scored as given, as pycocotools scores them, with one warning
 line giving their count; what pycocotools cannot score (non-finite numbers, wrong lengths, negative visibility) is
 refused before any prediction. A person's OKS scale is the annotation's ``area``; files without one use the ``bbox``
@@ -28,12 +32,13 @@ from typing import Any
 import numpy as np
 
 from sapiens2.data.io import DEFAULT_MAX_MEGAPIXELS, ImageReadError, ImageTooLargeError, read_image, save_png
+from sapiens2.labels import is_released_set
 from sapiens2.messages import report_warning
-from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
+from sapiens2.metadata import KeypointMetadata, keypoint_metadata
 from sapiens2.pose.keypoints import FORMATS_INTO_308, format_to_308_ids
 from sapiens2.pose.topdown import PoseResult
 
-from .oks import STAT_NAMES, evaluate_sapiens308, oks_nms
+from .oks import STAT_NAMES, evaluate_keypoints, evaluate_sapiens308, oks_nms
 from .plots import grouped_bar_chart, pixels
 
 __all__ = [
@@ -44,6 +49,7 @@ __all__ = [
     "evaluate_gt_box_predictions",
     "evaluate_pose",
     "format_to_308_ids",
+    "groups_of",
     "group_ap_figure",
     "pose_metrics",
     "read_pose_labels",
@@ -64,6 +70,16 @@ GROUPS = {
 }
 KEYPOINT_FORMATS = FORMATS_INTO_308  # the annotation layouts that can be evaluated
 OKS_NMS_THRESHOLD = 0.9  # POSE.md §6.2
+CUSTOM_GROUP = "all"  # the one group of a keypoint set of one's own: every keypoint, with the set's sigmas
+
+
+def _keypoints(keypoint_set: KeypointMetadata | None) -> KeypointMetadata:
+    return keypoint_metadata() if keypoint_set is None else keypoint_set
+
+
+def groups_of(keypoint_set: KeypointMetadata | None) -> dict[str, str]:
+    """Report group -> subset: ``GROUPS`` for the 308 keypoints, ``{"all": "all"}`` for a set of one's own."""
+    return dict(GROUPS) if is_released_set(keypoint_set) else {CUSTOM_GROUP: CUSTOM_GROUP}
 
 
 @dataclass(frozen=True)
@@ -173,8 +189,12 @@ def read_pose_labels(
     *,
     keypoint_format: str = "sapiens308",
     annotations: str = "annotations.json",
+    keypoint_set: KeypointMetadata | None = None,
 ) -> PoseLabels:
     """Read and check ``root/annotations.json`` (all of it, before any compute) and select ``split``.
+
+    ``keypoint_set``: a set of one's own (``sapiens2.labels``): the ``keypoints`` arrays are in its name order and
+    ``keypoint_format`` is not read; None: the 308 keypoints, from ``keypoint_format``.
 
     Labelled keypoints and boxes outside their image (negative, or past the ``width`` and ``height`` of its
     ``images`` entry), as annotation tools write them when a limb leaves the frame, are kept and scored as
@@ -187,7 +207,10 @@ def read_pose_labels(
     """
     root = Path(root)
     path = root / annotations
-    ids = format_to_308_ids(keypoint_format)
+    custom = not is_released_set(keypoint_set)
+    ids = np.arange(len(keypoint_set.names)) if custom else format_to_308_ids(keypoint_format)
+    keypoint_format = "the label set" if custom else keypoint_format
+    num_keypoints = len(_keypoints(keypoint_set).names)
     try:
         data = json.loads(path.read_text())
         images = [{"id": image["id"], "file_name": str(image["file_name"])} for image in data["images"]]
@@ -228,7 +251,7 @@ def read_pose_labels(
         if record["image_id"] not in chosen:
             continue
         raw = np.asarray(record["keypoints"], dtype=np.float64).reshape(-1, 3)
-        keypoints = np.zeros((NUM_KEYPOINTS, 3))
+        keypoints = np.zeros((num_keypoints, 3))
         keypoints[ids[mapped]] = raw[mapped]
         keypoints[keypoints[:, 2] <= 0] = 0.0
         bbox = record.get("bbox")
@@ -283,15 +306,20 @@ def _clip_xyxy(boxes_xywh: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def image_results(
-    image_id: int, keypoints: np.ndarray, scores: np.ndarray, box_scores: np.ndarray | None = None
+    image_id: int,
+    keypoints: np.ndarray,
+    scores: np.ndarray,
+    box_scores: np.ndarray | None = None,
+    keypoint_set: KeypointMetadata | None = None,
 ) -> tuple[list[dict], np.ndarray]:
     """One image's 308-keypoint predictions as COCO result records after the reference's OKS-NMS (POSE.md §6.1-6.3).
 
     Args:
         image_id: the ground truth's image id.
-        keypoints: (N, 308, 2) image pixels.
-        scores: (N, 308) keypoint scores.
+        keypoints: (N, K, 2) image pixels (K = 308 unless ``keypoint_set`` says otherwise).
+        scores: (N, K) keypoint scores.
         box_scores: (N,) person box scores (default 1, as the reference gives every instance).
+        keypoint_set: the model's keypoints (their OKS sigmas for the NMS); None: the 308.
 
     Returns:
         Result dicts (``image_id``, ``category_id``, ``keypoints`` [x, y, score] * 308, ``score`` =
@@ -300,8 +328,9 @@ def image_results(
     """
     from sapiens2.predict.writers import instance_score
 
-    keypoints = np.asarray(keypoints, dtype=np.float64).reshape(-1, NUM_KEYPOINTS, 2)
-    scores = np.asarray(scores, dtype=np.float64).reshape(-1, NUM_KEYPOINTS)
+    meta = _keypoints(keypoint_set)
+    keypoints = np.asarray(keypoints, dtype=np.float64).reshape(-1, len(meta.names), 2)
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1, len(meta.names))
     box_scores = np.ones(len(keypoints)) if box_scores is None else np.asarray(box_scores, dtype=np.float64)
     if len(keypoints) == 0:
         return [], np.zeros(0, dtype=np.int64)
@@ -309,7 +338,7 @@ def image_results(
     triplets = np.where(usable[..., None], np.concatenate([keypoints, scores[..., None]], axis=2), 0.0)
     person_scores = np.array([instance_score(b, s) for s, b in zip(scores, box_scores, strict=True)])
     extent = triplets[..., :2].max(axis=1) - triplets[..., :2].min(axis=1)  # all 308, whatever their score
-    keep = oks_nms(triplets, person_scores, extent[:, 0] * extent[:, 1], keypoint_metadata().sigmas, OKS_NMS_THRESHOLD)
+    keep = oks_nms(triplets, person_scores, extent[:, 0] * extent[:, 1], meta.sigmas, OKS_NMS_THRESHOLD)
     records = [
         {
             "image_id": image_id,
@@ -322,11 +351,18 @@ def image_results(
     return records, keep
 
 
-def pose_metrics(gt: dict, results: list[dict]) -> tuple[dict[str, float], list[dict]]:
-    """OKS AP/AR of 308-keypoint results per group: ``({"body17/AP": ..., ...}, rows)``, one row per group."""
-    subsets = evaluate_sapiens308(gt, results, subsets=tuple(GROUPS.values()))
+def pose_metrics(
+    gt: dict, results: list[dict], keypoint_set: KeypointMetadata | None = None
+) -> tuple[dict[str, float], list[dict]]:
+    """OKS AP/AR of 308-keypoint results per group: ``({"body17/AP": ..., ...}, rows)``, one row per group; for a
+    keypoint set of one's own, the group ``all`` with the set's sigmas (``evaluate_keypoints``, as pycocotools)."""
+    groups = groups_of(keypoint_set)
+    if is_released_set(keypoint_set):
+        subsets = evaluate_sapiens308(gt, results, subsets=tuple(groups.values()))
+    else:
+        subsets = {CUSTOM_GROUP: evaluate_keypoints(gt, results, keypoint_set.sigmas)}
     metrics, rows = {}, []
-    for name, subset in GROUPS.items():
+    for name, subset in groups.items():
         stats = subsets[subset]
         metrics |= {f"{name}/{stat}": float(stats[stat]) for stat in STAT_NAMES}
         rows.append({"group": name, **{stat: float(stats[stat]) for stat in STAT_NAMES}})
@@ -334,7 +370,11 @@ def pose_metrics(gt: dict, results: list[dict]) -> tuple[dict[str, float], list[
 
 
 def evaluate_gt_box_predictions(
-    labels: PoseLabels, annotations: np.ndarray, keypoints: np.ndarray, scores: np.ndarray
+    labels: PoseLabels,
+    annotations: np.ndarray,
+    keypoints: np.ndarray,
+    scores: np.ndarray,
+    keypoint_set: KeypointMetadata | None = None,
 ) -> tuple[dict[str, float], list[dict]]:
     """OKS AP/AR of top-down predictions made on the ground-truth boxes, one person per annotation, as
     :func:`evaluate_pose` with ``boxes="gt"`` scores them: per image, the people in annotation order through the
@@ -348,8 +388,9 @@ def evaluate_gt_box_predictions(
             A repeated position counts once (the first), as the reference de-duplicates gathered predictions
             (POSE.md §6.1); positions :func:`evaluate_pose` would not predict (crowd, unlabelled, empty box, other
             splits) are left out.
-        keypoints: (N, 308, 2) image pixels.
-        scores: (N, 308) keypoint scores.
+        keypoints: (N, K, 2) image pixels (K = 308 unless ``keypoint_set`` says otherwise).
+        scores: (N, K) keypoint scores.
+        keypoint_set: the model's keypoints; None: the 308.
 
     Returns:
         ``pose_metrics``' ``({"<group>/<stat>": value}, rows)``.
@@ -357,9 +398,10 @@ def evaluate_gt_box_predictions(
     Raises:
         ValueError: mismatched lengths, or a person :func:`evaluate_pose` would predict has no prediction.
     """
+    count = len(_keypoints(keypoint_set).names)
     annotations = np.asarray(annotations, dtype=np.int64).reshape(-1)
-    keypoints = np.asarray(keypoints, dtype=np.float64).reshape(-1, NUM_KEYPOINTS, 2)
-    scores = np.asarray(scores, dtype=np.float64).reshape(-1, NUM_KEYPOINTS)
+    keypoints = np.asarray(keypoints, dtype=np.float64).reshape(-1, count, 2)
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1, count)
     if not len(annotations) == len(keypoints) == len(scores):
         raise ValueError(
             f"one annotation position per prediction: {len(annotations)} positions, {len(keypoints)} keypoint sets, "
@@ -378,8 +420,8 @@ def evaluate_gt_box_predictions(
             )
         if wanted:
             rows = [row_of[number] for number in wanted]
-            results.extend(image_results(image["id"], keypoints[rows], scores[rows])[0])
-    return pose_metrics(labels.gt, results)
+            results.extend(image_results(image["id"], keypoints[rows], scores[rows], keypoint_set=keypoint_set)[0])
+    return pose_metrics(labels.gt, results, keypoint_set)
 
 
 @dataclass(frozen=True)
@@ -415,6 +457,7 @@ def evaluate_pose(
     results_path: str | os.PathLike | None = None,
     output: str | os.PathLike | None = None,
     max_megapixels: float | None = DEFAULT_MAX_MEGAPIXELS,
+    keypoint_set: KeypointMetadata | None = None,
 ) -> PoseEvaluation:
     """Predict every image of a labelled pose folder and compute COCO OKS AP/AR per keypoint group.
 
@@ -439,6 +482,8 @@ def evaluate_pose(
         output: a folder for the per-group AP chart (``pose_group_ap.png``).
         max_megapixels: images with more pixels are skipped (judged from the header before decoding; None: no
             limit), as ``read_image`` refuses them.
+        keypoint_set: the model's keypoints (``sapiens2.labels.labels_of(model).keypoints``); None: the 308. A set
+            of one's own reads the annotations in its name order and scores the group ``all`` with its sigmas.
 
     Returns:
         A :class:`PoseEvaluation`.
@@ -448,12 +493,15 @@ def evaluate_pose(
     """
     if boxes not in ("gt", "detector"):
         raise ValueError(f"boxes must be 'gt' or 'detector', got {boxes!r}")
-    labels = read_pose_labels(root, split, keypoint_format=keypoint_format, annotations=annotations)
+    labels = read_pose_labels(
+        root, split, keypoint_format=keypoint_format, annotations=annotations, keypoint_set=keypoint_set
+    )
+    custom = not is_released_set(keypoint_set)
     writer = None
     if results_path is not None:
         from sapiens2.predict.writers import CocoResultsWriter
 
-        writer = CocoResultsWriter(results_path, keypoint_format=keypoint_format)
+        writer = CocoResultsWriter(results_path, keypoint_format="sapiens308" if custom else keypoint_format)
     from tqdm.auto import tqdm
 
     results: list[dict] = []
@@ -475,9 +523,11 @@ def evaluate_pose(
             pose = predictor(array, boxes=_clip_xyxy(people, *array.shape[:2]))
         else:
             pose = predictor(array)
-        if len(pose.keypoint_names) != NUM_KEYPOINTS:
-            raise ValueError(f"the predictor returned {len(pose.keypoint_names)} keypoints; evaluation needs the 308")
-        found, keep = image_results(image["id"], pose.keypoints, pose.scores, pose.box_scores)
+        expected = _keypoints(keypoint_set).names
+        if tuple(pose.keypoint_names) != tuple(expected):
+            what = "the 308" if not custom else f"the label set's {len(expected)}"
+            raise ValueError(f"the predictor returned {len(pose.keypoint_names)} keypoints; evaluation needs {what}")
+        found, keep = image_results(image["id"], pose.keypoints, pose.scores, pose.box_scores, keypoint_set)
         results.extend(found)
         if writer is not None:  # the people that were evaluated, in the same order
             kept = PoseResult(pose.boxes[keep], pose.box_scores[keep], pose.keypoints[keep], pose.scores[keep],
@@ -492,7 +542,7 @@ def evaluate_pose(
     )
     if not gt["annotations"]:
         raise ValueError(f"no readable image of {labels.annotations_path} has a ground-truth person to evaluate")
-    metrics, rows = pose_metrics(gt, results)
+    metrics, rows = pose_metrics(gt, results, keypoint_set)
     files = []
     if writer is not None:
         files.append(writer.write())
@@ -525,7 +575,7 @@ def draw_group_ap_chart(
 def group_ap_figure(metrics: Mapping[str, float], title: str = "OKS AP by keypoint group") -> np.ndarray:
     """Grouped bars ((H, W, 3) uint8 RGB, ``plots.grouped_bar_chart``) of AP, AP50, AP75 per keypoint group, the AP
     written above each; no ground truth (-1): n/a."""
-    groups = [name for name in GROUPS if f"{name}/AP" in metrics]
+    groups = [name for name in (*GROUPS, CUSTOM_GROUP) if f"{name}/AP" in metrics]
     series = {stat: [float(metrics.get(f"{name}/{stat}", -1.0)) for name in groups] for stat in ("AP", "AP50", "AP75")}
     series = {stat: [value if value >= 0 else np.nan for value in values] for stat, values in series.items()}
     return pixels(grouped_bar_chart(groups, series, title))

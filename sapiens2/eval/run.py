@@ -38,7 +38,7 @@ from ..predict.predictor import Predictor
 from ..tasks import TASKS
 from .metrics import AlbedoMetrics, DepthMetrics, NormalMetrics, PointmapMetrics, SegMetrics
 from .plots import bar_chart, histogram_chart, pixels
-from .pose import GROUPS, KEYPOINT_FORMATS, evaluate_pose, group_ap_figure, unreadable_line
+from .pose import KEYPOINT_FORMATS, evaluate_pose, group_ap_figure, groups_of, unreadable_line
 
 __all__ = ["TASK_EVALUATORS", "EvalOptions", "EvalReport", "evaluate", "evaluate_dense", "evaluate_pose_set"]
 
@@ -258,10 +258,13 @@ def _joined_rows(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> l
 
 
 class _SegScore:
-    """SegMetrics over ``Predictor`` labels; per-class IoU/Acc table and chart."""
+    """SegMetrics over ``Predictor`` labels, over the model's classes (its label set, ``sapiens2.labels``; the 29
+    of the released models); per-class IoU/Acc table and chart."""
 
-    def __init__(self) -> None:
-        self.metric = SegMetrics(num_classes=len(seg_metadata().class_names))
+    def __init__(self, predictor: Predictor | None = None) -> None:
+        classes = getattr(getattr(predictor, "labels", None), "classes", None)  # a stand-in may have none
+        self.class_names = classes.class_names if classes is not None else seg_metadata().class_names
+        self.metric = SegMetrics(num_classes=len(self.class_names))
 
     def update(self, result: Any, sample: dict[str, Any]) -> None:
         pred = torch.from_numpy(np.ascontiguousarray(result.labels))[None]
@@ -274,7 +277,7 @@ class _SegScore:
         scores = self.metric.class_scores()
         areas = self.metric.label_areas().tolist()
         rows = []
-        for number, name in enumerate(seg_metadata().class_names):
+        for number, name in enumerate(self.class_names):
             iou, accuracy = (float(scores[key][number]) * 100 for key in ("IoU", "Acc"))
             rows.append({"id": number, "class": name, "IoU": iou, "Acc": accuracy, "pixels": areas[number]})
         return {"per_class": rows}
@@ -418,7 +421,7 @@ def evaluate_dense(
         compile=options.compile,
         quantize=options.quantize,
     )
-    score = DENSE_SCORES[options.task]()
+    score = DENSE_SCORES[options.task](predictor) if options.task == "seg" else DENSE_SCORES[options.task]()
     skipped: list[str] = []
     evaluated = 0
     disable = None if options.progress is None else not options.progress  # None: tqdm shows it on a terminal only
@@ -488,6 +491,26 @@ def pose_source(data: str | os.PathLike) -> tuple[Path, str]:
     return path, "annotations.json"
 
 
+def model_keypoint_set(model: ModelSource) -> Any:
+    """The keypoint set a pose model predicts, known before it loads (``evaluate_pose`` reads the annotations in
+    its order first): a module's or an exported network's ``labels``, a local weight file's metadata; None (the
+    308) for the released weights and whatever cannot be read here (the Predictor then reports it)."""
+    from ..checkpoints import CheckpointNotFoundError, file_label_set, locate_checkpoint
+    from ..export.runtime import is_network_file, load_network
+    from ..labels import labels_of
+
+    try:
+        if isinstance(model, nn.Module):
+            return labels_of(model, "pose").keypoints
+        if is_network_file(model):
+            return labels_of(load_network(model, "pose"), "pose").keypoints
+        found = locate_checkpoint(model, "pose")
+    except (CheckpointNotFoundError, ValueError, OSError):
+        return None
+    carried = file_label_set(found, "pose", {}) if isinstance(found, Path) else None
+    return carried.keypoints if carried is not None else None
+
+
 def evaluate_pose_set(
     options: EvalOptions, model: ModelSource, before_load: Callable[[], None] = lambda: None
 ) -> EvalReport:
@@ -515,6 +538,7 @@ def evaluate_pose_set(
             quantize=options.quantize,
         )
 
+    keypoint_set = model_keypoint_set(model)  # a set of one's own: its order, its sigmas
     results_path = None
     if options.output is not None:  # written here, moved to its final name by write_report
         Path(options.output).mkdir(parents=True, exist_ok=True)
@@ -531,6 +555,7 @@ def evaluate_pose_set(
             progress=options.progress is not False,  # evaluate_pose shows it on a terminal only
             results_path=results_path,
             max_megapixels=options.max_megapixels,
+            keypoint_set=keypoint_set,
         )
     except BaseException:
         if results_path is not None:
@@ -550,7 +575,7 @@ def evaluate_pose_set(
             lambda: {"pose_group_ap": group_ap_figure(found.metrics, f"OKS AP by keypoint group - {name}")}
         ),
         pending={} if results_path is None else {"pose_results": Path(results_path)},
-        headline=tuple(f"{group}/AP" for group in GROUPS),
+        headline=tuple(f"{group}/AP" for group in groups_of(keypoint_set)),
     )
 
 

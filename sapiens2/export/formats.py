@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..labels import METADATA_KEY, is_released_set
 from ..models.task_model import TaskModel
 from .bf16 import emulate_bfloat16, has_bfloat16
 from .program import ExportError, backbone_of, default_input_size, export_program, output_names
@@ -58,7 +59,7 @@ def network_metadata(model: nn.Module, input_size: Sequence[int], dtype: str) ->
     except importlib.metadata.PackageNotFoundError:  # a source checkout that was never installed
         version = "unknown"
     backbone = backbone_of(model)
-    return {
+    metadata = {
         "sapiens2.task": model.task if isinstance(model, TaskModel) else "backbone",
         "sapiens2.arch": backbone.arch.name,
         "sapiens2.input_size": f"{int(input_size[0])}x{int(input_size[1])}",
@@ -66,6 +67,10 @@ def network_metadata(model: nn.Module, input_size: Sequence[int], dtype: str) ->
         "sapiens2.outputs": ",".join(output_names(model)),
         "sapiens2.version": version,
     }
+    labels = getattr(model, "labels", None)  # a label set of its own (sapiens2.labels): the runtimes read it back
+    if isinstance(model, TaskModel) and labels is not None and not is_released_set(labels.for_task(model.task)):
+        metadata[f"sapiens2.{METADATA_KEY}"] = labels.to_json()
+    return metadata
 
 
 def _check_suffix(path: str | os.PathLike, suffixes: tuple[str, ...], what: str) -> Path:

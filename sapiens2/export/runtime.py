@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..labels import METADATA_KEY, LabelSet, label_set_from_json
 from .formats import EXECUTORCH_EXTRA, EXECUTORCH_METADATA, EXPORT_EXTRA, METADATA_FILE, OPENVINO_EXTRA
 from .program import OUTPUT_NAMES
 
@@ -70,6 +71,16 @@ def _parse_size(text: str | None) -> tuple[int, int] | None:
     return int(height), int(width)
 
 
+def network_labels(text: str | None, path: Path) -> LabelSet | None:
+    """The label set an exported file carries (``network_metadata``); None when it carries none."""
+    if text is None:
+        return None
+    try:
+        return label_set_from_json(text, f"{path}: metadata 'sapiens2.{METADATA_KEY}'")
+    except ValueError as error:
+        raise NetworkFileError(str(error)) from None
+
+
 class _Network:
     """Shared checks and fields of the adapters."""
 
@@ -78,6 +89,7 @@ class _Network:
     input_size: tuple[int, int]
     dtype: str
     output_names: tuple[str, ...]
+    labels: LabelSet | None = None  # a label set of its own (sapiens2.labels), None: the task's released one
 
     def _check_task(self, task: str | None) -> None:
         if task is None:
@@ -150,6 +162,7 @@ class OnnxNetwork(_Network):
         metadata = self.session.get_modelmeta().custom_metadata_map
         self.task = metadata.get("sapiens2.task")
         self.dtype = metadata.get("sapiens2.dtype", "fp32")
+        self.labels = network_labels(metadata.get(f"sapiens2.{METADATA_KEY}"), self.path)
         self.output_names = tuple(output.name for output in self.session.get_outputs())
         self._check_task(task)
 
@@ -188,6 +201,7 @@ class Pt2Network(_Network):
     def _read_metadata(self, metadata: dict[str, str]) -> None:
         self.task = metadata.get("sapiens2.task")
         self.dtype = metadata.get("sapiens2.dtype", "fp32")
+        self.labels = network_labels(metadata.get(f"sapiens2.{METADATA_KEY}"), self.path)
         self.output_names = tuple(filter(None, metadata.get("sapiens2.outputs", "").split(",")))
         size = _parse_size(metadata.get("sapiens2.input_size"))
         if size is not None:
@@ -265,6 +279,7 @@ class OpenVinoNetwork(_Network):
         metadata = self._metadata(network)
         self.task = metadata.get("task")
         self.dtype = metadata.get("dtype", "fp32")
+        self.labels = network_labels(metadata.get(METADATA_KEY), self.path)
         self.output_names = tuple(output.get_any_name() for output in network.outputs)
         self._check_task(task)
         self._core, self._network = core, network
@@ -339,6 +354,7 @@ class ExecuTorchNetwork(_Network):
             raise NetworkFileError(f"{self.path}: not a usable ExecuTorch program: {_first_line(error)}") from None
         self.task = metadata.get("sapiens2.task")
         self.dtype = metadata.get("sapiens2.dtype", "fp32")
+        self.labels = network_labels(metadata.get(f"sapiens2.{METADATA_KEY}"), self.path)
         self.output_names = tuple(filter(None, metadata.get("sapiens2.outputs", "").split(",")))
         self.input_size = _parse_size(metadata.get("sapiens2.input_size")) or (0, 0)
         self.batch = int(metadata.get("sapiens2.batch", "1"))

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..data.io import atomic_write
 from ..messages import report_error
+from ..metadata import keypoint_metadata
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -531,6 +532,7 @@ def run_mocap(
     missing = [t for t in MOCAP_TASKS if t not in predictors]
     if missing:
         raise ValueError(f"mocap needs a Predictor for {' and '.join(missing)} (it has {', '.join(predictors)})")
+    check_pose_model(predictors["pose"])
     tasks = {t: p for t, p in predictors.items() if t in MOCAP_TASKS or (t == "seg" and options.seg)}
     text = str(source) if isinstance(source, int) else os.fspath(source)
     stem = video_stem(source, Path(output))
@@ -600,6 +602,22 @@ def _finished_video(video_summary: Path, run_file: Path, signature: dict) -> dic
     return summary if same and not summary.get("error") else None
 
 
+def check_pose_model(predictor: Any, what: str = "the pose model") -> None:
+    """Refuse a pose model of another keypoint set (``sapiens2.labels``): the rig, the lifting and the solve place
+    joints by the 308 keypoints' ids and names (their body, feet and hands), which such a model does not predict.
+
+    Raises:
+        ValueError: one line naming the model's keypoints.
+    """
+    points = getattr(getattr(predictor, "labels", None), "keypoints", None)
+    if points is not None and tuple(points.names) != keypoint_metadata().names:
+        shown = ", ".join(points.names[:5]) + (", ..." if len(points.names) > 5 else "")
+        raise ValueError(
+            f"mocap needs a pose model of the 308 Sapiens2 keypoints (it solves the skeleton from their body, feet "
+            f"and hands); {what} predicts {len(points.names)} keypoints of its own ({shown})"
+        )
+
+
 # ------------------------------------------------------------------------------------------------- the CLI's entry
 
 
@@ -619,6 +637,8 @@ def run_mocap_inputs(options: Any, mocap: MocapOptions, *, option: Any = None, p
         resolve_sources(options, tasks, option, download=False)  # a model file that does not exist: usage error
         sources = drop_missing(options.inputs)  # then the inputs, before any model loads
         predictors = make_predictors(options, tasks, option) if sources else {}
+        if predictors:
+            check_pose_model(predictors["pose"])
     except (ValueError, OSError) as error:
         report_error(error)
         return setup_status(error)

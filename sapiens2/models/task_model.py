@@ -25,6 +25,8 @@ class TaskModel(nn.Module):
         task: the task name.
         backbone: a ``Sapiens2`` with ``out_type="featmap"``.
         decode_head: the task head.
+        labels: the label set its file carries (a ``sapiens2.labels.LabelSet``, set by ``load_model``); None: the
+            released set of its task (``sapiens2.labels.labels_of`` reads either).
     """
 
     def __init__(self, task: str, backbone: Sapiens2, decode_head: nn.Module) -> None:
@@ -32,6 +34,7 @@ class TaskModel(nn.Module):
         self.task = task
         self.backbone = backbone
         self.decode_head = decode_head
+        self.labels: Any = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x: (B, 3, H, W) normalised images -> head output at the head's resolution."""

@@ -183,7 +183,11 @@ def convert_keypoints(
 
 
 def flip_keypoints(
-    keypoints: np.ndarray, scores: np.ndarray | None = None, *, image_width: int
+    keypoints: np.ndarray,
+    scores: np.ndarray | None = None,
+    *,
+    image_width: int,
+    flip_indices: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Mirror 308-format keypoints horizontally: x -> W - 1 - x, then swap left/right ids by ``flip_indices``.
 
@@ -193,6 +197,7 @@ def flip_keypoints(
         keypoints: (..., 308, 2) (x, y) image pixels.
         scores: optional (..., 308) values carried along with their keypoints (scores, visibility).
         image_width: W in pixels.
+        flip_indices: (K,) the flip permutation of another keypoint set (``sapiens2.labels``); default the 308's.
 
     Returns:
         Flipped keypoints (float64 copy) and flipped scores (copy, or None).
@@ -201,9 +206,9 @@ def flip_keypoints(
         ValueError: on a wrong keypoint axis.
     """
     points = np.asarray(keypoints, dtype=np.float64)
-    if points.ndim < 2 or points.shape[-2:] != (NUM_KEYPOINTS, 2):
-        raise ValueError(f"keypoints must be (..., 308, 2), got {points.shape}")
-    flip = keypoint_metadata().flip_indices
+    flip = keypoint_metadata().flip_indices if flip_indices is None else np.asarray(flip_indices, dtype=np.int64)
+    if points.ndim < 2 or points.shape[-2:] != (len(flip), 2):
+        raise ValueError(f"keypoints must be (..., {len(flip)}, 2), got {points.shape}")
     flipped = points[..., flip, :].copy()
     flipped[..., 0] = (image_width - 1) - flipped[..., 0]
     flipped_scores = None if scores is None else np.asarray(scores)[..., flip].copy()

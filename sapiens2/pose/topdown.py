@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from sapiens2.data.transforms import normalize_to_tensor
-from sapiens2.metadata import NUM_KEYPOINTS, keypoint_metadata
+from sapiens2.metadata import NUM_KEYPOINTS, KeypointMetadata, keypoint_metadata
 from sapiens2.pose.codec import decode_heatmaps, decode_heatmaps_torch
 from sapiens2.pose.keypoints import FORMATS, convert_keypoints, format_keypoint_names
 
@@ -437,6 +437,9 @@ class PoseResult:
 def as_keypoint_format(pose_result: PoseResult, fmt: str) -> PoseResult:
     """``pose_result`` in keypoint format ``fmt``: itself if already in it, converted if it holds 308 keypoints.
 
+    A result of a keypoint set of one's own (``sapiens2.labels``: names that are no format's) comes back as it is
+    for the default ``"sapiens308"``, which means "the model's own keypoints"; no other format can be made of it.
+
     Raises:
         ValueError: unknown ``fmt`` (with a did-you-mean), or a result in another format that cannot be converted.
     """
@@ -445,6 +448,9 @@ def as_keypoint_format(pose_result: PoseResult, fmt: str) -> PoseResult:
         return pose_result
     if len(pose_result.keypoint_names) == NUM_KEYPOINTS:
         return pose_result.converted(fmt)
+    own = tuple(pose_result.keypoint_names) not in {format_keypoint_names(known) for known in FORMATS}
+    if own and fmt == "sapiens308":
+        return pose_result
     raise ValueError(
         f"pose result has {len(pose_result.keypoint_names)} keypoints that are not the {fmt!r} format; only "
         f"308-keypoint results can be converted (formats: {', '.join(FORMATS)})"
@@ -471,6 +477,7 @@ def estimate_pose(
     box_scores_per_image: Sequence[np.ndarray] | None = None,
     paths: Sequence[str | None] | None = None,
     fast: bool = False,
+    keypoint_set: KeypointMetadata | None = None,
 ) -> list[PoseResult]:
     """Top-down pose for the given person boxes of several images, crops of all images batched together.
 
@@ -498,6 +505,8 @@ def estimate_pose(
         fast: the fast mode: crops and their mirrors in one ``model_fn`` call (2 x ``batch_size`` rows), flip
             average and DARK-UDP decode in torch on the output's device (:func:`decode_heatmaps_torch`: agrees
             with the numpy decoder within the codec tolerance). Default: the reference path, bit-exact on CPU.
+        keypoint_set: the model's keypoints (``sapiens2.labels``): their names in the results and their flip pairs
+            in the flip test; default the 308.
 
     Returns:
         One :class:`PoseResult` per image, in input order.
@@ -533,6 +542,7 @@ def estimate_pose(
                 "sapiens2.data.io.read_image"
             )
 
+    meta = keypoint_metadata() if keypoint_set is None else keypoint_set
     in_h, in_w = input_size
     owners = np.concatenate([np.full(len(b), i, dtype=np.int64) for i, b in enumerate(boxes_list)] + [np.zeros(0, int)])
     all_boxes = np.concatenate(boxes_list + [np.zeros((0, 4), np.float32)])
@@ -545,13 +555,15 @@ def estimate_pose(
         )
         batch = normalize(crops)
         if fast:
-            chunk_kpts, chunk_scores = _fast_chunk(batch, model_fn, flip_test, input_size)
+            chunk_kpts, chunk_scores = _fast_chunk(batch, model_fn, flip_test, input_size, meta)
             chunk_kpts = _input_to_image(chunk_kpts, centers[start:stop, None], scales[start:stop, None], input_size)
         else:
             with torch.no_grad():
                 heatmaps = model_fn(batch)
                 if flip_test:
-                    heatmaps = flip_average(_check_flip_channels(heatmaps), model_fn(batch.flip(-1)))
+                    heatmaps = flip_average(
+                        _check_flip_channels(heatmaps, meta), model_fn(batch.flip(-1)), meta.flip_indices
+                    )
             heatmaps = _as_numpy_heatmaps(heatmaps, stop - start)
             chunk_kpts, chunk_scores = heatmaps_to_image_keypoints(
                 heatmaps, centers[start:stop], scales[start:stop], input_size=input_size
@@ -559,12 +571,12 @@ def estimate_pose(
         keypoints.append(chunk_kpts)
         scores.append(chunk_scores)
     logger.debug("estimated pose for %d people in %d images", len(all_boxes), len(images))
-    return _split_results(images, boxes_list, box_scores_list, owners, keypoints, scores, paths)
+    return _split_results(images, boxes_list, box_scores_list, owners, keypoints, scores, paths, meta)
 
 
 @torch.no_grad()
 def _fast_chunk(
-    batch: torch.Tensor, model_fn: Callable, flip_test: bool, input_size: tuple[int, int]
+    batch: torch.Tensor, model_fn: Callable, flip_test: bool, input_size: tuple[int, int], meta: KeypointMetadata
 ) -> tuple[np.ndarray, np.ndarray]:
     """One forward for the crops and their mirrors, flip average and decode in torch; (n, K, 2) input pixels."""
     count = batch.shape[0]
@@ -573,16 +585,17 @@ def _fast_chunk(
     if output.ndim != 4 or output.shape[0] != count * (2 if flip_test else 1):
         raise ValueError(f"model_fn must return heatmaps (B, K, h, w) for its B inputs, got {tuple(output.shape)}")
     if flip_test:
-        output = flip_average(*_check_flip_channels(output).split(count))
+        output = flip_average(*_check_flip_channels(output, meta).split(count), meta.flip_indices)
     keypoints, scores = decode_heatmaps_torch(output, input_size=input_size)
     return keypoints.cpu().numpy(), scores.cpu().numpy()
 
 
-def _check_flip_channels(heatmaps: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
-    if len(heatmaps.shape) != 4 or heatmaps.shape[1] != NUM_KEYPOINTS:
+def _check_flip_channels(heatmaps: torch.Tensor | np.ndarray, meta: KeypointMetadata) -> torch.Tensor | np.ndarray:
+    count = len(meta.names)
+    if len(heatmaps.shape) != 4 or heatmaps.shape[1] != count:
         raise ValueError(
-            f"flip_test needs 308-keypoint heatmaps (B, 308, h, w) for the flip map, got {tuple(heatmaps.shape)}; "
-            "pass flip_test=False for other models"
+            f"flip_test needs {count}-keypoint heatmaps (B, {count}, h, w) for the flip map of the keypoint set, got "
+            f"{tuple(heatmaps.shape)}; pass the model's keypoint_set (sapiens2.labels), or flip_test=False"
         )
     return heatmaps
 
@@ -595,12 +608,14 @@ def _split_results(
     keypoints: list[np.ndarray],
     scores: list[np.ndarray],
     paths: Sequence[str | None] | None,
+    meta: KeypointMetadata,
 ) -> list[PoseResult]:
-    """Regroup the flat per-person outputs into one PoseResult per image."""
-    num_kpts = keypoints[0].shape[1] if keypoints else NUM_KEYPOINTS
+    """Regroup the flat per-person outputs into one PoseResult per image, named by the keypoint set ``meta`` (by
+    number when the model's outputs are not that many)."""
+    num_kpts = keypoints[0].shape[1] if keypoints else len(meta.names)
     all_kpts = np.concatenate(keypoints) if keypoints else np.zeros((0, num_kpts, 2))
     all_scores = np.concatenate(scores).astype(np.float64) if scores else np.zeros((0, num_kpts))
-    names = keypoint_metadata().names if num_kpts == NUM_KEYPOINTS else tuple(f"keypoint_{i}" for i in range(num_kpts))
+    names = meta.names if num_kpts == len(meta.names) else tuple(f"keypoint_{i}" for i in range(num_kpts))
     results = []
     for index, image in enumerate(images):
         mine = owners == index

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..data.sources import InputItem
+from ..labels import LabelSet
 from ..tasks import TASKS, check_task
 from .options import OptionText, PredictOptions, check_model_input_size
 
@@ -193,6 +194,16 @@ def _predict_members(
         except Exception as error:
             outcomes.append((index, error))
     return outcomes
+
+
+def predictor_labels(predictors: Mapping[str, Any]) -> LabelSet:
+    """The keypoints of the pose Predictor and the classes of the seg Predictor (their ``labels``: the models' own
+    sets, or the released ones), which the writers and the video overlay draw with."""
+
+    def part(task: str, name: str) -> Any:
+        return getattr(getattr(predictors.get(task), "labels", None), name, None)
+
+    return LabelSet(keypoints=part("pose", "keypoints"), classes=part("seg", "classes"))
 
 
 class ExrCollector:

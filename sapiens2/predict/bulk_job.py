@@ -22,7 +22,7 @@ import numpy as np
 from ..bulk import BulkJob, ItemOutput, WorkItem
 from ..data.collections import Record, decode_rgb
 from ..data.sources import InputItem
-from .batch import ExrCollector, make_predictors, pending_tasks, run_tasks
+from .batch import ExrCollector, make_predictors, pending_tasks, predictor_labels, run_tasks
 from .options import PredictOptions, boxes_for, python_option
 
 __all__ = ["PredictJob"]
@@ -116,6 +116,7 @@ class PredictJob(BulkJob):
             for image in images
         ]
         exr = ExrCollector(options, self.predictors)
+        labels = predictor_labels(self.predictors)
         with tempfile.TemporaryDirectory(prefix="sapiens2-bulk-") as scratch:
             for task, index, result, mask in run_tasks(
                 self.predictors, self.tasks, options.mask_from, images, pending, boxes
@@ -130,6 +131,7 @@ class PredictJob(BulkJob):
                 if exr.add(task, index, result, mask):  # --format exr (files sink): one EXR per image, below
                     continue
                 write_options = WriteOptions(
+                    labels=labels,
                     save_npy=options.save_npy,
                     keypoint_format=options.keypoint_format,
                     mask=mask if WRITERS[task].maskable else None,

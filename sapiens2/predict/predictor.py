@@ -25,6 +25,7 @@ from ..checkpoints import load_model
 from ..data.io import to_rgb_array
 from ..dense import albedo, matting, normal, pointmap, seg
 from ..export.runtime import InputSizeError, is_network_file, load_network
+from ..labels import labels_of
 from ..models.fast import CompiledBuckets, attention_backends, make_fast
 from ..models.input_size import model_input_size
 from ..models.lowp import quantize as quantize_blocks
@@ -213,6 +214,9 @@ class Predictor:
         else:  # built on meta and materialised in place: no float32 copy on the host on the way to a GPU
             model = load_model(task, model, device=self.device, dtype=self.dtype).eval()
         input_size = input_size or model_input_size(model)  # the size the model was built or trained for
+        # The names, skeleton, palette and flip pairs of the model's outputs: what its file carries, else the
+        # released set of the task (sapiens2.labels).
+        self.labels = labels_of(model, task)
         if compile and (self.mode != "fast" or not isinstance(model, nn.Module)):
             raise ValueError("compile=True needs mode='fast' and a PyTorch model (not an exported network)")
         if self.mode == "fast" and isinstance(model, nn.Module):
@@ -330,6 +334,8 @@ class Predictor:
         x, meta = self._timed("preprocess", module.preprocess, arrays, self.input_size, device=self.device)
         raw = self._timed("inference", self.forward, x)
         options = module.REFERENCE_OPTIONS if self.reference else {}
+        if self.task == "seg":
+            options = dict(options, names=self.labels.classes.class_names)
         return self._timed("postprocess", module.postprocess, raw, meta, paths=paths, **options)
 
     def _predict_pose(
@@ -350,6 +356,7 @@ class Predictor:
             box_scores_per_image=scores_per_image,
             paths=paths,
             fast=self.mode == "fast",
+            keypoint_set=self.labels.keypoints,
         )
         self.timings.inference += time.perf_counter() - start  # crops, network and decoding of all people
         return results

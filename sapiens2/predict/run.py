@@ -26,7 +26,7 @@ from ..data.sources import InputItem, expand_inputs, usable
 from ..messages import report_error
 from ..metadata import SAMPLE_IMAGE  # sample=True: a public-domain photo shipped with the package
 from ..tasks import check_task
-from .batch import ExrCollector, make_predictors, pending_tasks, resolve_sources, run_tasks
+from .batch import ExrCollector, make_predictors, pending_tasks, predictor_labels, resolve_sources, run_tasks
 from .options import (
     OptionText,
     PredictOptions,
@@ -71,6 +71,7 @@ class _Run:
     written_from: dict[str, str] = field(default_factory=dict)  # output name -> its input's hash (skip_existing)
     labels: Any = None  # a label_export.LabelExport (--export-labels), or None
     labels_pending: list[InputItem] = field(default_factory=list)  # skipped images whose seg labels are read back
+
 
 
 def predict_files(options: PredictOptions, *, option: OptionText = python_option) -> int:
@@ -243,6 +244,7 @@ def _process_batch(run: _Run, batch: list[InputItem]) -> None:
         if exr.add(task, index, result, mask):
             continue
         write_options = WriteOptions(
+            labels=predictor_labels(run.predictors),
             save_npy=options.save_npy,
             keypoint_format=options.keypoint_format,
             mask=mask if WRITERS[task].maskable else None,

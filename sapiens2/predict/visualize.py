@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from sapiens2.metadata import seg_metadata
-from sapiens2.pose.keypoints import skeleton_layout
+from sapiens2 import labels
+from sapiens2.metadata import NUM_KEYPOINTS, KeypointMetadata, SegMetadata, seg_metadata
+from sapiens2.pose.keypoints import FORMATS, SkeletonLayout, format_keypoint_names, skeleton_layout
 from sapiens2.pose.topdown import PoseResult, as_keypoint_format
 
 __all__ = [
@@ -138,13 +139,14 @@ class LegendEntry:
     share: float  # fraction of the image's pixels, 0..1
 
 
-def seg_legend_entries(labels: np.ndarray | None) -> list[LegendEntry]:
-    """Every one of the 29 classes with its colour and share of ``labels`` (all 0 when ``labels`` is None).
+def seg_legend_entries(labels: np.ndarray | None, classes: SegMetadata | None = None) -> list[LegendEntry]:
+    """Every one of the 29 classes (or of ``classes``, a list of one's own, ``sapiens2.labels``) with its colour and
+    share of ``labels`` (all 0 when ``labels`` is None).
 
     The one source of the legend drawn on ``_seg_overlay`` pictures (:func:`draw_seg_legend`) and of the demo's
-    HTML legend. Ids outside the 29 classes (e.g. 255 "ignore") count towards the total but get no entry.
+    HTML legend. Ids outside the classes (e.g. 255 "ignore") count towards the total but get no entry.
     """
-    meta = seg_metadata()
+    meta = seg_metadata() if classes is None else classes
     counts = np.zeros(len(meta.class_names), dtype=np.int64)
     total = 0
     if labels is not None:
@@ -160,7 +162,7 @@ def seg_legend_entries(labels: np.ndarray | None) -> list[LegendEntry]:
     ]
 
 
-def draw_seg_legend(picture: np.ndarray, labels: np.ndarray) -> np.ndarray:
+def draw_seg_legend(picture: np.ndarray, labels: np.ndarray, classes: SegMetadata | None = None) -> np.ndarray:
     """``picture`` with a white legend panel on its right: colour, id, name and share of each class present.
 
     Classes are listed by id in columns as tall as the picture; text and swatches scale with its height (as the
@@ -170,12 +172,13 @@ def draw_seg_legend(picture: np.ndarray, labels: np.ndarray) -> np.ndarray:
     Args:
         picture: (H, W, 3) uint8 RGB, e.g. :func:`seg_overlay` of ``labels``.
         labels: (H, W) integer class ids.
+        classes: the class list of the labels (``sapiens2.labels``); default the 29 classes.
 
     Returns:
         (H, W + panel width, 3) uint8 RGB.
     """
     picture = _check_image(picture, "picture")
-    entries = [entry for entry in seg_legend_entries(labels) if entry.pixels]
+    entries = [entry for entry in seg_legend_entries(labels, classes) if entry.pixels]
     if not entries:
         return picture.copy()
     height = picture.shape[0]
@@ -439,6 +442,7 @@ def draw_pose(
     draw_boxes: bool = False,
     box_color: tuple[int, int, int] = (255, 255, 255),
     box_ids: Sequence[int | None] | None = None,
+    keypoint_set: KeypointMetadata | None = None,
 ) -> np.ndarray:
     """Draw each person's skeleton links, then keypoints, with the official colours (POSE.md §7.2).
 
@@ -462,14 +466,25 @@ def draw_pose(
         box_ids: with ``draw_boxes``, one id per person (None: no label), written as ``#id`` above its box in
             :func:`id_color` (``sapiens2 predict``: the person's position in ``_pose.json``; video: the track id),
             or just inside its top when there is no room above; always whole inside the image.
+        keypoint_set: the keypoint set of a model of one's own (``sapiens2.labels``): a result with its names is
+            drawn with its skeleton and colours (``fmt`` does not apply). A result of other names that are not the
+            308 is drawn with the set its names give (``labels.keypoint_set``: the 308's links and colours between
+            names of the 308, a fixed palette for the others).
 
     Returns:
         (H, W, 3) uint8 RGB copy with the drawing.
     """
     canvas = _check_image(image).copy()
     height, width = canvas.shape[:2]
-    pose = as_keypoint_format(pose_result, fmt)
-    layout = skeleton_layout(fmt)
+    names = tuple(pose_result.keypoint_names)
+    if len(names) == NUM_KEYPOINTS or names in {format_keypoint_names(known) for known in FORMATS}:
+        pose = as_keypoint_format(pose_result, fmt)
+        layout = skeleton_layout(fmt)
+    else:  # a keypoint set of one's own
+        pose = pose_result
+        meta = keypoint_set if keypoint_set is not None and keypoint_set.names == names else labels.keypoint_set(names)
+        layout = SkeletonLayout(np.ones(len(names), bool), meta.keypoint_colors, meta.skeleton_links,
+                                meta.skeleton_link_colors)  # fmt: skip
     auto_radius, auto_thickness = pose_sizes((height, width))
     radius = auto_radius if radius is None else int(radius)
     thickness = max(1, auto_thickness if thickness is None else int(thickness))

@@ -59,6 +59,8 @@ from sapiens2.dense.matting import MattingResult
 from sapiens2.dense.normal import NormalResult
 from sapiens2.dense.pointmap import PointmapResult
 from sapiens2.dense.seg import SegResult
+from sapiens2.labels import LabelSet, class_set, keypoint_set
+from sapiens2.metadata import SegMetadata
 from sapiens2.pose.keypoints import FORMATS, format_keypoint_names, skeleton_links
 from sapiens2.pose.topdown import PoseResult, as_keypoint_format
 from sapiens2.predict.exr import EXR_TASKS, NORMAL_CONVENTIONS, convert_camera_vectors, write_exr
@@ -128,6 +130,9 @@ class WriteOptions:
         normal_convention: ``opencv`` (as predicted: x right, y down, z forward), ``opengl`` or ``blender`` (x right,
             y up, z backward) axes of the normals and positions written.
         models: task -> model name or source, recorded in EXR headers.
+        labels: the models' label sets (``sapiens2.labels``; ``Predictor.labels``): the skeleton, colours and
+            palette of keypoints and classes of one's own. Results of other names are drawn with the set their
+            names give.
     """
 
     save_npy: bool = False
@@ -145,6 +150,7 @@ class WriteOptions:
     output_format: str = "default"
     normal_convention: str = "opencv"
     models: dict[str, str] | None = None
+    labels: LabelSet | None = None
 
     def __post_init__(self) -> None:
         if self.keypoint_format not in FORMATS:
@@ -164,6 +170,8 @@ class WriteOptions:
 
 
 _DEFAULT_OPTIONS = WriteOptions()
+LABELS_FORMAT = "labels"
+"""``keypoint_format`` of a ``_pose.json`` of a model of its own keypoints: ``keypoint_names`` are its set's."""
 
 
 def _output_path(destination: Destination, suffix: str) -> Path:
@@ -270,6 +278,15 @@ def clip_boxes(boxes: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
 # module docstring, which a resumed run checks for) is written last, so if it exists the image's outputs are complete.
 
 
+def _classes_of(result: SegResult, options: WriteOptions) -> SegMetadata:
+    """The class list a seg result is drawn with: the given label set's when the names match, else the set the
+    result's names give (the 29 classes for theirs)."""
+    given = options.labels.classes if options.labels is not None else None
+    if given is not None and tuple(given.class_names) == tuple(result.class_names):
+        return given
+    return class_set(result.class_names)
+
+
 def write_seg(
     result: SegResult,
     destination: Destination,
@@ -285,9 +302,10 @@ def write_seg(
     written = []
     if options.overlay:
         image = _need_image(image_rgb, "seg", "an overlay")
-        picture = seg_overlay(image, labels)
+        classes = _classes_of(result, options)
+        picture = seg_overlay(image, labels, palette=classes.palette)
         if options.legend:
-            picture = draw_seg_legend(picture, labels)
+            picture = draw_seg_legend(picture, labels, classes)
         written.append(_save_picture(destination, "_seg_overlay", picture, image, options))
     if options.save_npy:
         written.append(save_npy(_output_path(destination, "_seg.npy"), labels))
@@ -425,8 +443,11 @@ def write_pose(
     ``keypoint_scores``. Non-finite numbers are written as null.
     """
     _check_size(image_rgb, result.image_size, "image_rgb")
-    pose = as_keypoint_format(result, options.keypoint_format)
-    record = {"keypoint_format": options.keypoint_format, **pose.to_json_dict()}
+    points = options.labels.keypoints if options.labels is not None else None
+    own = tuple(result.keypoint_names) not in {format_keypoint_names(fmt) for fmt in FORMATS}
+    # A model of its own keypoints writes its names as they are (no format conversion applies to them).
+    pose = result if own else as_keypoint_format(result, options.keypoint_format)
+    record = {"keypoint_format": LABELS_FORMAT if own else options.keypoint_format, **pose.to_json_dict()}
     record["path"] = _source_path(record.get("path"), destination)
     boxes = clip_boxes(pose.boxes, result.image_size)
     record["instances"] = [
@@ -444,8 +465,9 @@ def write_pose(
         image = _need_image(image_rgb, "pose", "a skeleton picture")
         ids = list(range(len(pose))) if options.draw_boxes else None
         picture = draw_pose(
-            image, pose, options.keypoint_threshold, options.keypoint_format, draw_boxes=options.draw_boxes, box_ids=ids
-        )
+            image, pose, options.keypoint_threshold, options.keypoint_format, draw_boxes=options.draw_boxes,
+            box_ids=ids, keypoint_set=points,
+        )  # fmt: skip
         written.append(_save_picture(destination, "_pose", picture, image, options))
     written.append(save_json(_output_path(destination, "_pose.json"), record, indent=None))
     return written
@@ -637,6 +659,7 @@ class CocoResultsWriter:
         self.path = Path(path)
         self.dataset_path = None if dataset_path is None else Path(dataset_path)
         self.keypoint_format = keypoint_format
+        self._own_names: tuple[str, ...] | None = None  # a model of its own keypoints: their names (sapiens2.labels)
         self._image_ids = None if image_ids is None else {str(name): int(i) for name, i in image_ids.items()}
         self._images: list[dict] = []
         self._annotations: list[dict] = []
@@ -690,6 +713,10 @@ class CocoResultsWriter:
                 raise ValueError("the pose result has no path; pass file_name= to name the image")
             file_name = Path(result.path).name
         pose = as_keypoint_format(result, self.keypoint_format)
+        if tuple(pose.keypoint_names) != format_keypoint_names(self.keypoint_format):
+            if self._own_names not in (None, tuple(pose.keypoint_names)):
+                raise ValueError("the pose results of one file must have the same keypoint names")
+            self._own_names = tuple(pose.keypoint_names)
         image_id = self._pick_id(file_name, image_id)
         self._used_ids.add(image_id)
         height, width = (int(v) for v in result.image_size)
@@ -728,17 +755,19 @@ class CocoResultsWriter:
 
     def dataset(self) -> dict:
         """The dataset-style dict (``info``, ``images``, ``categories``, ``annotations`` with ids and boxes)."""
-        names = format_keypoint_names(self.keypoint_format)
+        names = self._own_names or format_keypoint_names(self.keypoint_format)
+        fmt = LABELS_FORMAT if self._own_names else self.keypoint_format
+        links = keypoint_set(names).skeleton_links if self._own_names else skeleton_links(self.keypoint_format)
         category = {
             "id": 1,
             "name": "person",
             "supercategory": "person",
             "keypoints": list(names),
-            "skeleton": (skeleton_links(self.keypoint_format) + 1).tolist(),
+            "skeleton": (links + 1).tolist(),
         }
         annotations = [{"id": n + 1, **annotation} for n, annotation in enumerate(self._sorted_annotations())]
         return {
-            "info": {"keypoint_format": self.keypoint_format, "num_keypoints": len(names)},
+            "info": {"keypoint_format": fmt, "num_keypoints": len(names)},
             "images": sorted(self._images, key=lambda image: image["id"]),
             "categories": [category],
             "annotations": annotations,

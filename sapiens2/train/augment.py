@@ -28,7 +28,7 @@ import cv2
 import numpy as np
 
 from sapiens2.dense.pointmap import CANONICAL_FOCAL
-from sapiens2.metadata import keypoint_metadata, seg_metadata
+from sapiens2.metadata import KeypointMetadata, keypoint_metadata, seg_metadata
 from sapiens2.pose.keypoints import flip_keypoints
 
 __all__ = [
@@ -166,13 +166,18 @@ def coarse_dropout(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def hflip(sample: Sample, seg_swap_pairs: Sequence[tuple[int, int]] | None = None) -> Sample:
+def hflip(
+    sample: Sample,
+    seg_swap_pairs: Sequence[tuple[int, int]] | None = None,
+    flip_indices: np.ndarray | None = None,
+) -> Sample:
     """Mirror a sample horizontally, fixing every target's meaning (DENSE.md §2.3 step 7, §3.2 step 5, §4.2 step 4).
 
     - ``labels``: left/right classes swapped by ``seg_swap_pairs`` (default: the 8 pairs of ``seg29.json``).
     - ``normal``: x component negated.
     - ``K``: cx -> W - 1 - cx (pixel u maps to W - 1 - u, so regenerated X changes sign; depth is unchanged).
-    - ``keypoints``/``visible``: x -> W - 1 - x and left/right ids swapped by the 308 ``flip_indices``.
+    - ``keypoints``/``visible``: x -> W - 1 - x and left/right ids swapped by ``flip_indices`` (default the 308's;
+      a keypoint set of one's own passes its own, ``sapiens2.labels``).
     - ``center`` (pose box centre): x -> W - 1 - x.
     Applying it twice gives the input back.
     """
@@ -191,7 +196,9 @@ def hflip(sample: Sample, seg_swap_pairs: Sequence[tuple[int, int]] | None = Non
         intrinsics[0, 2] = width - 1 - intrinsics[0, 2]
         out["K"] = intrinsics
     if "keypoints" in sample:
-        out["keypoints"], out["visible"] = flip_keypoints(sample["keypoints"], sample["visible"], image_width=width)
+        out["keypoints"], out["visible"] = flip_keypoints(
+            sample["keypoints"], sample["visible"], image_width=width, flip_indices=flip_indices
+        )
     if "center" in sample:
         out["center"] = np.array([width - 1 - sample["center"][0], sample["center"][1]], dtype=sample["center"].dtype)
     return out
@@ -468,18 +475,20 @@ def pose_half_body(
     prob: float = 0.3,
     upper_prob: float = 0.7,
     min_total: int = 9,
+    keypoint_set: KeypointMetadata | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Maybe zoom the box onto the upper or lower body (``RandomHalfBody``, POSE.md §4.3 step 3).
 
     Only when at least ``min_total`` keypoints are visible, then with probability ``prob``: count visible upper and
     lower keypoints (the 308 half-body id lists), prefer the upper half with ``upper_prob``, fall back to the half
-    that has enough (>= 2 upper, >= 3 lower). Returns the new centre (mean of the chosen keypoints) and scale
+    that has enough (>= 2 upper, >= 3 lower); ``keypoint_set``: another set's half-body lists (``sapiens2.labels``).
+    Returns the new centre (mean of the chosen keypoints) and scale
     (1.5 x their extent, per axis, no aspect fix), both float32 (x, y) / (w, h), or None to keep the box.
     """
     seen = visible > 0
     if seen.sum() < min_total or rng.random() >= prob:
         return None
-    meta = keypoint_metadata()
+    meta = keypoint_metadata() if keypoint_set is None else keypoint_set
     upper = [i for i in meta.upper_body_ids if seen[i]]
     lower = [i for i in meta.lower_body_ids if seen[i]]
     prefer_upper = rng.random() < upper_prob

@@ -77,6 +77,10 @@ class DataConfig:
             processes. The official recipes give a per-GPU batch (DENSE.md §6): global = per-GPU x GPUs.
         val_batch_size: validation batch per process.
         num_workers: DataLoader worker processes per training process.
+        labels: pose/seg: a label-set file of your own keypoints or classes (``sapiens2.labels``: YAML/JSON schema
+            or a COCO JSON's ``categories``); None: ``root/labels.yaml`` when it exists, else the released 308
+            keypoints / 29 classes. The head gets one output per name; names of the released set start from the
+            released head's weights (with ``model.init_from`` a released task file).
     """
 
     root: str = ""
@@ -88,6 +92,7 @@ class DataConfig:
     batch_size: int = 8
     val_batch_size: int = 4
     num_workers: int = 4
+    labels: str | None = None
 
 
 @dataclass(frozen=True)
@@ -220,7 +225,7 @@ def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
 
 
 # The keys whose relative paths in a config file are relative to that file's folder (``yaml_config.rebase_paths``).
-CONFIG_PATHS = {"data.root": "path", "model.init_from": "source"}
+CONFIG_PATHS = {"data.root": "path", "model.init_from": "source", "data.labels": "path"}
 
 
 def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -283,6 +288,8 @@ def _validate(config: TrainConfig) -> None:
         problems.append(f"model.frozen_stages must be >= -1, got {model.frozen_stages}")
     if not data.root:
         problems.append("data.root is required (the dataset folder)")
+    if data.labels and config.task not in ("pose", "seg"):
+        problems.append(f"data.labels (your own keypoints or classes) applies to pose and seg, not {config.task}")
     if any(side <= 0 or side % 16 for side in data.input_size):
         problems.append(f"data.input_size must be positive multiples of 16 (H, W), got {list(data.input_size)}")
     for name in ("batch_size", "val_batch_size"):

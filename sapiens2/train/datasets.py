@@ -20,7 +20,8 @@ every image is used. Layouts (a missing or unreadable file raises an error namin
 - pose: ``annotations.json`` in COCO style: ``images`` [{``id``, ``file_name`` (relative to ``images/``)}] and
   ``annotations`` [{``image_id``, ``keypoints`` (K x 3 numbers x, y, v; v > 0 = labelled), optional ``bbox``
   (x, y, w, h), ``iscrowd``}]. K = 308, or another format (option ``keypoint_format``: ``coco17``,
-  ``coco_wholebody133``) mapped into the 308 ids with zero weight on the rest. One sample per person.
+  ``coco_wholebody133``) mapped into the 308 ids with zero weight on the rest, or the K keypoints of a set of one's
+  own in its name order (option ``keypoint_set``, ``sapiens2.labels``). One sample per person.
 
 ``dataset[i]`` is a dict of tensors that the default collate stacks; it is a pure function of
 (seed, epoch, i): randomness comes from ``numpy.random.default_rng((seed, epoch, i))``. A sample failing the
@@ -45,7 +46,7 @@ from sapiens2.data.io import read_image
 from sapiens2.data.labelled import LabelledSet, fit_intrinsics, label_map_table
 from sapiens2.data.transforms import normalize_to_tensor
 from sapiens2.dense.pointmap import CANONICAL_FOCAL
-from sapiens2.metadata import NUM_KEYPOINTS
+from sapiens2.metadata import NUM_KEYPOINTS, KeypointMetadata, SegMetadata
 from sapiens2.pose.codec import encode_heatmaps
 from sapiens2.pose.keypoints import format_to_308_ids
 from sapiens2.train import augment as aug
@@ -200,6 +201,8 @@ class SegDataset(_DenseDataset):
         root: dataset folder.
         label_map: remap of the stored ids (see :func:`label_map_table`).
         num_classes: classes of the head (ids must be below it or 255).
+        classes: a class list of one's own (``sapiens2.labels``): its size is ``num_classes`` and its flip pairs
+            are swapped by the horizontal flip (default: the 29 classes' 8 pairs).
         background_dir: optional folder of ``.jpg`` backgrounds for ``SegRandomBackground`` (p = 0.8).
         split, input_size, augment, seed: see :func:`build_dataset`.
     """
@@ -213,8 +216,12 @@ class SegDataset(_DenseDataset):
         label_map: Mapping[int, int] | str | None = None,
         num_classes: int = 29,
         background_dir: PathLike | None = None,
+        classes: SegMetadata | None = None,
         **kwargs: Any,
     ) -> None:
+        if classes is not None:  # a class list of one's own (sapiens2.labels): its size and flip pairs
+            num_classes = len(classes.class_names)
+        self.swap_pairs = None if classes is None else classes.hflip_swap_pairs
         labelled = {"label_map": label_map, "num_classes": num_classes}
         super().__init__(root, labelled=labelled, **kwargs)
         self.label_table = self.labelled.label_table
@@ -247,7 +254,7 @@ class SegDataset(_DenseDataset):
         if rng.random() < 0.5:
             sample = aug.rotate_sample(sample, rng.uniform(-60.0, 60.0))
         if rng.random() < 0.5:
-            sample = aug.hflip(sample)
+            sample = aug.hflip(sample, self.swap_pairs)
         sample["image"] = aug.photometric_distortion(sample["image"], rng)
         return self._stretch(sample, self.input_size)
 
@@ -377,6 +384,8 @@ class PoseDataset(_TaskDataset):
         root: dataset folder.
         annotations: annotation file name under ``root``.
         keypoint_format: joint layout of the annotations' ``keypoints`` (mapped into 308 ids).
+        keypoint_set: a keypoint set of one's own (``sapiens2.labels``): the annotations hold its K keypoints in
+            its name order (``keypoint_format`` is not read); its flip pairs flip and its half-body lists zoom.
         box: ``"auto"`` (the annotation ``bbox`` when present, else the tight box of the labelled keypoints, which is
             what the official training uses, POSE.md §4.2), ``"bbox"`` or ``"keypoints"``.
         split, input_size, augment, seed: see :func:`build_dataset`.
@@ -394,6 +403,7 @@ class PoseDataset(_TaskDataset):
         annotations: str = "annotations.json",
         keypoint_format: str = "sapiens308",
         box: str = "auto",
+        keypoint_set: KeypointMetadata | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(root, **kwargs)
@@ -404,7 +414,14 @@ class PoseDataset(_TaskDataset):
         self.box = box
         self.annotations = annotations
         self.keypoint_format = keypoint_format
-        self.ids = format_to_308_ids(keypoint_format)
+        # A keypoint set of one's own (sapiens2.labels): the annotations hold its keypoints in its name order.
+        self.keypoint_set = keypoint_set
+        self.num_keypoints = NUM_KEYPOINTS if keypoint_set is None else len(keypoint_set.names)
+        if keypoint_set is None:
+            self.ids = format_to_308_ids(keypoint_format)
+        else:
+            self.ids = np.arange(self.num_keypoints)
+            keypoint_format = "the label set"
         path = self.root / annotations
         try:
             data = json.loads(path.read_text())
@@ -442,8 +459,8 @@ class PoseDataset(_TaskDataset):
         image_path, raw, bbox, number = self.instances[index]
         image = read_image(image_path)
         height, width = image.shape[:2]
-        keypoints = np.zeros((NUM_KEYPOINTS, 2))
-        visible = np.zeros(NUM_KEYPOINTS, dtype=np.float32)
+        keypoints = np.zeros((self.num_keypoints, 2))
+        visible = np.zeros(self.num_keypoints, dtype=np.float32)
         mapped = self.ids >= 0
         keypoints[self.ids[mapped]] = raw[mapped, :2]
         visible[self.ids[mapped]] = raw[mapped, 2] > 0
@@ -468,9 +485,10 @@ class PoseDataset(_TaskDataset):
     def transform(self, sample: aug.Sample, rng: np.random.Generator) -> aug.Sample:
         angle = 0.0
         if self.augment:
+            flip = None if self.keypoint_set is None else self.keypoint_set.flip_indices
             if rng.random() < 0.5:
-                sample = aug.hflip(sample)
-            half = aug.pose_half_body(sample["keypoints"], sample["visible"], rng)
+                sample = aug.hflip(sample, flip_indices=flip)
+            half = aug.pose_half_body(sample["keypoints"], sample["visible"], rng, keypoint_set=self.keypoint_set)
             if half is not None:
                 sample = dict(sample, center=half[0], scale=half[1])
             center, scale, angle = aug.pose_random_box(sample["center"], sample["scale"], rng)
@@ -507,7 +525,11 @@ class PoseDataset(_TaskDataset):
         from sapiens2.eval.pose import read_pose_labels
 
         return read_pose_labels(
-            self.root, self.split, keypoint_format=self.keypoint_format, annotations=self.annotations
+            self.root,
+            self.split,
+            keypoint_format=self.keypoint_format,
+            annotations=self.annotations,
+            keypoint_set=self.keypoint_set,
         )
 
 
@@ -544,7 +566,8 @@ def build_dataset(
         augment: run the official training pipeline; False gives the deterministic resize only.
         seed: base seed; sample i of epoch e draws from ``default_rng((seed, e, i))`` (see ``set_epoch``).
         **options: task options (seg: ``label_map``, ``num_classes``, ``background_dir``; pointmap:
-            ``canonical_focal``; pose: ``annotations``, ``keypoint_format``, ``box``).
+            ``canonical_focal``; pose: ``annotations``, ``keypoint_format``, ``box``, ``keypoint_set``; seg also
+            ``classes``: the label set of one's own, ``sapiens2.labels``).
 
     Returns:
         A map-style dataset whose items are dicts of tensors that the default collate stacks: ``image`` (3, H, W)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checkpoints import init_task_model, read_state_dict, read_torch_file, resolve_checkpoint, task_checkpoint_spec
+from ..labels import METADATA_KEY
 from ..models.task_model import build_model
 from . import distributed as dist_utils
 from .config import TrainConfig, config_from_dict, save_config
@@ -178,6 +179,8 @@ class Trainer:
         checkpoint_path = self._checkpoint_to_resume(resume)
         # On resume the weights come from the checkpoint (its shapes also give arch and head); init_from is not read.
         checkpoint = read_checkpoint(checkpoint_path) if checkpoint_path is not None else None
+        # The run's own keypoints or classes (None: the released 308 / 29): head size, flips, sigmas, saved names.
+        self.labels = self._label_set()
 
         self.train_dataset, self.val_dataset = self._datasets(train_dataset, val_dataset)
         self.sampler = dist_utils.ResumableBatchSampler(
@@ -266,12 +269,47 @@ class Trainer:
             return path
         return Path(resume)
 
+    def _label_set(self) -> Any:
+        """The task's part of the run's label set (``data.labels``, else ``<data.root>/labels.yaml``): a
+        ``KeypointMetadata`` (pose) or ``SegMetadata`` (seg) of one's own, or None for the released set."""
+        from ..labels import LABEL_FILE, is_released_set, read_label_set
+
+        data, task = self.config.data, self.config.task
+        if task not in ("pose", "seg"):
+            return None
+        path = Path(data.labels) if data.labels else Path(data.root) / LABEL_FILE
+        if not data.labels and not path.is_file():
+            return None
+        try:
+            part = read_label_set(path).for_task(task)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"data.labels: label set {str(path)!r} does not exist") from None
+        if part is None:
+            what = "keypoints" if task == "pose" else "classes"
+            raise ValueError(f"data.labels: {path} has no '{what}' section, which {task} training needs")
+        if is_released_set(part):
+            return None
+        names = part.names if task == "pose" else part.class_names
+        self._info("label set of %s: %d %s (%s)", path, len(names), "keypoints" if task == "pose" else "classes",
+                   ", ".join(names[:8]) + (", ..." if len(names) > 8 else ""))  # fmt: skip
+        return part
+
+    def _label_set_of_run(self) -> Any:
+        """The run's labels as a ``LabelSet`` (what the model and its exported file carry), or None."""
+        from ..labels import LabelSet
+
+        if self.labels is None:
+            return None
+        return LabelSet(keypoints=self.labels) if self.config.task == "pose" else LabelSet(classes=self.labels)
+
     def _datasets(self, train: Any, val: Any) -> tuple[Any, Any]:
         config, data = self.config, self.config.data
         if train is None or (val is None and data.val_split and config.eval_every):
             from .datasets import build_dataset
 
             common = {"input_size": data.input_size, "seed": config.seed, **data.options}
+            if self.labels is not None:
+                common["keypoint_set" if config.task == "pose" else "classes"] = self.labels
             if train is None:
                 train = build_dataset(config.task, data.root, split=data.split, augment=data.augment, **common)
             if val is None and data.val_split and config.eval_every:
@@ -284,6 +322,12 @@ class Trainer:
         """The task model: random, or initialised from ``model.init_from``; shaped like ``resume_state`` if given."""
         config, model_config = self.config, self.config.model
         head, arch = dict(model_config.head), model_config.arch
+        if self.labels is not None:  # one output per name of the run's own set
+            outputs = "out_channels" if config.task == "pose" else "num_classes"
+            count = len(self.labels.names if config.task == "pose" else self.labels.class_names)
+            if outputs in head and head[outputs] != count:
+                raise ValueError(f"model.head.{outputs} is {head[outputs]}, the label set (data.labels) has {count}")
+            head[outputs] = count
         path, state = None, resume_state
         if resume_state is None and model_config.init_from is not None:
             path = resolve_checkpoint(
@@ -302,20 +346,48 @@ class Trainer:
             frozen_stages=model_config.frozen_stages,
             **head,
         )
+        model.labels = self._label_set_of_run()
         if path is None:  # random, or resumed: the checkpoint's weights are loaded with the optimiser's state
             return model
+        rows = self._shared_outputs(path, state)
         try:
-            whole = init_task_model(model, state)
+            whole = init_task_model(model, state, output_rows=rows)
         except ValueError as error:
             raise ValueError(f"model.init_from {path}: {error}") from None
-        if whole:
+        if whole and rows is not None:
+            self._info(
+                "initialised the %s model from %s; %d of its %d outputs (the names the two label sets share) start "
+                "from its head, the others from random weights",
+                config.task, path, len(rows), len(self._names()),
+            )  # fmt: skip
+        elif whole:
             self._info("initialised the whole %s model from %s", config.task, path)
         else:
             self._info("initialised the backbone from %s; the head starts from random weights", path)
         return model
 
+    def _names(self) -> tuple[str, ...]:
+        return self.labels.names if self.config.task == "pose" else self.labels.class_names
+
+    def _shared_outputs(self, path: Path, state: dict[str, Tensor]) -> list[tuple[int, int]] | None:
+        """For a run of its own label set initialised from a task file of the same task: (run output, file output)
+        of every name the two sets share (the file's set: what it carries, else the released one); None for a run
+        of the released set or a file with no head of this task."""
+        from ..checkpoints import detect_task, file_label_set
+        from ..labels import default_label_set, matching_ids, names_of
+
+        task = self.config.task
+        if self.labels is None or detect_task(state) != task:
+            return None
+        carried = file_label_set(path, task, {})
+        source = (carried or default_label_set(task)).for_task(task)
+        source = source if source is not None else default_label_set(task).for_task(task)
+        return matching_ids(self._names(), names_of(source))
+
     def _build_loss(self) -> nn.Module:
         overrides = dict(self.config.loss)
+        if self.config.task == "seg" and self.labels is not None and "class_weight" not in overrides:
+            overrides["class_weight"] = list(self.labels.ce_class_weights)  # uniform for a set of one's own
         if self.config.task == "seg" and "class_weight" not in overrides:
             classes = self.model.decode_head.conv_seg.out_channels
             if classes != 29:
@@ -593,7 +665,8 @@ class Trainer:
         mirrored = mirrored[0] if isinstance(mirrored, tuple) else mirrored
         if rows == 0:
             return None
-        averaged = flip_average(heatmaps[:rows].float(), mirrored[:rows].float())
+        flip = None if self.labels is None else self.labels.flip_indices
+        averaged = flip_average(heatmaps[:rows].float(), mirrored[:rows].float(), flip)
         keypoints, scores = heatmaps_to_image_keypoints(
             averaged.cpu().numpy(),
             batch["center"][:rows].numpy(),
@@ -614,7 +687,7 @@ class Trainer:
             return {}
         parts = [part for process in gathered for part in process if part is not None]
         annotations, keypoints, scores = (np.concatenate([part[i] for part in parts]) for i in range(3))
-        metrics, _ = evaluate_gt_box_predictions(labels, annotations, keypoints, scores)
+        metrics, _ = evaluate_gt_box_predictions(labels, annotations, keypoints, scores, self.labels)
         return {f"val/{name}": value for name, value in metrics.items()}
 
     @torch.no_grad()
@@ -678,6 +751,8 @@ class Trainer:
 
         model_state, optimizer_state = dist_utils.full_state_dicts(self.module, self.optimizer, self.context)
         payload = {"task": self.config.task, "model": model_state, "optimizer": optimizer_state}
+        if self.labels is not None:  # the run's own label set: export_model writes it into the model file
+            payload["labels"] = self._label_set_of_run().to_json()
         return self._write_checkpoint(CHECKPOINT_FORMAT, payload, config_to_dict(self.config))
 
     def _write_checkpoint(self, format: str, payload: dict[str, Any], config: dict[str, Any]) -> Path:
@@ -750,7 +825,7 @@ class Trainer:
 def headline_metrics(results: dict[str, float]) -> dict[str, float]:
     """What the evaluation log line shows: the pose OKS AP over all 308 keypoints first (the reference's reported
     metric, POSE.md §6.4), then every value except the per-group OKS statistics other than AP (all in eval.csv)."""
-    first = {k: results[k] for k in ("val/all308/AP",) if k in results}
+    first = {k: results[k] for k in ("val/all308/AP", "val/all/AP") if k in results}
     rest = {k: v for k, v in results.items() if k.count("/") < 2 or k.endswith("/AP")}
     return first | rest
 
@@ -806,6 +881,8 @@ def export_model(source: str | os.PathLike, out_path: str | os.PathLike) -> Path
         for name, value in checkpoint["model"].items()
     }
     metadata = {"format": "pt", "task": checkpoint["task"], "step": str(checkpoint["step"])}
+    if checkpoint.get("labels"):  # a label set of its own (sapiens2.labels): load_model reads it back
+        metadata[METADATA_KEY] = checkpoint["labels"]
     size = _trained_input_size(checkpoint)
     if size is not None:  # the size the model was trained at: load_model builds it for that size
         metadata["input_size"] = f"{size[0]}x{size[1]}"

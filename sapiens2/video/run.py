@@ -31,7 +31,10 @@ import numpy as np
 
 from ..data.io import atomic_write
 from ..data.sources import missing_input
+from ..labels import LabelSet, is_released_set
 from ..messages import report_error, report_warning
+from ..predict.batch import predictor_labels
+from ..predict.writers import LABELS_FORMAT
 from .decode import Frame, FrameSource, VideoReadError, frame_indices, is_stream_url, open_frames
 from .people import PoseStage
 from .smooth import SMOOTH_MODES, FixedLagSmoother, LabelStabilizer, OnlineSmoother, ScaleStabilizer, rescale_pointmap
@@ -222,8 +225,9 @@ def _record(item: _Item, keypoint_format: str) -> dict:
 class _Drawer:
     """The overlay picture: seg blended and skeletons with track ids on the frame; other dense tasks as panels."""
 
-    def __init__(self, keypoint_format: str) -> None:
+    def __init__(self, keypoint_format: str, labels: LabelSet | None = None) -> None:
         self.keypoint_format = keypoint_format
+        self.labels = labels or LabelSet()  # the models' own keypoints / classes (sapiens2.labels), if any
         self.depth_range: tuple[float, float] | None = None
 
     def __call__(self, item: _Item) -> np.ndarray:
@@ -240,11 +244,14 @@ class _Drawer:
         results = item.results
         picture = item.frame.image
         if "seg" in results:
-            picture = seg_overlay(picture, results["seg"].labels)
+            classes = self.labels.classes
+            palette = None if is_released_set(classes) else classes.palette
+            picture = seg_overlay(picture, results["seg"].labels, palette=palette)
         if "pose" in results:
             pose = results["pose"]
             ids = None if item.ids is None else [int(i) if i >= 0 else None for i in item.ids]  # -1: no track
-            picture = draw_pose(picture, pose, fmt=self.keypoint_format, draw_boxes=True, box_ids=ids)
+            picture = draw_pose(picture, pose, fmt=self.keypoint_format, draw_boxes=True, box_ids=ids,
+                                keypoint_set=self.labels.keypoints)  # fmt: skip
         panels = []
         if "normal" in results:
             panels.append(colorize_normals(results["normal"].normals))
@@ -425,6 +432,10 @@ def _summary(report: VideoReport, predictors: Mapping[str, Any], options: VideoO
     if "pose" in predictors:
         summary["keypoint_format"] = options.keypoint_format
         summary["keypoint_names"] = list(format_keypoint_names(options.keypoint_format))
+        own = getattr(getattr(predictors["pose"], "labels", None), "keypoints", None)
+        if own is not None and not is_released_set(own) and options.keypoint_format == "sapiens308":
+            summary["keypoint_format"] = LABELS_FORMAT  # a model of its own keypoints: their names, as predicted
+            summary["keypoint_names"] = list(own.names)
     return summary
 
 
@@ -466,11 +477,11 @@ def _decode_thread(frames: FrameSource, out: queue.Queue, timer: _Timer, stop: t
 
 
 def _draw_thread(inbox: queue.Queue, outbox: queue.Queue, options: VideoOptions, timer: _Timer, failed: list,
-                 hook: FrameHook | None) -> None:  # fmt: skip
+                 hook: FrameHook | None, labels: LabelSet | None = None) -> None:  # fmt: skip
     """The first half of writing: the frame hook and the overlay picture, frame after frame (both keep state across
     frames), handed on as (item, hook fields, picture). After a failure (in here or in the write half) it only drains;
     it always ends by passing ``_END`` on."""
-    drawer = _Drawer(options.keypoint_format)
+    drawer = _Drawer(options.keypoint_format, labels)
     ended = False  # _END taken from the inbox: never read past it
     try:
         while not (ended := (item := inbox.get()) is _END):
@@ -496,12 +507,13 @@ def _draw_thread(inbox: queue.Queue, outbox: queue.Queue, options: VideoOptions,
 
 
 def _write_thread(inbox: queue.Queue, writer: ChunkWriter, options: VideoOptions, timer: _Timer, failed: list,
-                  bar: Any, hook: FrameHook | None = None) -> None:  # fmt: skip
+                  bar: Any, hook: FrameHook | None = None, labels: LabelSet | None = None) -> None:  # fmt: skip
     """Write the frames that come through ``inbox`` in order, until ``_END``. Drawing (and the hook) run in a thread
     of their own, one frame ahead of the encoding and records here: the two halves overlap (NumPy, OpenCV and FFmpeg
     release the GIL), which a GPU, where the networks keep up with the video, needs."""
     drawn: queue.Queue = queue.Queue(maxsize=2)
-    drawing = threading.Thread(target=_draw_thread, args=(inbox, drawn, options, timer, failed, hook), daemon=True)
+    drawing = threading.Thread(target=_draw_thread, args=(inbox, drawn, options, timer, failed, hook, labels),
+                               daemon=True)  # fmt: skip
     drawing.start()
     last_state = None
     ended = False  # _END taken from the drawing half: after a failure, drain until it comes, never past it
@@ -546,7 +558,8 @@ def _run_pipeline(predictors: Mapping[str, Any], frames: FrameSource, options: V
     stop = threading.Event()
     failed: list[BaseException] = []
     reader = threading.Thread(target=_decode_thread, args=(frames, decoded, timer, stop), daemon=True)
-    writing = threading.Thread(target=_write_thread, args=(finished, writer, options, timer, failed, bar, hook),
+    labels = predictor_labels(predictors)
+    writing = threading.Thread(target=_write_thread, args=(finished, writer, options, timer, failed, bar, hook, labels),
                                daemon=True)  # fmt: skip
     started = False
     try:
