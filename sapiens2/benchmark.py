@@ -232,7 +232,8 @@ class BenchmarkOptions:
             ``load_model`` takes it [``--model``].
         batch_size: images per forward [``--batch-size``].
         dtype: ``fp32``, ``bf16`` or ``fp16``; None: in fast mode the device's fastest (``fast_precision``: bf16
-            on CUDA and on CPUs with native bf16, else fp32), in reference mode fp32 [``--dtype``]. The report says which and why (``precision``).
+            on CUDA and on CPUs with native bf16, else fp32), in reference mode fp32 [``--dtype``]. The report says
+            which and why (``precision``).
         input_size: network input (H, W); None: the size the model was built for (a file's: 1024x768 or what its
             pointmap scale MLP takes; an arch name: its training size) [``--input-size H W``].
         device: ``cpu``, ``cuda``, ``cuda:1``...; None: CUDA when available [``--device``].
