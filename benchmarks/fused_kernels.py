@@ -188,10 +188,13 @@ def model_table(args: argparse.Namespace, device: torch.device, dtype: torch.dty
           f"({args.rounds} rounds x {args.iters} calls, alternating)", flush=True)  # fmt: skip
     eager = {f"eager, {label[fused]}": (lambda m=model: m(x)[0]) for fused, model in models.items()}
     if args.transformers:
-        torch.manual_seed(0)
-        port = _transformers_port(Sapiens2(arch, img_size=size, out_type="featmap").eval(), dtype, device)
+        try:  # the same weights (the fast model's state dict has the official keys)
+            port = _transformers_port(models[False], dtype, device)
+        except Exception as error:  # noqa: BLE001 - a broken port must not cost the compiled rows after it
+            port = None
+            print(f"transformers' port: failed ({type(error).__name__}: {error}); left out")
         if port is None:
-            print("transformers' port: not available here (transformers missing or without Sapiens2Model)")
+            print("transformers' port: not available here (transformers missing, without Sapiens2Model, or failed)")
         else:  # its tokens after the 9 prefix ones, as our (B, D, Hp, Wp)
             grid = size[0] // 16, size[1] // 16
             eager["transformers' port, eager"] = lambda: port(x)[:, 9:].reshape(

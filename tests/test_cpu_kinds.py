@@ -105,7 +105,7 @@ def test_int8_activations_are_refused_where_their_sums_overflow(tmp_path):
 
 
 NATIVE_BF16 = [name for key, name in (("avx512_bf16", "AVX-512 BF16"), ("amx_bf16", "AMX-BF16"))
-               if torch.cpu.get_capabilities().get(key)]  # fmt: skip
+               if getattr(torch.cpu, "get_capabilities", dict)().get(key)]  # fmt: skip
 PRECISION_PROBE = ("import torch; from sapiens2.models.fast import fast_precision, onednn_packs; "
                    "p = fast_precision('cpu'); print(p.dtype, onednn_packs(torch.bfloat16)); "
                    "print(p.reason)")  # fmt: skip
