@@ -35,6 +35,9 @@ from sapiens2.models.fast import CompiledBuckets, attention_backends, make_fast
 from sapiens2.models.zoo import get_arch
 from sapiens2.transformers_format import TRANSFORMERS_CLASSES
 
+TINY_ARCH = {"embed_dims": 32, "num_layers": 2, "num_heads": 2, "feedforward_channels": 64, "num_tokenizer_layers": 0}
+"""``--arch tiny``: a 2-block model of width 32, to check the script (``benchmarks/gpu_session.sh --tiny``)."""
+
 
 def _network(
     task: str, arch: str, size: tuple[int, int], dtype: torch.dtype, state: dict | None, device: str = "cpu"
@@ -42,6 +45,7 @@ def _network(
     """The network with ``state`` (or seeded random weights), built straight on ``device`` in ``dtype``."""
     torch.manual_seed(0)
     options = {"device": device, "dtype": dtype}
+    arch = TINY_ARCH if arch == "tiny" else arch
     model = (
         Sapiens2(arch, img_size=size, out_type="featmap", **options)
         if task == "backbone"
@@ -137,12 +141,15 @@ def pose_end_to_end(args: argparse.Namespace) -> None:
     print(f"\npose {args.arch} {size[0]}x{size[1]}, {people} people on a 1080x1920 image, {where}, "
           f"{args.repeats} alternating rounds, torch {torch.__version__}")  # fmt: skip
     # Random weights give flat heatmaps whose peaks are unstable: the median movement is the meaningful figure.
-    print("| run | ms/image | persons/s | vs first row | median keypoint px vs first row |")
-    print("|---|---|---|---|---|")
+    bf16 = next((statistics.median(v) for label, v in times.items() if label.startswith("ours reference bf16")), None)
+    print("| run | ms/image | persons/s | vs first row | vs ours reference bf16 | median keypoint px vs first row |")
+    print("|---|---|---|---|---|---|")
     for label, values in times.items():
         median = statistics.median(values)
         moved = float(np.median(np.abs(results[label].keypoints - want)))
-        print(f"| {label} | {1000 * median:.0f} | {people / median:.2f} | {baseline / median:.2f}× | {moved:.3f} |")
+        versus = "-" if bf16 is None else f"{bf16 / median:.2f}×"
+        print(f"| {label} | {1000 * median:.0f} | {people / median:.2f} | {baseline / median:.2f}× | {versus} | "
+              f"{moved:.3f} |")  # fmt: skip
 
 
 def _synchronize(device: torch.device) -> None:
@@ -153,7 +160,7 @@ def _synchronize(device: torch.device) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="backbone", choices=("backbone", *TRANSFORMERS_CLASSES, "albedo"))
-    parser.add_argument("--arch", default="sapiens2_0.1b")
+    parser.add_argument("--arch", default="sapiens2_0.1b", help="an arch name, or tiny (checks the script)")
     parser.add_argument("--resolution", type=int, nargs=2, default=(512, 384), metavar=("H", "W"))
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")

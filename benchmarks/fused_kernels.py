@@ -9,7 +9,9 @@ warm-up that compiles; medians over ``--rounds``:
    move over the time (GB/s);
 2. the 1b backbone in bf16, 1024x768, batch 8, fast mode eager and compiled (``CompiledBuckets`` with CUDA graphs, as
    ``sapiens2 benchmark --compile``), without and with the fused ops: ms per image, images/s, TFLOP/s, MFU against
-   the device peak (``sapiens2.benchmark.GPU_PEAK_TFLOPS``), and each output's distance from the first variant's.
+   the device peak (``sapiens2.benchmark.GPU_PEAK_TFLOPS``), and each output's distance from the first variant's;
+   eager first (and transformers' port with ``--transformers``), printed before the compiles start; last a
+   ``decision`` line on ``FUSED_KERNELS_ON_CUDA`` (compiled with the fused ops against compiled without).
 
 ``--device cpu --tiny`` runs the same code on a tiny configuration (4 blocks of width 64, 4 heads of 16, 64x48,
 batch 2, float32), where the fused ops run their reference torch ops: it checks the script, not the speed.
@@ -135,7 +137,43 @@ def op_table(args: argparse.Namespace, device: torch.device, dtype: torch.dtype)
                 print(f"| {name} | {variant} | {seconds * 1e3:.3f} | {ratio:.2f}x | {moved / seconds / 1e9:.0f} |")
 
 
+def _transformers_port(model: Sapiens2, dtype: torch.dtype, device: torch.device) -> Callable | None:
+    """transformers' port of ``model`` (its weights saved and loaded back), eager, or None where transformers has
+    none (not installed, or a version without ``Sapiens2Model``)."""
+    import importlib.util
+    import tempfile
+
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    import transformers
+
+    if not hasattr(transformers, "Sapiens2Model"):
+        return None
+    from sapiens2 import save_transformers
+
+    with tempfile.TemporaryDirectory() as folder:
+        save_transformers(model, folder)
+        hf = transformers.Sapiens2Model.from_pretrained(folder, dtype=dtype).to(device).eval()
+    return lambda x: hf(pixel_values=x).last_hidden_state
+
+
+def _print_rows(title: str, medians: dict, outputs: dict, reference: torch.Tensor, flops: float, peak, batch: int):
+    print(f"\n### {title}\n")
+    print("| variant | ms / image | images/s | TFLOP/s | MFU | max rel vs eager without fused ops |")
+    print("|---|---|---|---|---|---|")
+    for name, seconds in medians.items():
+        tflops = flops / seconds / 1e12
+        mfu = f"{tflops / peak * 100:.1f} %" if peak else "-"
+        got = outputs.get(name)
+        distance = "-" if got is None or got.shape != reference.shape else (
+            f"{((got - reference).abs().max() / reference.abs().max()).item():.1e}")  # fmt: skip
+        print(f"| {name} | {seconds / batch * 1e3:.2f} | {batch / seconds:.2f} | {tflops:.1f} | {mfu} | {distance} |",
+              flush=True)  # fmt: skip
+
+
 def model_table(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
+    """Eager first (no compile: figures within seconds), then compiled, each pair alternating; the last line is the
+    decision on ``FUSED_KERNELS_ON_CUDA`` (compiled with the fused ops against compiled without)."""
     arch = get_arch(TINY_ARCH if args.tiny else "sapiens2_1b")
     size = (64, 48) if args.tiny else (1024, 768)
     models = {}
@@ -144,32 +182,49 @@ def model_table(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         model = Sapiens2(arch, img_size=size, out_type="featmap", device=device, dtype=dtype).eval()
         models[fused] = make_fast(model, pack_linears=False, fused_kernels=fused)
     x = torch.randn(args.batch, 3, *size, generator=torch.Generator().manual_seed(0)).to(device, dtype)
-    variants = {}
-    for fused, model in models.items():
-        label = "with fused ops" if fused else "without"
-        variants[f"eager, {label}"] = model
-        if not args.no_compile:
-            variants[f"compiled, {label}"] = CompiledBuckets(model, cuda_graphs=True)
+    flops, peak = arch.flops(size) * args.batch, device_peak_tflops(device, dtype)
+    label = {False: "without fused ops", True: "with fused ops"}
+    print(f"\nbackbone {arch.name}, {size[0]}x{size[1]}, batch {args.batch}, {dtype}, random weights "
+          f"({args.rounds} rounds x {args.iters} calls, alternating)", flush=True)  # fmt: skip
+    eager = {f"eager, {label[fused]}": (lambda m=model: m(x)[0]) for fused, model in models.items()}
+    if args.transformers:
+        try:  # the same weights (the fast model's state dict has the official keys)
+            port = _transformers_port(models[False], dtype, device)
+        except Exception as error:  # noqa: BLE001 - a broken port must not cost the compiled rows after it
+            port = None
+            print(f"transformers' port: failed ({type(error).__name__}: {error}); left out")
+        if port is None:
+            print("transformers' port: not available here (transformers missing, without Sapiens2Model, or failed)")
+        else:  # its tokens after the 9 prefix ones, as our (B, D, Hp, Wp)
+            grid = size[0] // 16, size[1] // 16
+            eager["transformers' port, eager"] = lambda: port(x)[:, 9:].reshape(
+                x.shape[0], *grid, -1).permute(0, 3, 1, 2)  # fmt: skip
     outputs = {}
     with torch.inference_mode(), attention_backends(device):
-        for name, run in variants.items():
-            run(x)  # warm-up: compiles, caches RoPE tables, captures the CUDA graph
-            outputs[name] = run(x)[0].float().clone()
-        medians = alternate({name: lambda r=run: r(x) for name, run in variants.items()}, device, args.rounds,
-                            args.iters)  # fmt: skip
-    flops = arch.flops(size) * args.batch
-    peak = device_peak_tflops(device, dtype)
-    first = next(iter(outputs.values()))
-    print(f"\n### Backbone {arch.name}, {size[0]}x{size[1]}, batch {args.batch}, {dtype} ({args.rounds} rounds x "
-          f"{args.iters} calls)\n")  # fmt: skip
-    print("| variant | ms / image | images/s | TFLOP/s | MFU | max rel vs first row |")
-    print("|---|---|---|---|---|---|")
-    for name, seconds in medians.items():
-        tflops = flops / seconds / 1e12
-        mfu = f"{tflops / peak * 100:.1f} %" if peak else "-"
-        distance = ((outputs[name] - first).abs().max() / first.abs().max()).item()
-        print(f"| {name} | {seconds / args.batch * 1e3:.2f} | {args.batch / seconds:.2f} | {tflops:.1f} | {mfu} | "
-              f"{distance:.1e} |")  # fmt: skip
+        for name, run in eager.items():
+            outputs[name] = run().float().clone()  # warm-up: RoPE tables, cuDNN plans
+        medians = alternate(eager, device, args.rounds, args.iters)
+        reference = outputs["eager, without fused ops"]
+        _print_rows("eager", medians, outputs, reference, flops, peak, args.batch)
+        if args.no_compile:
+            return
+        compiled = {}
+        for fused, model in models.items():  # without first: the baseline if the time runs out in the second
+            start = time.perf_counter()
+            network = CompiledBuckets(model, cuda_graphs=True)
+            network(x)
+            name = f"compiled, {label[fused]}"
+            outputs[name] = network(x)[0].float().clone()
+            compiled[name] = lambda n=network: n(x)
+            print(f"compiled {label[fused]} in {time.perf_counter() - start:.0f} s", flush=True)
+        medians = alternate(compiled, device, args.rounds, args.iters)
+    _print_rows("compiled (CUDA graphs on CUDA)", medians, outputs, reference, flops, peak, args.batch)
+    ratio = medians["compiled, without fused ops"] / medians["compiled, with fused ops"]
+    verdict = "faster: set FUSED_KERNELS_ON_CUDA = True (sapiens2/models/fast.py) if the tests step passed"
+    if ratio <= 1:
+        verdict = "not faster: keep FUSED_KERNELS_ON_CUDA off; fix the kernels or remove them"
+    print(f"\ndecision: compiled with fused ops runs at {ratio:.3f}x compiled without ({100 * (ratio - 1):+.1f} %): "
+          f"{verdict}", flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -181,6 +236,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--no-compile", action="store_true", help="leave out the compiled backbone variants")
     parser.add_argument("--only", choices=["ops", "model"], default=None)
+    parser.add_argument("--transformers", action="store_true", help="add transformers' port (eager) to the backbone")
     args = parser.parse_args()
     args.batch = args.batch or (2 if args.tiny else 8)
     device = torch.device(args.device)

@@ -24,7 +24,7 @@ from torch import nn
 
 from .checkpoints import load_backbone, load_model
 from .models import Sapiens2
-from .models.fast import LINEAR_PATHS, CompiledBuckets, attention_backends, linear_path_of, make_fast
+from .models.fast import LINEAR_PATHS, CompiledBuckets, attention_backends, fast_precision, linear_path_of, make_fast
 from .models.input_size import model_input_size
 from .models.lowp import QUANTIZATIONS, quantize
 from .models.task_model import build_model
@@ -231,7 +231,9 @@ class BenchmarkOptions:
         model: an arch name or size (random weights: speed does not depend on them), or a checkpoint source as
             ``load_model`` takes it [``--model``].
         batch_size: images per forward [``--batch-size``].
-        dtype: ``fp32``, ``bf16`` or ``fp16``; None: bf16 on CUDA, fp32 elsewhere [``--dtype``].
+        dtype: ``fp32``, ``bf16`` or ``fp16``; None: in fast mode the device's fastest (``fast_precision``: bf16
+            on CUDA and on CPUs with native bf16, else fp32), in reference mode fp32 [``--dtype``]. The report says
+            which and why (``precision``).
         input_size: network input (H, W); None: the size the model was built for (a file's: 1024x768 or what its
             pointmap scale MLP takes; an arch name: its training size) [``--input-size H W``].
         device: ``cpu``, ``cuda``, ``cuda:1``...; None: CUDA when available [``--device``].
@@ -278,6 +280,7 @@ class BenchmarkReport:
     cpu: CpuInfo | None = None
     peak_note: str = ""
     linear_path: str = ""
+    precision: str = ""
 
     def percentile(self, q: float) -> float:
         """Latency per forward (ms) at percentile ``q`` in [0, 100] (nearest rank)."""
@@ -313,10 +316,13 @@ class BenchmarkReport:
                             f"{' '.join(cpu.features) or 'no AVX2'}; torch kernels {cpu.capability or 'unknown'}")
         if self.linear_path:
             lines.insert(2, f"block linears     {self.linear_path}")
+        if self.precision:
+            lines.insert(1, f"precision         {self.precision}")
         return "\n".join(lines)
 
 
-def _check(options: BenchmarkOptions) -> tuple[torch.device, torch.dtype]:
+def _check(options: BenchmarkOptions) -> tuple[torch.device, torch.dtype, str]:
+    """The device, the dtype and why that dtype (``--dtype``, ``fast_precision``'s choice or a mode's default)."""
     if options.task != BACKBONE and options.task not in TASKS:
         raise ValueError(f"--task must be {BACKBONE} or one of {', '.join(TASKS)}, got {options.task!r}")
     for flag, value, least in (("--batch-size", options.batch_size, 1), ("--iters", options.iters, 1),
@@ -335,10 +341,14 @@ def _check(options: BenchmarkOptions) -> tuple[torch.device, torch.dtype]:
     device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but CUDA is not available; use --device cpu")
-    name = options.dtype or ("bf16" if device.type == "cuda" else "fp32")
-    if name not in DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
-    return device, DTYPES[name]
+    if options.dtype is not None:
+        if options.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype!r}")
+        return device, DTYPES[options.dtype], f"{options.dtype}: asked for (--dtype)"
+    if options.mode == "reference":
+        return device, torch.float32, "fp32: reference mode's default (the official numerics)"
+    dtype, reason = fast_precision(device)
+    return device, dtype, f"{reason} (fast mode's pick; --dtype overrides)"
 
 
 def _named_arch(model: str) -> Arch | None:
@@ -396,7 +406,7 @@ def run_benchmark(options: BenchmarkOptions) -> BenchmarkReport:
     Raises:
         ValueError: bad options (named by their CLI flags), or a model source that is neither an arch nor loadable.
     """
-    device, dtype = _check(options)
+    device, dtype, precision = _check(options)
     set_threads(options.threads)
     model = _build(options, options.input_size, device, dtype).eval()
     backbone = model if isinstance(model, Sapiens2) else model.backbone
@@ -455,6 +465,7 @@ def run_benchmark(options: BenchmarkOptions) -> BenchmarkReport:
         cpu=cpu,
         peak_note=note,
         linear_path=path,
+        precision=precision,
     )
 
 

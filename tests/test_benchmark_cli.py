@@ -47,7 +47,8 @@ def restore_threads():
 def test_benchmark_of_a_backbone_file_reports_the_cpu_and_its_peak(tmp_path, capsys, monkeypatch, restore_threads):
     path = tmp_path / "tiny_backbone.safetensors"
     save_file({k: v.contiguous() for k, v in Sapiens2(TINY_ARCH).state_dict().items()}, str(path))
-    status, out, _ = _run(capsys, "--model", str(path), "--batch", "1", "--resolution", "64x48", "--threads", "1")
+    status, out, _ = _run(capsys, "--model", str(path), "--batch", "1", "--resolution", "64x48", "--threads", "1",
+                          "--dtype", "fp32")  # fmt: skip
     assert status == 0 and "backbone custom" in out and "(1 threads, OpenMP wait policy" in out  # deprecated flags
     info = cpu_info()
     assert f"cpu               {info.model}, " in out and f"torch kernels {info.capability}" in out

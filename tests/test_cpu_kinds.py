@@ -1,4 +1,5 @@
-"""Fast mode on every CPU kind (issue #34): bf16 where oneDNN cannot pack bf16 weights (AVX2 only, AMD Zen 3).
+"""Fast mode on every CPU kind (issues #34, #38): bf16 where oneDNN cannot pack bf16 weights (AVX2 only, AMD Zen 3),
+and the precision fast mode picks on each kind (``fast_precision``: bf16 only where the CPU computes it natively).
 
 The emulation: ``ONEDNN_MAX_CPU_ISA=AVX2`` limits oneDNN to AVX2 kernels, and PyTorch asks oneDNN, not the CPU flags,
 whether it packs bf16 (``torch.ops.mkldnn._is_mkldnn_bf16_supported``, and the check inside
@@ -8,6 +9,11 @@ limits ATen's own vectorised kernels and ``MKL_ENABLE_INSTRUCTIONS=AVX2`` MKL's:
 control: under the emulation the packing call that ``make_fast`` made unconditionally before the fix fails, so the
 command tests below, run under it, would have caught the crash (they did: both exited with the traceback of the
 issue before the fix). On a real AVX2-only CPU the same tests hold without the emulation.
+
+``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` emulates an AVX-512 CPU without bf16 instructions (Intel Skylake/Cascade Lake):
+oneDNN still packs bf16 there (the packing check asks for AVX-512 BW/VL/DQ only), but widens it to float32 to
+multiply, so a choice made from packing alone would pick bf16 on such a CPU: the negative control of the precision
+tests.
 """
 
 from __future__ import annotations
@@ -21,17 +27,19 @@ import pytest
 import torch
 from conftest import DATA, TINY_ARCH
 
-from sapiens2.models.fast import LINEAR_PATHS, choose_linear_path, onednn_linear_available, onednn_packs
+from sapiens2.models.fast import LINEAR_PATHS, choose_linear_path, fast_precision, onednn_linear_available, onednn_packs
 
 AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+AVX512_WITHOUT_BF16 = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}
 PHOTO = DATA / "astronaut.png"
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="a torch build without oneDNN packs nothing")
 
 
-def _run(tmp_path, *args: str, emulate: bool = True) -> subprocess.CompletedProcess:
+def _run(tmp_path, *args: str, emulate: bool | dict = True) -> subprocess.CompletedProcess:
+    emulation = emulate if isinstance(emulate, dict) else AVX2_ONLY if emulate else {}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1",
-           **(AVX2_ONLY if emulate else {})}  # fmt: skip
+           **emulation}  # fmt: skip
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -94,3 +102,49 @@ def test_int8_activations_are_refused_where_their_sums_overflow(tmp_path):
     result = _run(tmp_path, "-c", probe)
     assert result.stdout.split() == ["False"], result.stderr[-2000:]
     assert "ValueError: int8 on this CPU: its int8 kernels sum in 16 bits that overflow" in result.stderr
+
+
+NATIVE_BF16 = [name for key, name in (("avx512_bf16", "AVX-512 BF16"), ("amx_bf16", "AMX-BF16"))
+               if getattr(torch.cpu, "get_capabilities", dict)().get(key)]  # fmt: skip
+PRECISION_PROBE = ("import torch; from sapiens2.models.fast import fast_precision, onednn_packs; "
+                   "p = fast_precision('cpu'); print(p.dtype, onednn_packs(torch.bfloat16)); "
+                   "print(p.reason)")  # fmt: skip
+
+
+def _benchmark_precision(tmp_path, seg: str, emulate) -> str:
+    bench = _run(tmp_path, "-m", "sapiens2", "benchmark", "--task", "seg", "--model", seg, "--input-size", "64", "48",
+                 "--device", "cpu", "--iters", "1", "--warmup", "0", emulate=emulate)  # fmt: skip
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    return bench.stdout
+
+
+def test_fast_mode_picks_bf16_only_where_the_cpu_computes_it_natively(tiny_checkpoints, tmp_path):
+    out = _benchmark_precision(tmp_path, str(tiny_checkpoints["seg"]), emulate=False)
+    picked = fast_precision("cpu")
+    assert f"precision         {picked.reason} (fast mode's pick; --dtype overrides)" in out, out
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()  # set when this suite runs under an emulation
+    if NATIVE_BF16 and not limit:
+        assert picked.dtype == torch.bfloat16 and ", bf16, batch 1" in out and NATIVE_BF16[0] in picked.reason
+    elif NATIVE_BF16:  # .ci/run's AVX2-only emulation
+        assert picked.dtype == torch.float32 and f"oneDNN is limited to {limit}" in picked.reason
+    else:
+        assert picked.dtype == torch.float32 and ", fp32, batch 1" in out and "no native bf16" in picked.reason
+    asked = _run(tmp_path, "-m", "sapiens2", "benchmark", "--task", "seg", "--model", str(tiny_checkpoints["seg"]),
+                 "--input-size", "64", "48", "--device", "cpu", "--iters", "1", "--warmup", "0", "--mode", "reference",
+                 "--dtype", "fp16", emulate=False).stdout  # fmt: skip
+    assert "precision         fp16: asked for (--dtype)" in asked, asked
+
+
+def test_an_avx2_only_cpu_runs_fast_mode_in_fp32(tiny_checkpoints, tmp_path):
+    out = _benchmark_precision(tmp_path, str(tiny_checkpoints["seg"]), emulate=True)
+    assert ", fp32, batch 1" in out and "precision         fp32: " in out, out
+    assert ("oneDNN is limited to AVX2" if NATIVE_BF16 else "no native bf16") in out, out
+
+
+def test_an_avx512_cpu_without_bf16_runs_fast_mode_in_fp32(tmp_path):
+    """The negative control: oneDNN packs bf16 under this emulation, so packing alone would have picked bf16."""
+    result = _run(tmp_path, "-c", PRECISION_PROBE, emulate=AVX512_WITHOUT_BF16)
+    assert result.returncode == 0, result.stderr[-2000:]
+    dtype_and_packs, reason = result.stdout.splitlines()
+    assert dtype_and_packs == "torch.float32 True", result.stdout
+    assert ("oneDNN is limited to AVX512_CORE" if NATIVE_BF16 else "no native bf16") in reason

@@ -93,14 +93,14 @@ def test_fast_task_model_agrees_with_reference(task):
 
 def test_fast_seg_labels_agree_end_to_end():
     _, reference, images, _ = case_predictor("seg", mode="reference")
-    _, fast, _, _ = case_predictor("seg", mode="fast")
+    _, fast, _, _ = case_predictor("seg", mode="fast", dtype="fp32")
     for image in images.values():
         assert (fast(image).labels == reference(image).labels).mean() >= SEG_EQUAL
 
 
 def test_fast_normals_agree_end_to_end():
     _, reference, images, _ = case_predictor("normal", mode="reference")
-    _, fast, _, _ = case_predictor("normal", mode="fast")
+    _, fast, _, _ = case_predictor("normal", mode="fast", dtype="fp32")
     for image in images.values():
         assert mean_angle_deg(fast(image).normals, reference(image).normals) <= NORMAL_MEAN_DEG
 
@@ -119,7 +119,8 @@ def _pose_keypoint_error(fast_predictor: Predictor) -> float:
 def _fast_pose_predictor() -> Predictor:
     _, predictor, _, _ = pose_case_predictor()
     size, detector = predictor.input_size, predictor.detector
-    return Predictor("pose", model=predictor.model, input_size=size, detector=detector, batch_size=2, mode="fast")
+    return Predictor("pose", model=predictor.model, input_size=size, detector=detector, batch_size=2, mode="fast",
+                     dtype="fp32")
 
 
 def test_fast_pose_keypoints_agree_end_to_end():
@@ -135,7 +136,7 @@ def test_swapped_q_and_k_moves_pose_keypoints_beyond_the_bound():
 
 def test_swapped_q_and_k_fails_the_seg_agreement_check():
     _, reference, images, _ = case_predictor("seg", mode="reference")
-    _, fast, _, _ = case_predictor("seg", mode="fast")
+    _, fast, _, _ = case_predictor("seg", mode="fast", dtype="fp32")
     swap_q_and_k(fast.model)
     agreement = min((fast(image).labels == reference(image).labels).mean() for image in images.values())
     assert agreement < SEG_EQUAL

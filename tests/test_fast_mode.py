@@ -10,7 +10,14 @@ from conftest import TINY_ARCH, TINY_HEADS, load_case
 from safetensors.torch import load_file, save_file
 
 from sapiens2 import Predictor, build_model, load_model
-from sapiens2.models.fast import CompiledBuckets, PackedLinear, is_fast, make_fast, onednn_linear_available
+from sapiens2.models.fast import (
+    CompiledBuckets,
+    PackedLinear,
+    fast_precision,
+    is_fast,
+    make_fast,
+    onednn_linear_available,
+)
 from sapiens2.models.layers import Attention, RopePositionEmbedding, apply_rope
 from sapiens2.models.layers.rope import apply_rope_fast
 from sapiens2.pose.codec import decode_heatmaps, decode_heatmaps_torch, encode_heatmaps
@@ -129,7 +136,8 @@ def test_predictor_mode_defaults_and_refusals(tiny_checkpoints):
     cpu = Predictor("seg", model=tiny_checkpoints["seg"], device="cpu", input_size=(64, 48))
     assert cpu.mode == "reference" and cpu.dtype == torch.float32 and not is_fast(cpu.model)
     fast = Predictor("seg", model=tiny_checkpoints["seg"], device="cpu", input_size=(64, 48), mode="fast")
-    assert fast.mode == "fast" and is_fast(fast.model)
+    assert fast.mode == "fast" and is_fast(fast.model) and fast.dtype == fast_precision("cpu").dtype
+    fast = Predictor("seg", model=tiny_checkpoints["seg"], device="cpu", input_size=(64, 48), mode="fast", dtype="fp32")
     image = np.random.default_rng(0).integers(0, 255, (40, 30, 3), dtype=np.uint8)
     assert (fast(image).labels == cpu(image).labels).mean() >= 0.999
     with pytest.raises(ValueError, match="mode must be one of fast, reference"):

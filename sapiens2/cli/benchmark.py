@@ -38,7 +38,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=1, help="images per forward (default 1)")
     parser.add_argument("--batch", dest="batch_size", type=int, help=argparse.SUPPRESS)  # deprecated spelling
-    parser.add_argument("--dtype", default=None, choices=tuple(DTYPES), help="default: bf16 on CUDA, fp32 on CPU")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=tuple(DTYPES),
+        help="default: fast mode's pick for the device (bf16 on CUDA and on CPUs with native bf16: AVX-512 BF16, AMX; "
+        "else fp32; printed with its reason), fp32 in reference mode",
+    )
     add_input_size_flag(parser)
     parser.add_argument("--resolution", dest="input_size", type=_resolution, help=argparse.SUPPRESS)  # deprecated
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")

@@ -12,6 +12,8 @@
 - on CPU (``pack_linears``), every linear layer of the blocks runs through oneDNN with its weight reordered once
   into oneDNN's blocked layout (``PackedLinear``), in the model's dtype where this CPU's oneDNN packs it, else (bf16
   or fp16 on an AVX2-only CPU) in float32 with the activations converted: ``choose_linear_path`` picks the path;
+- in the precision this device computes fastest when none is asked for (``fast_precision``): bf16 on CUDA GPUs
+  that have it and on CPUs that compute bf16 natively (AVX-512 BF16 or AMX-BF16), float32 on other CPUs (issue #38);
 - on CUDA with Triton installed (``fused_kernels``, issue #25), q/k-norm + RoPE, SiLU(gate) * up and LayerScale +
   residual run as fused ops (``layers/fused.py``: Triton kernels on CUDA, the reference torch ops elsewhere), in
   eager and compiled forwards alike.
@@ -26,8 +28,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -40,10 +43,13 @@ from .layers.fused import triton_available
 __all__ = [
     "BATCH_BUCKETS",
     "LINEAR_PATHS",
+    "FUSED_KERNELS_ON_CUDA",
     "CompiledBuckets",
     "PackedLinear",
+    "Precision",
     "attention_backends",
     "choose_linear_path",
+    "fast_precision",
     "fused_kernels_supported",
     "is_fast",
     "linear_path_of",
@@ -107,6 +113,58 @@ def choose_linear_path(dtype: torch.dtype, *, native: bool | None = None) -> str
     if dtype == torch.float32 or (onednn_packs(dtype) if native is None else native):
         return "onednn"
     return "onednn-fp32"
+
+
+# oneDNN's ISA levels (``ONEDNN_MAX_CPU_ISA``, also spelt ``DNNL_MAX_CPU_ISA``) below AVX512_CORE_BF16, the first with
+# bf16 dot products (``vdpbf16ps``); a limit at one of these makes oneDNN widen bf16 to float32 on any CPU.
+_ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+class Precision(NamedTuple):
+    """The dtype ``fast_precision`` picked and why, in words ``sapiens2 benchmark`` prints."""
+
+    dtype: torch.dtype
+    reason: str
+
+
+def _native_bf16_features() -> list[str]:
+    """The bf16 instruction sets of this CPU as torch's cpuinfo reads them from CPUID (no switch hides them)."""
+    capabilities = getattr(torch.cpu, "get_capabilities", dict)()
+    return [name for key, name in (("avx512_bf16", "AVX-512 BF16"), ("amx_bf16", "AMX-BF16")) if capabilities.get(key)]
+
+
+@functools.cache
+def fast_precision(device: torch.device | str = "cpu") -> Precision:
+    """The dtype fast mode runs in on ``device`` when none is asked for, and the reason (issue #38).
+
+    bf16 where the hardware computes it natively: a CUDA GPU with bf16 (``torch.cuda.is_bf16_supported``), a CPU with
+    AVX-512 BF16 (AMD Zen 4/5, Intel Cooper Lake) or AMX-BF16 (Intel Sapphire Rapids on) whose oneDNN uses it (not
+    limited below AVX512_CORE_BF16 by ``ONEDNN_MAX_CPU_ISA``) and packs bf16 weights (``onednn_packs``). Elsewhere
+    float32: without those instructions oneDNN and ATen widen bf16 to float32 around every op, and bf16 ran 3-3.5x
+    slower than float32 on an AVX-512 Cascade Lake and 0.7x on an AVX2-only CPU (docs/benchmarks.md), while on a
+    Zen 4 fast bf16 ran 1.65x fast float32. The one place this choice is made: ``Predictor`` (fast mode, no dtype)
+    and ``sapiens2 benchmark`` (fast mode, no ``--dtype``) ask it.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return Precision(torch.bfloat16, "bf16: this GPU computes bf16 on its tensor cores")
+        return Precision(torch.float32, "fp32: this GPU has no bf16")
+    if device.type != "cpu":
+        return Precision(torch.float32, f"fp32: the default on {device.type}")
+    native = _native_bf16_features()
+    if not native:
+        return Precision(torch.float32, "fp32: this CPU has no native bf16 (neither AVX-512 BF16 nor AMX-BF16), so "
+                                        "bf16 would be widened to fp32 around every op, slower than fp32")  # fmt: skip
+    limit = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    if limit in _ONEDNN_ISAS_WITHOUT_BF16:
+        return Precision(torch.float32, f"fp32: the CPU has {' and '.join(native)} but oneDNN is limited to {limit} "
+                                        "(ONEDNN_MAX_CPU_ISA), below its bf16 instructions")  # fmt: skip
+    if not onednn_packs(torch.bfloat16):
+        return Precision(torch.float32, f"fp32: the CPU has {' and '.join(native)} but this torch's oneDNN does not "
+                                        "pack bf16 weights")  # fmt: skip
+    return Precision(torch.bfloat16, f"bf16: this CPU computes bf16 natively ({' and '.join(native)}) and oneDNN "
+                                     "packs bf16 weights")  # fmt: skip
 
 
 def linear_path_of(model: nn.Module) -> str:
@@ -184,6 +242,17 @@ def is_fast(model: nn.Module) -> bool:
     return all(module.fused for module in model.modules() if isinstance(module, Attention))
 
 
+FUSED_KERNELS_ON_CUDA = False
+"""The one switch that turns the fused Triton kernels on by default (``make_fast(fused_kernels=None)``) wherever they
+run as kernels (``fused_kernels_supported``: CUDA, compute capability 8.0 on, Triton installed); they never run
+elsewhere. Off until one GPU run of ``benchmarks/gpu_session.sh`` shows both conditions of issue #38 in its summary:
+the ``tests`` step passes (the CUDA agreement tests of ``tests/test_fused_kernels.py`` and the fast-mode files) and,
+in the ``backbone`` step (1b, bf16, batch 8, compiled, CUDA graphs), the row "compiled, with fused ops" is faster
+than "compiled, without" (its ``decision`` line says which). Then set this to True in the same commit as those
+figures in docs/benchmarks.md ("Fused GPU kernels"); if they are slower, record by how much and fix or remove them.
+The first run (H100, 2026-11-27) timed q/k-norm + RoPE alone at 4x Inductor's fusion, but not the network."""
+
+
 def fused_kernels_supported(device: torch.device | str) -> bool:
     """Whether the Triton kernels can run on ``device``: a CUDA GPU of compute capability 8.0 or newer (Ampere on,
     where Triton handles bf16) with Triton installed. Elsewhere the fused ops run their reference torch ops."""
@@ -227,10 +296,8 @@ def make_fast(
         tune_allocator: call ``keep_freed_host_memory`` (process-wide). None: when the model is on the CPU.
         fused_kernels: run q/k-norm + RoPE, SiLU(gate) * up and LayerScale + residual as the fused ops of
             ``layers/fused.py`` (Triton kernels on CUDA; on other devices their reference torch ops, the same
-            numbers as without). None: off. They are opt-in until a GPU run has passed ``tests/test_fused_kernels.py``'s
-            CUDA tests and measured them in the backbone (``benchmarks/gpu_session.sh``): the first run (H100,
-            2026-11-27) ran them and timed q/k-norm + RoPE at 4x Inductor's fusion, but did not finish the rest
-            (docs/benchmarks.md, "Fused GPU kernels"). False turns them off again.
+            numbers as without). None: ``FUSED_KERNELS_ON_CUDA`` on a device where they run as Triton kernels
+            (``fused_kernels_supported``), else off. False turns them off again.
 
     Raises:
         ValueError: a packed path without a CPU model and oneDNN, ``"onednn"`` for a dtype this CPU's oneDNN does not
@@ -253,6 +320,8 @@ def make_fast(
     parameter = next(model.parameters(), None)
     on_cpu = parameter is not None and parameter.device.type == "cpu"
     device = parameter.device if parameter is not None else torch.device("cpu")
+    if fused_kernels is None:
+        fused_kernels = FUSED_KERNELS_ON_CUDA and fused_kernels_supported(device)
     fused_kernels = bool(fused_kernels)
     if fused_kernels and device.type == "cuda" and not triton_available():
         raise ValueError("fused_kernels=True on CUDA needs Triton (pip install triton; CUDA builds of torch ship it)")

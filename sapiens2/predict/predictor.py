@@ -26,7 +26,7 @@ from ..data.io import to_rgb_array
 from ..dense import albedo, matting, normal, pointmap, seg
 from ..export.runtime import InputSizeError, is_network_file, load_network
 from ..labels import labels_of
-from ..models.fast import CompiledBuckets, attention_backends, make_fast
+from ..models.fast import CompiledBuckets, attention_backends, fast_precision, make_fast
 from ..models.input_size import model_input_size
 from ..models.lowp import quantize as quantize_blocks
 from ..models.task_model import check_task
@@ -79,10 +79,9 @@ def _resolve_mode(mode: str | None, device: torch.device, reference: bool) -> st
 
 
 def _default_dtype(device: torch.device, mode: str) -> torch.dtype:
-    """float32, except bf16 in fast mode on a GPU that has it (issue #11: bf16 by default on such GPUs)."""
-    if mode == "fast" and device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
+    """float32 in reference mode; in fast mode the precision the device computes fastest (``fast_precision``: bf16 on
+    GPUs that have it and on CPUs with native bf16, issues #11 and #38)."""
+    return fast_precision(device).dtype if mode == "fast" else torch.float32
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
@@ -139,8 +138,10 @@ class Predictor:
             or any callable mapping float32 images (B, 3, H, W) to the raw head output (its ``input_size``
             attribute, if any, is the network's input size).
         device: ``"cuda"``/``"cpu"``/a torch device; default CUDA when available.
-        dtype: ``"fp32"`` (default, the official numerics), or ``"bf16"``/``"fp16"`` (on GPU) for speed. An
-            exported network keeps the precision it was exported with.
+        dtype: ``"fp32"`` (the official numerics; reference mode's default), or ``"bf16"``/``"fp16"`` for speed.
+            Fast mode's default is the precision the device computes fastest (``models.fast.fast_precision``): bf16
+            on GPUs with bf16 and on CPUs with native bf16 (AVX-512 BF16, AMX), fp32 elsewhere. An exported network
+            keeps the precision it was exported with.
         input_size: network input (H, W); default the size the model was built or trained for
             (``sapiens2.models.input_size``: an exported network's, a training run's, what a pointmap scale MLP
             takes), else (1024, 768) as the released models.
@@ -157,8 +158,8 @@ class Predictor:
             ``"fast"`` runs it rearranged for speed (``sapiens2.models.fast.make_fast``: fused QKV, GQA inside SDPA,
             cached RoPE tables, oneDNN-packed linears on CPU; pose: flipped crops in the same forward and the
             DARK-UDP decode in torch on the device), agreeing with the reference within the tolerances of
-            ``tests/test_fast_agreement.py``. Default: fast on CUDA (with bf16 where the GPU has it, unless
-            ``dtype`` says otherwise), reference elsewhere. A module given as ``model`` is made fast in place.
+            ``tests/test_fast_agreement.py``. Default: fast on CUDA (in ``fast_precision``'s dtype unless ``dtype``
+            says otherwise), reference elsewhere. A module given as ``model`` is made fast in place.
         compile: fast mode only: run the network through ``torch.compile`` with static shapes, compiled once per
             input size and batch bucket (``sapiens2.models.fast.CompiledBuckets``; the first batch of each bucket
             waits for the compiler). On CUDA the buckets are captured as CUDA graphs.
