@@ -453,3 +453,20 @@ def test_a_label_set_is_read_straight_from_an_annotation_tools_export():
     assert cvat.classes.class_names[0] == "background" and "left_sleeve" in cvat.classes.class_names
     studio = read_label_set(data / "labelstudio_racket.json")
     assert set(studio.keypoints.names) == set(cvat.keypoints.names)
+
+
+def test_pre_annotations_of_a_custom_model_carry_its_skeleton_and_flip_pairs(pose_run, tmp_path, capsys):
+    """``predict --export-labels coco`` with a model of its own set: the file's skeleton and flip pairs are the
+    model's (no known format has these names), so the tool draws the links the lab labelled."""
+    from sapiens2.cli import main
+    from sapiens2.data.annotations import read_annotations
+
+    root, model_file = pose_run
+    out = tmp_path / "out"
+    code = main(["predict", "--task", "pose", str(root / "images" / "0000.png"), "-o", str(out), "--model",
+                 f"pose={model_file}", "--detector", "none", "--input-size", "64", "48", "--export-labels", "coco"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    labels = read_annotations(out / "coco_annotations.json")
+    assert labels.keypoint_names == tuple(KEYPOINTS)
+    assert set(labels.skeleton) == {("left_wrist", "racket_tip"), ("right_wrist", "bar_end")}
+    assert labels.flip_pairs == (("left_wrist", "right_wrist"),)

@@ -6,7 +6,8 @@ and inside the image are labelled (visibility 2), the others not (CVAT ``outside
 in COCO). Each seg class present in an image is its mask (``masks="rle"``), or (``"polygon"``) one outline per
 8-connected part, drawn in the order that paints the label map back: larger parts first, a part in another's hole
 above it, and the background's parts that are holes as regions of class 0. Names come from the results
-(``keypoint_names``, ``class_names``).
+(``keypoint_names``, ``class_names``); the skeleton, flip pairs and palette from the models' label sets when given
+(``labels``), else from the known keypoint formats.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..data.annotations import (
     read_annotations,
     write_annotations,
 )
+from ..labels import LabelSet
 from ..metadata import NUM_KEYPOINTS
 from ..pose.keypoints import FORMATS, format_keypoint_names, skeleton_links
 from ..pose.topdown import as_keypoint_format
@@ -48,8 +50,12 @@ EXPORT_MASKS = ("polygon", "rle")
 LABEL_STUDIO_CONFIG = "labelstudio_config.xml"  # the labeling config written beside Label Studio's tasks
 
 
-def _skeleton(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """Links of a known keypoint format with exactly these names; none for another set."""
+def _skeleton(names: tuple[str, ...], labels: LabelSet | None = None) -> tuple[tuple[str, str], ...]:
+    """Links of the model's keypoint set (``labels``) or of a known keypoint format with exactly these names; none
+    for another set."""
+    own = labels.keypoints if labels is not None else None
+    if own is not None and own.names == names:
+        return tuple((names[a], names[b]) for a, b in own.skeleton_links)
     for fmt in FORMATS:
         if format_keypoint_names(fmt) == names:
             return tuple((names[a], names[b]) for a, b in skeleton_links(fmt))
@@ -71,6 +77,8 @@ class LabelExport:
         keypoint_format: pose results of 308 keypoints are written in this format (``--keypoint-format``).
         keypoint_threshold: keypoints scored below this are written as not labelled.
         model_version: Label Studio's ``model_version`` of the predictions.
+        labels: the models' label sets (``Predictor.labels``; pose's keypoints, seg's classes): the skeleton, flip
+            pairs and palette written for results of those names.
     """
 
     def __init__(
@@ -82,6 +90,7 @@ class LabelExport:
         keypoint_format: str = "sapiens308",
         keypoint_threshold: float = KEYPOINT_THRESHOLD,
         model_version: str = "sapiens2",
+        labels: LabelSet | None = None,
     ) -> None:
         if fmt not in EXPORT_FILES:
             raise ValueError(f"unknown label format {fmt!r}; choose from {', '.join(EXPORT_FILES)}")
@@ -89,7 +98,7 @@ class LabelExport:
             raise ValueError(f"unknown mask form {masks!r}; choose from {', '.join(EXPORT_MASKS)}")
         self.fmt, self.masks, self.keypoint_format = fmt, masks, keypoint_format
         self.path = Path(output) / EXPORT_FILES[fmt]
-        self.keypoint_threshold, self.model_version = keypoint_threshold, model_version
+        self.keypoint_threshold, self.model_version, self.labels = keypoint_threshold, model_version, labels
         self.annotations = Annotations()
         self._images: dict[str, ImageLabels] = {}
         self._earlier_names: tuple[str, ...] | None = None  # the class names of the file an earlier run wrote
@@ -119,7 +128,10 @@ class LabelExport:
             result = as_keypoint_format(result, self.keypoint_format)
         names = tuple(result.keypoint_names)
         if not self.annotations.keypoint_names:
-            self.annotations.keypoint_names, self.annotations.skeleton = names, _skeleton(names)
+            self.annotations.keypoint_names, self.annotations.skeleton = names, _skeleton(names, self.labels)
+            own = self.labels.keypoints if self.labels is not None else None
+            if own is not None and own.names == names:
+                self.annotations.flip_pairs = tuple((names[a], names[b]) for a, b in own.flip_pairs)
         elif names != self.annotations.keypoint_names:
             raise ValueError(f"{file_name}: its {len(names)} keypoint names are not the run's earlier ones")
         image = self._image(file_name, result.image_size)
@@ -140,6 +152,9 @@ class LabelExport:
         names = tuple(result.class_names)
         if not self.annotations.class_names:
             self.annotations.class_names = names
+            own = self.labels.classes if self.labels is not None else None
+            if own is not None and own.class_names == names:
+                self.annotations.palette = tuple(tuple(int(c) for c in colour) for colour in own.palette)
         elif names != self.annotations.class_names:
             raise ValueError(f"{file_name}: its {len(names)} class names are not the run's earlier ones")
         image = self._image(file_name, result.size)

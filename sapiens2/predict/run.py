@@ -149,8 +149,13 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
     if options.export_labels:
         from .label_export import LabelExport
 
+        from ..labels import LabelSet
+
+        own = {task: predictor.labels for task, predictor in predictors.items()}
+        labels = LabelSet(keypoints=own["pose"].keypoints if "pose" in own else None,
+                          classes=own["seg"].classes if "seg" in own else None)  # fmt: skip
         run.labels = LabelExport(options.export_labels, options.output, masks=options.export_masks,
-                                 keypoint_format=options.keypoint_format)  # fmt: skip
+                                 keypoint_format=options.keypoint_format, labels=labels)  # fmt: skip
     start = time.perf_counter()
     with output_lease(options.output, lambda: _remove_leftovers(work)):
         progress = tqdm(total=len(work), unit="img", desc="predict", disable=None)
