@@ -472,7 +472,8 @@ def test_pixel_bomb_is_refused_from_its_header_and_its_batch_goes_on(tiny_checkp
     for flag, value in (("--fps", "inf"), ("--max-megapixels", "nan")):
         with pytest.raises(SystemExit) as exited:
             run(tiny_checkpoints, ["seg"], [PHOTO], tmp_path / "small", flag, value)
-        assert exited.value.code == 2 and f"{flag}: must be a finite number > 0, got {value!r}" in capsys.readouterr().err
+        error = capsys.readouterr().err
+        assert exited.value.code == 2 and f"{flag}: must be a finite number > 0, got {value!r}" in error
 
 
 _OUT_OF_MEMORY_RUN = """

@@ -449,7 +449,8 @@ def test_a_label_set_is_read_straight_from_an_annotation_tools_export():
     data = Path(__file__).parent / "data" / "annotations"
     cvat = read_label_set(data / "cvat_racket" / "annotations.xml")
     assert cvat.keypoints.names == ("racket_tip", "bar_end", "left_wrist", "right_wrist")
-    assert [cvat.keypoints.names[i] for pair in cvat.keypoints.flip_pairs for i in pair] == ["left_wrist", "right_wrist"]
+    flipped = [cvat.keypoints.names[i] for pair in cvat.keypoints.flip_pairs for i in pair]
+    assert flipped == ["left_wrist", "right_wrist"]
     assert cvat.classes.class_names[0] == "background" and "left_sleeve" in cvat.classes.class_names
     studio = read_label_set(data / "labelstudio_racket.json")
     assert set(studio.keypoints.names) == set(cvat.keypoints.names)
@@ -463,8 +464,9 @@ def test_pre_annotations_of_a_custom_model_carry_its_skeleton_and_flip_pairs(pos
 
     root, model_file = pose_run
     out = tmp_path / "out"
-    code = main(["predict", "--task", "pose", str(root / "images" / "0000.png"), "-o", str(out), "--model",
-                 f"pose={model_file}", "--detector", "none", "--input-size", "64", "48", "--export-labels", "coco"])  # fmt: skip
+    code = main(["predict", "--task", "pose", str(root / "images" / "0000.png"), "-o", str(out),
+                 "--model", f"pose={model_file}", "--detector", "none", "--input-size", "64", "48",
+                 "--export-labels", "coco"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     labels = read_annotations(out / "coco_annotations.json")
     assert labels.keypoint_names == tuple(KEYPOINTS)

@@ -147,9 +147,8 @@ def predict_files(options: PredictOptions, *, option: OptionText = python_option
     written_from = sources.read() if options.skip_existing else {}
     run = _Run(options, tasks, predictors, boxes, coco, stats, coco_ids, option, sources, written_from)
     if options.export_labels:
-        from .label_export import LabelExport
-
         from ..labels import LabelSet
+        from .label_export import LabelExport
 
         own = {task: predictor.labels for task, predictor in predictors.items()}
         labels = LabelSet(keypoints=own["pose"].keypoints if "pose" in own else None,
