@@ -271,4 +271,4 @@ def test_max_megapixels_skips_larger_images(tmp_path, tiny_checkpoints, capsys):
     assert options_from_args(build_parser().parse_args(argv[:7])).max_megapixels == 200.0  # predict's default
     with pytest.raises(SystemExit):
         main([*argv, "--max-megapixels", "0"])
-    assert "--max-megapixels: must be a finite number > 0, got '0'" in capsys.readouterr().err
+    assert "--max-megapixels: must be a number > 0, got '0'" in capsys.readouterr().err

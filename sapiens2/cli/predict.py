@@ -132,19 +132,27 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def add_frame_range_flags(group, fps_help: str = "with --frames: the frame rate of the image sequence (default 30)"):
     """``--fps --start --end --stride``: which frames of a video a command reads (predict, mocap, relight)."""
-    group.add_argument("--fps", type=positive_float, default=None, help=fps_help)
+    group.add_argument("--fps", type=frame_rate, default=None, help=fps_help)
     group.add_argument("--start", type=int, default=0, help="first source frame (index)")
     group.add_argument("--end", type=int, default=None, help="stop before this source frame (index)")
     group.add_argument("--stride", type=int, default=1, help="take every N-th frame")
 
 
 def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
+    """argparse type: a number > 0 (``inf``: no limit)."""
     try:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not (value > 0 and math.isfinite(value)):
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def frame_rate(text: str) -> float:
+    """argparse type: a finite number > 0 (a frame rate)."""
+    value = positive_float(text)
+    if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
 
