@@ -19,6 +19,7 @@ Layout for ``out/clip`` (``docs/mocap.md``)::
     clip_mocap/track_<id>_contacts.csv .parquet                 per track: foot contacts per frame (mocap.contacts)
     clip_mocap/track_<id>_angles.csv .png                       per track: joint angles and their plot
     clip_mocap/track_<id>.trc                                   per track: OpenSim markers (OpenCap's mmpose set)
+    clip_mocap/camera.csv                                       a moving camera's path in the world (mocap.world)
     clip_mocap.json                                             the summary, written last (the run is complete)
 """
 
@@ -98,6 +99,9 @@ class MocapOptions:
             [``--rig-proportions``].
         plant_feet: offline, keep a foot detected planted in place (``mocap.contacts``); the contacts are
             detected and exported either way [on: ``--no-plant-feet`` turns it off].
+        camera: ``static`` (the exports in the camera's frame), ``moving`` (the camera's path estimated from the
+            background, the exports in a world frame with gravity: ``mocap.world``) or ``auto`` (moving when the
+            background moves) [``--camera``].
     """
 
     video: Any = None
@@ -111,6 +115,7 @@ class MocapOptions:
     rig: str = "sapiens2"
     rig_proportions: str = "track"
     plant_feet: bool = True
+    camera: str = "auto"
 
     def __post_init__(self) -> None:
         from ..video.run import VideoOptions
@@ -133,6 +138,10 @@ class MocapOptions:
 
         if self.rig not in RIG_NAMES:
             raise ValueError(f"rig: unknown {self.rig!r} (choose from {', '.join(RIG_NAMES)})")
+        from .world import CAMERA_MODES
+
+        if self.camera not in CAMERA_MODES:
+            raise ValueError(f"camera must be static, moving or auto, got {self.camera!r}")
         if self.rig_proportions not in PROPORTIONS:
             raise ValueError(f"rig_proportions must be {' or '.join(PROPORTIONS)}, got {self.rig_proportions!r}")
 
@@ -184,13 +193,19 @@ class MocapHook:
         view: draw the 3D view.
         use_seg: give the seg labels to the lifting (occlusion from body parts).
         fps: the source's frame rate (for the online solve).
+        background: record the background's features (``mocap.world.background_features``: the camera's motion)
+            in the record's ``background`` field.
     """
 
     name = "mocap"
 
-    def __init__(self, *, online: bool = False, view: bool = True, use_seg: bool = True, fps: float = 30.0) -> None:
+    def __init__(self, *, online: bool = False, view: bool = True, use_seg: bool = True, fps: float = 30.0,
+                 background: bool = False) -> None:  # fmt: skip
         self.online, self.view, self.use_seg, self.fps = online, view, use_seg, fps
+        self.background = background
         self.signature = {"version": 1, "use_seg": use_seg, "digits": DIGITS}
+        if background:
+            self.signature["background"] = 1
         self._view: Any = None
         self._solvers: dict[int, Any] = {}
 
@@ -227,6 +242,15 @@ class MocapHook:
                 shown[track] = solver.step(lifted, frame.time)[0]
             else:
                 shown[track] = np.asarray(lifted.keypoints, np.float64)
+        fields: dict[str, Any] = {"mocap": people}
+        pointmap = results.get("pointmap")
+        if self.background and pointmap is not None:
+            from .world import background_features, encode_features, person_mask
+
+            seg, pose = results.get("seg") if self.use_seg else None, results.get("pose")
+            mask = person_mask(frame.image.shape[:2], seg.labels if seg is not None else None,
+                               pose.boxes if pose is not None else None)  # fmt: skip
+            fields["background"] = encode_features(background_features(frame.image, pointmap.points, mask))
         panel = None
         if self.view:
             if self._view is None:
@@ -236,7 +260,7 @@ class MocapHook:
                 parents = mocap_skeleton().parents if self.online else None
                 self._view = SkeletonView(frame.image.shape[0], parents=parents)
             panel = self._view(shown)
-        return {"mocap": people}, panel
+        return fields, panel
 
 
 def record_lifted(track: int, lifted: Any) -> dict:
@@ -329,13 +353,33 @@ def read_tracks(frames_jsonl: str | os.PathLike, stride: int = 1) -> dict[int, R
     return tracks
 
 
+def read_background(frames_jsonl: str | os.PathLike) -> tuple[np.ndarray, list[Any], dict[int, float]] | None:
+    """The background features of a mocap run's ``clip_frames.jsonl`` (the records' ``background`` field, written
+    when the camera may move): (T,) frame indices, their ``world.Features`` (None where a frame has none) and frame
+    -> time; None when no record has the field."""
+    from .world import decode_features
+
+    frames, features, times = [], [], {}
+    with open(frames_jsonl) as lines:
+        for line in lines:
+            record = json.loads(line)
+            if "background" in record:
+                frames.append(record["frame"])
+                features.append(decode_features(record["background"]))
+                times[record["frame"]] = record["time"]
+    return (np.array(frames, np.int64), features, times) if frames else None
+
+
 def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: float, options: MocapOptions,
-                     mode: str, min_frames: int | None = None) -> tuple[dict[int, list[str]], dict[int, str],
-                                                                      dict[str, float]]:  # fmt: skip
+                     mode: str, min_frames: int | None = None, camera: Any = None
+                     ) -> tuple[dict[int, list[str]], dict[int, str], dict[str, float]]:  # fmt: skip
     """Solve every track seen on at least ``min_frames`` frames (default ``options.min_frames``) with
     ``solve.solve_track`` (3D smoothing ``mode``) and write its exports into ``folder``; with ``options.scene``
-    the ``SCENE_FORMATS`` go into one ``scene.<format>`` listed among every track's files. Returns (id -> files,
-    id -> why left out, seconds of ``solve`` and ``export``)."""
+    the ``SCENE_FORMATS`` go into one ``scene.<format>`` listed among every track's files. With a moving
+    ``camera`` (a ``world.CameraPath`` from ``world.camera_path``) the tracks are grounded in the world frame
+    (``world.ground_motion``) before their feet are planted and they are exported, and the grounded path is
+    written to ``camera.csv``, listed among every track's files. Returns (id -> files, id -> why left out, seconds
+    of ``solve`` and ``export``)."""
     min_frames = options.min_frames if min_frames is None else min_frames
     from .rigs import retarget
     from .solve import SolveOptions, solve_track
@@ -344,30 +388,50 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
     left_out: dict[int, str] = {}
     seconds = {"solve": 0.0, "export": 0.0}
     folder.mkdir(parents=True, exist_ok=True)
-    for old in [*folder.glob("track_*"), *folder.glob("scene.*")]:  # an earlier run's exports (other tracks, formats)
+    old_files = [*folder.glob("track_*"), *folder.glob("scene.*"), *folder.glob("camera.csv")]
+    for old in old_files:  # an earlier run's exports (other tracks, formats)
         old.unlink()
     per_track = [f for f in options.formats if not (options.scene and f in SCENE_FORMATS)]
     in_scene: list[tuple[int, Any, float]] = []
     found: dict[int, Any] = {}  # track id -> its foot contacts
+    moving = camera is not None and camera.moving
+    solved_tracks: dict[int, tuple[RecordedTrack, Any]] = {}
     for track, data in tracks.items():
         seen = int(data.seen.sum())
         if seen < min_frames:
             left_out[track] = f"seen on {seen} frames (fewer than {min_frames})"
             continue
         start = time.perf_counter()
-        try:
-            solved = solve_track(data.lifted, fps, SolveOptions(smooth=mode, plant_feet=options.plant_feet))
+        try:  # with a moving camera the feet are planted in the world, below
+            plant = options.plant_feet and not moving
+            solved_tracks[track] = data, solve_track(data.lifted, fps, SolveOptions(smooth=mode, plant_feet=plant))
         except ValueError as error:
             left_out[track] = f"cannot solve: {error}"
             continue
         finally:
             seconds["solve"] += time.perf_counter() - start
+    grounded: list[str] = []
+    if moving:
+        from .world import feet_ground, ground_motion, write_camera_path
+
         start = time.perf_counter()
-        rigged = retarget(solved.motion, options.rig, options.rig_proportions)
+        camera = camera.grounded([feet_ground(s.motion, *camera.at(d.frames)) for d, s in solved_tracks.values()])
+        times = {int(f): float(t) for d, _ in solved_tracks.values() for f, t in zip(d.frames, d.times, strict=True)}
+        grounded = [write_camera_path(camera, times, str(folder / "camera.csv"))]
+        logger.info("camera path in the world: up and the ground from the %s", camera.up_from)
+        seconds["solve"] += time.perf_counter() - start
+    for track, (data, solved) in solved_tracks.items():
+        motion, contacts = solved.motion, solved.contacts
+        if moving:
+            start = time.perf_counter()
+            motion, contacts = ground_motion(motion, camera, data.frames, options.plant_feet and mode != "online")
+            seconds["solve"] += time.perf_counter() - start
+        start = time.perf_counter()
+        rigged = retarget(motion, options.rig, options.rig_proportions)
         stem = folder / f"track_{track}"
-        files[track] = [str(p) for p in export_motion(solved.motion, stem, per_track, rigged, solved.contacts)]
+        files[track] = [str(p) for p in export_motion(motion, stem, per_track, rigged, contacts)] + grounded
         in_scene.append((track, rigged, float(data.times[0])))  # its start in the clip, in seconds
-        found[track] = solved.contacts
+        found[track] = contacts
         seconds["export"] += time.perf_counter() - start
     if in_scene and per_track != list(options.formats):
         start = time.perf_counter()
@@ -542,7 +606,7 @@ def run_mocap(
     live = isinstance(source, int) or is_stream_url(text) or text.startswith("/dev/")
     mode = options.smooth if options.smooth != "auto" else ("online" if live else "offline")
     hook = MocapHook(online=mode == "online", view=options.view and options.video.overlay, use_seg="seg" in tasks,
-                     fps=options.video.fps or 30.0)
+                     fps=options.video.fps or 30.0, background=options.camera != "static")  # fmt: skip
     folder = stem.parent / f"{stem.name}_mocap"
     run_file = folder / "run.json"
     signature = _source_signature(text, options, hook)
@@ -570,9 +634,11 @@ def run_mocap(
         return report
     stride = options.video.stride
     tracks = read_tracks(frames_jsonl, stride)
+    camera, camera_summary = _camera_path(frames_jsonl, options.camera, text, report)
     try:
         needed = min(options.min_frames, max(report.video.frames, 1))  # a photo or a short clip: every track
-        report.tracks, report.left_out, seconds = solve_and_export(tracks, folder, fps / stride, options, mode, needed)
+        report.tracks, report.left_out, seconds = solve_and_export(tracks, folder, fps / stride, options, mode, needed,
+                                                                   camera)  # fmt: skip
     except Exception as problem:  # e.g. the disk filled up: the records stay, a rerun exports again
         report.error = report.error or f"{text}: cannot write exports ({type(problem).__name__}: {problem})"
         return report
@@ -580,7 +646,8 @@ def run_mocap(
     summary = {
         "source": text, "frames": report.video.frames, "fps": fps / stride, "smooth_3d": mode,
         "seg": "seg" in tasks, "formats": list(options.formats), "scene": options.scene, "rig": options.rig,
-        "rig_proportions": options.rig_proportions, "plant_feet": options.plant_feet, "error": report.error,
+        "rig_proportions": options.rig_proportions, "plant_feet": options.plant_feet, "camera": camera_summary,
+        "error": report.error,
         "tracks": {str(t): [str(Path(p).relative_to(stem.parent)) for p in paths] for t, paths in
                    report.tracks.items()},
         "left_out": {str(t): why for t, why in report.left_out.items()},
@@ -588,6 +655,33 @@ def run_mocap(
     }  # fmt: skip
     atomic_write(summary_path, json.dumps(summary, indent=1).encode())
     return report
+
+
+def _camera_path(frames_jsonl: Path, mode: str, text: str, report: MocapReport) -> tuple[Any, dict]:
+    """The source's ``world.CameraPath`` (None for a static camera) and its entry in the summary: the mode asked
+    for, what was decided and the background's largest motion against the first frame (pixels); ``moving`` on
+    fewer than 2 frames is one error line (the exports stay in the camera frame)."""
+    if mode == "static":
+        return None, {"mode": mode, "moving": False}
+    from .world import STATIC_PX, camera_path, is_moving
+
+    background = read_background(frames_jsonl)
+    count = 0 if background is None else len(background[0])
+    if count < 2:
+        if mode == "moving":
+            report.error = report.error or (f"{text}: --camera moving needs a video (2 frames or more), it has "
+                                            f"{count}; exported in the camera's frame")  # fmt: skip
+        return None, {"mode": mode, "moving": False, "frames": count}
+    frames, features, _ = background
+    path = camera_path(frames, features, moving=True if mode == "moving" else None)
+    finite = path.motion_px[np.isfinite(path.motion_px)]
+    largest = float(finite.max()) if len(finite) == len(path.motion_px) else None  # None: the view changed
+    summary = {"mode": mode, "moving": path.moving, "background_motion_px": largest, "static_px": STATIC_PX,
+               "found_moving": is_moving(path.motion_px)}  # fmt: skip
+    logger.info("%s: camera %s (%s; the background moved %s px at most against the first frame, static up to %s)",
+                text, "moving" if path.moving else "static", "asked" if mode != "auto" else "decided",
+                "more than the view" if largest is None else f"{largest:.1f}", STATIC_PX)  # fmt: skip
+    return path, summary
 
 
 def _finished_video(video_summary: Path, run_file: Path, signature: dict) -> dict | None:
