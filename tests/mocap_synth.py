@@ -526,7 +526,7 @@ def _render(clip: SynthClip, t: int, want_rgb: bool = True) -> SynthFrame:
 
 @functools.cache
 def _texture(size: int = 512, seed: int = 3) -> np.ndarray:
-    """(size, size) float32 0..255: random blobs at four scales (0.3 m to 8 cm at 2 cm a texel), for features."""
+    """(size, size) float32 0..255: random blobs at four scales (64 to 4 texels), for features."""
     import cv2
 
     rng = np.random.default_rng(seed)
@@ -538,8 +538,8 @@ def _texture(size: int = 512, seed: int = 3) -> np.ndarray:
     return (out * (255.0 / out.max())).astype(np.float32)
 
 
-ROOM_TEXEL = 0.02
-"""Metres per texel of the room's texture."""
+ROOM_TEXEL = (0.008, 0.02)
+"""Metres per texel of the room's texture on the floor (finer: it is seen from nearer) and elsewhere."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -571,8 +571,9 @@ class Room:
             nearer = (s > 0) & (s < depth)
             hit = centre + directions * s[..., None]
             depth = np.where(nearer, s, depth)
-            u = np.where(nearer, hit[..., a] / ROOM_TEXEL + 97.0 * n, u)
-            v = np.where(nearer, hit[..., b] / ROOM_TEXEL + 61.0 * n, v)
+            texel = ROOM_TEXEL[0] if n == 0 else ROOM_TEXEL[1]
+            u = np.where(nearer, hit[..., a] / texel + 97.0 * n, u)
+            v = np.where(nearer, hit[..., b] / texel + 61.0 * n, v)
         texture = cv2.remap(_texture(), u.astype(np.float32), v.astype(np.float32), cv2.INTER_LINEAR,
                             borderMode=cv2.BORDER_WRAP)  # fmt: skip
         return depth, texture.astype(np.float64)
@@ -609,30 +610,41 @@ class MovingCamera:
         return (self.joints[:, 0] - origin) @ rotation.T
 
 
+FOLLOW = 4.0
+"""Metres the moving camera keeps ahead of the walker (``moving_camera_clip``)."""
+
+
 @functools.cache
 def moving_camera_clip(seconds: float = 10.0, fps: float = 24.0, moving: bool = True, noise_px: float = 0.4
                        ) -> MovingCamera:  # fmt: skip
-    """The planted walk turning a full circle (``seconds`` long, its loop centred 6 m ahead), filmed in a textured
-    room by a hand-held camera: it sways 1 m sideways and 0.5 m back and forth, bobs, rolls by 3° and turns to
-    follow the walker, looking down by 8-12° (``moving=False``: held still where it starts). Deterministic."""
+    """The planted walk, straight on (``seconds`` long, 0.8 m/s, seen three-quarters from the front), filmed in a
+    textured room by a hand-held camera walking backwards ``FOLLOW`` m ahead of the walker: it sways 0.4 m sideways
+    and 0.3 m along the way, bobs by 4 cm, rolls by 3°, looks down by 3-7° and turns to follow the walker
+    (``moving=False``: held still where it starts, the walker coming towards it). Deterministic."""
     frames = round(seconds * fps)
-    walk = walk_clip(frames=frames, fps=fps, noise_px=noise_px, turn=360.0, planted=True)
+    walk = walk_clip(frames=frames, fps=fps, noise_px=noise_px, turn=0.0, planted=True)
     motion = walk.motion
-    shift = np.array([0.0, 0.0, 6.0]) - (motion.root_translation.min(0) + motion.root_translation.max(0)) / 2
-    shift[1] = 0.0
-    root = motion.root_translation + shift
+    root = motion.root_translation
+    heading = root[-1] - root[0]
+    heading[1] = 0.0
+    heading /= np.linalg.norm(heading)
+    side = np.cross(heading, [0.0, 1.0, 0.0])
     t = np.arange(frames) / fps
+    start = root[0] + FOLLOW * heading
+    start[1] = 0.0
     if moving:
-        centres = np.stack([1.0 * np.sin(2 * np.pi * t / 7.0), -0.04 * np.sin(2 * np.pi * t / 1.3),
-                            0.5 * np.sin(2 * np.pi * t / 10.0 + 0.7) - 0.5 * np.sin(0.7)], -1)  # fmt: skip
+        ahead = root + FOLLOW * heading
+        ahead[:, 1] = 0.0
+        centres = (ahead + side * (0.4 * np.sin(2 * np.pi * t / 5.0))[:, None]
+                   + heading * (0.3 * np.sin(2 * np.pi * t / 7.0))[:, None]
+                   + np.array([0.0, 1.0, 0.0]) * (0.04 * np.sin(2 * np.pi * t / 1.3))[:, None])  # fmt: skip
     else:
-        centres = np.zeros((frames, 3))
-    look = root if moving else np.repeat(root[:1], frames, 0)
-    yaw = np.degrees(np.arctan2(look[:, 0] - centres[:, 0], look[:, 2] - centres[:, 2]))
-    pitch = 10.0 + (2.0 * np.sin(2 * np.pi * t / 3.0) if moving else 0.0)
+        centres = np.repeat(start[None], frames, 0)
+    look = root - centres
+    yaw = np.degrees(np.arctan2(look[:, 0], look[:, 2]))
+    pitch = 5.0 + (2.0 * np.sin(2 * np.pi * t / 3.0) if moving else 0.0)
     roll = 3.0 * np.sin(2 * np.pi * t / 4.0) if moving else np.zeros(frames)
     rotations = _rot("y", yaw) @ _rot("x", -pitch + 0 * t) @ _rot("z", roll)  # camera -> room
-    fk_root = rig.forward_kinematics(rig.Motion(motion.skeleton, fps, root, motion.rotations, motion.markers))[0]
     # the body in each frame's camera: x_camera = R^T (x_room - centre); the root joint turns by R^T as well
     seen_root = np.einsum("tba,tb->ta", rotations, root - centres)
     quats = np.array(motion.rotations)
@@ -640,10 +652,12 @@ def moving_camera_clip(seconds: float = 10.0, fps: float = 24.0, moving: bool = 
     seen = rig.Motion(motion.skeleton, fps, seen_root, quats, motion.markers)
     fk = rig.forward_kinematics(seen)
     names = motion.skeleton.names
-    room = Room(rotations, centres, float(walk.floor_y))
+    inside = np.concatenate([root, centres])
+    low, high = inside.min(0) - 4.0, inside.max(0) + 4.0
+    room = Room(rotations, centres, float(walk.floor_y), (low[0], high[0], low[2], high[2]))
     clip = SynthClip(seen, fk[0], rig.marker_positions(seen, fk), INTRINSICS.copy(), (HEIGHT, WIDTH), noise_px, 0,
                      fk[1][:, names.index("head")], walk.contact, None, room)  # fmt: skip
-    return MovingCamera(clip, room, fk_root)
+    return MovingCamera(clip, room, walk.joints)
 
 
 CLAP_STILL, CLAP_HOLD = 45, 12

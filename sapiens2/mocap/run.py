@@ -663,7 +663,7 @@ def _camera_path(frames_jsonl: Path, mode: str, text: str, report: MocapReport) 
     fewer than 2 frames is one error line (the exports stay in the camera frame)."""
     if mode == "static":
         return None, {"mode": mode, "moving": False}
-    from .world import STATIC_PX, camera_path, is_moving
+    from .world import MIN_POSED, STATIC_PX, camera_path, is_moving
 
     background = read_background(frames_jsonl)
     count = 0 if background is None else len(background[0])
@@ -675,11 +675,18 @@ def _camera_path(frames_jsonl: Path, mode: str, text: str, report: MocapReport) 
     frames, features, _ = background
     path = camera_path(frames, features, moving=True if mode == "moving" else None)
     finite = path.motion_px[np.isfinite(path.motion_px)]
-    largest = float(finite.max()) if len(finite) == len(path.motion_px) else None  # None: the view changed
+    largest = None if np.isinf(path.motion_px).any() else float(finite.max())  # None: the view changed
     summary = {"mode": mode, "moving": path.moving, "background_motion_px": largest, "static_px": STATIC_PX,
                "found_moving": is_moving(path.motion_px)}  # fmt: skip
+    if path.moving:
+        summary["posed"] = round(float(path.posed.mean()), 4)
+        if path.posed.mean() < MIN_POSED:
+            logger.warning("%s: the camera moves but its path was found on %d of %d frames only (too few background "
+                           "features with depth); the exports stay in the camera's frame", text, path.posed.sum(),
+                           len(path.posed))  # fmt: skip
+            summary["moving"], path = False, None
     logger.info("%s: camera %s (%s; the background moved %s px at most against the first frame, static up to %s)",
-                text, "moving" if path.moving else "static", "asked" if mode != "auto" else "decided",
+                text, "moving" if summary["moving"] else "static", "asked" if mode != "auto" else "decided",
                 "more than the view" if largest is None else f"{largest:.1f}", STATIC_PX)  # fmt: skip
     return path, summary
 

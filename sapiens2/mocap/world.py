@@ -10,8 +10,10 @@
 2. **Static or moving** (``background_motion``, ``--camera auto``): each frame's features are matched to the first
    frame's (Hamming distance, mutual best, at most ``MATCH_DISTANCE``); the frame's background motion is the median
    of the matched features' displacements in pixels (infinite with fewer than ``MIN_MATCHES`` matches: the view has
-   changed). The camera moves when at least ``MOVING_FRAMES`` frames (all but the first in a shorter clip) moved more
-   than ``STATIC_PX``. People are masked out, and the median ignores the few features a mask misses.
+   changed; no evidence where a frame has fewer features). The camera moves when at least ``MOVING_FRAMES`` frames
+   (all but the first in a shorter clip) moved more than ``STATIC_PX``. People are masked out, and the median
+   ignores the few features a mask misses. A camera found moving whose path cannot be followed (fewer than
+   ``MIN_POSED`` of the frames posed: a pointmap without depth, a blank wall) stays static, and the run says so.
 3. **The path** (``track_camera``): each frame's features are matched to a keyframe's; PnP with RANSAC on the
    keyframe's 3D points (its pointmap: metric scale) and this frame's pixels (``PNP_PX``), refined by
    Levenberg-Marquardt on the inliers, gives the camera's move since the keyframe. Poses chain through keyframes
@@ -69,6 +71,10 @@ FEATURES = 300
 """ORB features kept per frame (the strongest; about 20 KB of record a frame)."""
 GROW = 0.02
 """The people's mask is grown by this share of the frame's larger side (their outline, motion blur)."""
+FAST_THRESHOLD = 10
+"""ORB's corner threshold (grey levels; OpenCV's default is 20): corners in weak texture too (floors)."""
+EDGE = 0.01
+"""A feature's depth is used where 1/z around it bends by less than this share of it (not across a depth edge)."""
 MATCH_DISTANCE = 64
 """Largest Hamming distance (of 256 bits) of a feature match."""
 MIN_MATCHES = 20
@@ -76,6 +82,8 @@ STATIC_PX = 2.0
 """Median background displacement (pixels of the frame) against the first frame above which a frame moved."""
 MOVING_FRAMES = 3
 """Frames that must have moved for ``auto`` to call the camera moving (one frame could be a glitch)."""
+MIN_POSED = 0.5
+"""Share of the frames a moving camera's path must pose from the background to be used."""
 PNP_PX = 3.0
 """RANSAC's reprojection threshold (pixels) of the PnP."""
 MIN_INLIERS = 40
@@ -195,7 +203,7 @@ def background_features(image: np.ndarray, pointmap: np.ndarray, people: np.ndar
         return None
     gray = cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2GRAY)
     allowed = np.full(gray.shape, 255, np.uint8) if people is None else np.where(people, 0, 255).astype(np.uint8)
-    orb = cv2.ORB_create(nfeatures=4 * FEATURES)
+    orb = cv2.ORB_create(nfeatures=4 * FEATURES, fastThreshold=FAST_THRESHOLD)
     keypoints = _spread(orb.detect(gray, allowed), gray.shape)
     keypoints, descriptors = orb.compute(gray, keypoints)
     if descriptors is None or not keypoints:
@@ -227,20 +235,24 @@ def _spread(keypoints: Sequence, size: tuple[int, int], grid: tuple[int, int] = 
 
 
 def _back_project(depth: np.ndarray, pixels: np.ndarray, intrinsics: np.ndarray) -> np.ndarray:
-    """(N, 3) points on the rays of sub-pixel ``pixels`` (N, 2) at the ``depth`` (H, W) z interpolated bilinearly
-    there (NaN where a corner has none: an edge, a hole)."""
+    """(N, 3) points on the rays of sub-pixel ``pixels`` (N, 2) at the ``depth`` (H, W) z there, interpolated
+    bilinearly in 1/z (exact on a plane, where 1/z is affine in the pixel); NaN where the 4 x 4 pixels around it
+    are not one smooth surface (a second difference of 1/z over ``EDGE`` of it: a depth edge, a hole)."""
     h, w = depth.shape
-    x = np.clip(pixels[:, 0], 0, w - 1.001)
-    y = np.clip(pixels[:, 1], 0, h - 1.001)
+    x = np.clip(pixels[:, 0], 1, w - 3.001)
+    y = np.clip(pixels[:, 1], 1, h - 3.001)
     x0, y0 = np.floor(x).astype(int), np.floor(y).astype(int)
+    rows, cols = y0[:, None] + np.arange(-1, 3), x0[:, None] + np.arange(-1, 3)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inverse = 1.0 / np.asarray(depth, np.float64)[rows[:, :, None], cols[:, None, :]]  # (N, 4, 4)
+    bend = [np.abs(np.diff(inverse, 2, axis=axis)).max((1, 2)) for axis in (1, 2)]
+    second = np.maximum(*bend)
     fx, fy = x - x0, y - y0
-    corners = np.stack([depth[y0, x0], depth[y0, x0 + 1], depth[y0 + 1, x0], depth[y0 + 1, x0 + 1]], 1)
-    corners = corners.astype(np.float64)
-    weights = np.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], 1)
-    z = (corners * weights).sum(1)
-    # a corner over a depth edge mixes two surfaces: keep only points whose corners agree within 2 %
-    spread = corners.max(1) - corners.min(1)
-    z[~(np.isfinite(corners).all(1) & (corners.min(1) > 1e-3) & (spread < 0.02 * z))] = np.nan
+    inner = inverse[:, 1:3, 1:3]
+    w_at = (inner[:, 0, 0] * (1 - fx) * (1 - fy) + inner[:, 0, 1] * fx * (1 - fy) + inner[:, 1, 0] * (1 - fx) * fy
+            + inner[:, 1, 1] * fx * fy)  # fmt: skip
+    smooth = np.isfinite(inverse).all((1, 2)) & (inverse.min((1, 2)) > 0) & (second < EDGE * w_at)
+    z = np.where(smooth, 1.0 / np.where(smooth, w_at, 1.0), np.nan)
     k = intrinsics
     return np.stack([(pixels[:, 0] - k[0, 2]) / k[0, 0] * z, (pixels[:, 1] - k[1, 2]) / k[1, 1] * z, z], 1)
 
@@ -285,26 +297,30 @@ def _match(a: Features, b: Features) -> tuple[np.ndarray, np.ndarray]:
 
 
 def background_motion(frames: Sequence[Features | None]) -> np.ndarray:
-    """(T,) median displacement (pixels) of each frame's background features matched to the first frame's; inf
-    where fewer than ``MIN_MATCHES`` match (or the frame has none), 0 for the first."""
-    first = next((f for f in frames if f is not None), None)
-    out = np.full(len(frames), np.inf)
+    """(T,) median displacement (pixels) of each frame's background features matched to the first frame's: inf
+    where both have ``MIN_MATCHES`` features but fewer match (the view has changed), NaN where either has fewer (no
+    evidence either way: a frame all people, a pointmap without a camera), 0 for the first."""
+    first = frames[0] if len(frames) else None
+    out = np.full(len(frames), np.nan)
+    if first is None or len(first.pixels) < MIN_MATCHES:
+        return out
     for t, features in enumerate(frames):
-        if features is None or first is None:
+        if features is None or len(features.pixels) < MIN_MATCHES:
             continue
         i, j = _match(first, features)
+        out[t] = np.inf
         if len(i) >= MIN_MATCHES:
             out[t] = float(np.median(np.linalg.norm(features.pixels[j] - first.pixels[i], axis=1)))
-    if len(out) and frames[0] is not None:
-        out[0] = 0.0
+    out[0] = 0.0
     return out
 
 
 def is_moving(motion_px: np.ndarray) -> bool:
     """``auto``'s decision from ``background_motion``: at least ``MOVING_FRAMES`` frames (all but the first in a
-    shorter clip) moved more than ``STATIC_PX``."""
+    shorter clip) moved more than ``STATIC_PX`` (NaN, no evidence, counts as still)."""
     needed = max(1, min(MOVING_FRAMES, len(motion_px) - 1))
-    return len(motion_px) > 1 and int((np.asarray(motion_px) > STATIC_PX).sum()) >= needed
+    moved = np.nan_to_num(np.asarray(motion_px, np.float64), nan=0.0) > STATIC_PX  # inf: moved
+    return len(moved) > 1 and int(moved.sum()) >= needed
 
 
 def _pnp(keys: Sequence[tuple[Features, np.ndarray]], frame: Features, guess: np.ndarray | None = None
