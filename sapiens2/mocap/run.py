@@ -675,9 +675,10 @@ def _camera_path(frames_jsonl: Path, mode: str, text: str, report: MocapReport) 
     frames, features, _ = background
     path = camera_path(frames, features, moving=True if mode == "moving" else None)
     finite = path.motion_px[np.isfinite(path.motion_px)]
-    largest = None if np.isinf(path.motion_px).any() else float(finite.max())  # None: the view changed
-    summary = {"mode": mode, "moving": path.moving, "background_motion_px": largest, "static_px": STATIC_PX,
-               "found_moving": is_moving(path.motion_px)}  # fmt: skip
+    largest = float(finite.max()) if len(finite) > 1 else None  # None: no frame but the first had enough features
+    changed = bool(np.isinf(path.motion_px).any())  # a frame shares too few features with the first
+    summary = {"mode": mode, "moving": path.moving, "background_motion_px": largest, "view_changed": changed,
+               "static_px": STATIC_PX, "found_moving": is_moving(path.motion_px)}  # fmt: skip
     if path.moving:
         summary["posed"] = round(float(path.posed.mean()), 4)
         if path.posed.mean() < MIN_POSED:
@@ -685,9 +686,10 @@ def _camera_path(frames_jsonl: Path, mode: str, text: str, report: MocapReport) 
                            "features with depth); the exports stay in the camera's frame", text, path.posed.sum(),
                            len(path.posed))  # fmt: skip
             summary["moving"], path = False, None
-    logger.info("%s: camera %s (%s; the background moved %s px at most against the first frame, static up to %s)",
-                text, "moving" if summary["moving"] else "static", "asked" if mode != "auto" else "decided",
-                "more than the view" if largest is None else f"{largest:.1f}", STATIC_PX)  # fmt: skip
+    moved = "the view changed" if changed else ("no background seen" if largest is None else f"{largest:.1f} px")
+    logger.info("%s: camera %s (%s; the background moved against the first frame: %s; static up to %s px)",
+                text, "moving" if summary["moving"] else "static", "asked" if mode != "auto" else "decided", moved,
+                STATIC_PX)  # fmt: skip
     return path, summary
 
 

@@ -1,0 +1,182 @@
+"""World grounding (``mocap.world``, ``--camera``): a walk filmed in a textured room by a camera that moves, rendered
+by the test itself (``mocap_synth.moving_camera_clip``: the camera's path and the body's motion known). The camera's
+path from the background and the root's world trajectory against the truth, the static/moving decision, and the
+negative controls (the camera's motion ignored; the path not put on the ground) that fail the same bars."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import require_module
+from mocap_synth import moving_camera_clip
+
+from sapiens2.cli import main
+from sapiens2.mocap import rig, world
+from sapiens2.mocap.run import MocapOptions, read_background, run_mocap
+from sapiens2.video import VideoOptions
+
+ROTATION_DEG, ROOT_RMSE = 1.0, 0.05
+"""The issue's bars: the camera's rotation within 1 degree, the root's world trajectory within 5 cm RMSE."""
+
+
+def rotation_errors(estimated: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """(T,) degrees between (T, 3, 3) rotations."""
+    return np.degrees(rig.rotation_class().from_matrix(np.einsum("tab,tcb->tac", estimated, truth)).magnitude())
+
+
+def rmse(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.sum((a - b) ** 2, axis=-1))))
+
+
+def features_of(clip) -> list:
+    """What the mocap hook records per frame, from the rendered frames (true seg masks out the walker), through the
+    record's JSON encoding."""
+    out = []
+    for t in range(clip.num_frames):
+        frame = clip.frame(t)
+        mask = world.person_mask(frame.seg.shape, frame.seg, None)
+        out.append(world.decode_features(world.encode_features(world.background_features(frame.rgb, frame.pointmap,
+                                                                                          mask))))  # fmt: skip
+    return out
+
+
+def test_the_background_gives_the_cameras_path_and_the_ground():
+    """Half a second of the moving camera: decided moving, every frame posed, its rotation in the gravity-up world within
+    1 degree of the truth and its centre within 5 cm; held still, the same room is decided static. Negative control:
+    the path left in the first camera's frame (not put on the ground plane) misses the rotation bar by the camera's
+    tilt."""
+    moving = moving_camera_clip(seconds=0.5)
+    path = world.camera_path(np.arange(moving.clip.num_frames), features_of(moving.clip))
+    assert path.moving and path.posed.all() and world.is_moving(path.motion_px)
+    grounded = path.grounded()
+    assert grounded.up_from == "background"
+    rotations, centres = moving.camera_in_world()
+    errors = rotation_errors(grounded.rotations, rotations)
+    assert errors.max() < ROTATION_DEG, errors.max()
+    assert rmse(grounded.positions, centres) < ROOT_RMSE, rmse(grounded.positions, centres)
+    assert rotation_errors(path.rotations, rotations).min() > ROTATION_DEG  # the camera looks down by 3-7 degrees
+    still = moving_camera_clip(seconds=0.5, moving=False)
+    decided = world.camera_path(np.arange(still.clip.num_frames), features_of(still.clip))
+    assert not decided.moving and np.nanmax(decided.motion_px) <= world.STATIC_PX, decided.motion_px
+
+
+def test_the_decision_and_its_threshold():
+    """``is_moving``: a few frames over ``STATIC_PX`` (or a changed view, inf) make it move; NaN (no evidence) and
+    one glitch do not."""
+    assert not world.is_moving(np.array([0.0, 0.5, np.nan, 1.9, 1.0]))
+    assert not world.is_moving(np.array([0.0, 0.5, 30.0, 1.0, 1.0]))  # one glitch
+    assert world.is_moving(np.array([0.0, 2.5, 3.0, np.inf, 1.0]))
+    assert world.is_moving(np.array([0.0, 5.0]))  # two frames: the second decides
+    assert not world.is_moving(np.array([0.0]))
+
+
+def test_to_world_moves_the_root_and_keeps_the_body():
+    """``to_world`` carries the root's position and rotation from each frame's camera; forward kinematics then gives
+    the joints turned and moved by that frame's camera (the local rotations unchanged)."""
+    still = moving_camera_clip(seconds=0.5, moving=False)
+    motion = still.clip.motion
+    angles = np.linspace(0.0, 1.0, motion.num_frames)
+    turns = rig.quat_to_matrix(rig.quat_from_axis_angle(np.array([0.3, 1.0, 0.2]), angles))
+    moves = np.linspace([0.0, 0.0, 0.0], [1.0, -0.2, 2.0], motion.num_frames)
+    placed = rig.forward_kinematics(world.to_world(motion, turns, moves))[0]
+    expected = np.einsum("tab,tjb->tja", turns, rig.forward_kinematics(motion)[0]) + moves[:, None]
+    np.testing.assert_allclose(placed, expected, atol=1e-9)
+
+
+def _oracle_run(tmp_path: Path, clip, name: str, camera: str, formats=("csv", "bvh")):
+    from test_mocap_run import Oracle, rendered, stamp
+    from videoclips import write_clip
+
+    av = require_module("av")  # noqa: F841 (the clip is encoded with PyAV)
+    video = tmp_path / f"{name}.mp4"
+    if not video.is_file():
+        write_clip(video, [stamp(rendered(clip, t).rgb, t) for t in range(clip.num_frames)], fps=round(clip.motion.fps))
+    options = MocapOptions(video=VideoOptions(smooth="none", save_dense=False, overlay=False), formats=formats,
+                           camera=camera)  # fmt: skip
+    report = run_mocap({t: Oracle(t, clip) for t in ("pose", "pointmap", "seg")}, video, tmp_path / camera, options,
+                       progress=False)  # fmt: skip
+    summary = json.loads((tmp_path / camera / f"{name}_mocap.json").read_text())
+    return report, summary
+
+
+def test_a_still_camera_is_decided_static_and_exports_as_before(tmp_path):
+    """``--camera auto`` (the default) on a still camera films the textured room: it records the background, finds
+    it still (the summary says so) and writes the same bytes as ``--camera static``, which records none."""
+    still = moving_camera_clip(seconds=0.5, moving=False)
+    auto, summary = _oracle_run(tmp_path, still.clip, "still", "auto")
+    static, static_summary = _oracle_run(tmp_path, still.clip, "still", "static")
+    assert auto.error is None and static.error is None
+    assert summary["camera"]["mode"] == "auto" and summary["camera"]["moving"] is False
+    assert summary["camera"]["background_motion_px"] <= world.STATIC_PX
+    assert static_summary["camera"] == {"mode": "static", "moving": False}
+    assert read_background(tmp_path / "auto" / "still_frames.jsonl") is not None
+    assert read_background(tmp_path / "static" / "still_frames.jsonl") is None
+    for track, files in auto.tracks.items():
+        assert [Path(f).name for f in files] == [Path(f).name for f in static.tracks[track]]
+        for a, b in zip(files, static.tracks[track], strict=True):
+            assert Path(a).read_bytes() == Path(b).read_bytes(), a
+
+
+def test_moving_on_a_single_image_is_one_clear_line(tmp_path, capsys):
+    """``--camera moving`` on a photo: one error line naming the source and the flag (the photo is still exported,
+    in the camera's frame); an unknown mode is a usage error naming ``--camera``."""
+    import cv2
+
+    still = moving_camera_clip(seconds=0.5, moving=False)
+    from test_mocap_run import Oracle, rendered, stamp
+
+    photo = tmp_path / "photo.png"
+    cv2.imwrite(str(photo), stamp(rendered(still.clip, 0).rgb, 0)[..., ::-1])
+    options = MocapOptions(video=VideoOptions(smooth="none", save_dense=False, overlay=False), formats=("csv",),
+                           camera="moving")  # fmt: skip
+    report = run_mocap({t: Oracle(t, still.clip) for t in ("pose", "pointmap", "seg")}, photo, tmp_path / "out",
+                       options, progress=False)  # fmt: skip
+    assert report.error is not None and "\n" not in report.error
+    assert str(photo) in report.error and "--camera moving needs a video" in report.error
+    assert report.tracks  # exported all the same
+    with pytest.raises(SystemExit) as stop:
+        main(["mocap", str(photo), "-o", str(tmp_path / "cli"), "--camera", "sideways"])
+    assert stop.value.code == 2 and "--camera: invalid choice: 'sideways'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="camera must be static, moving or auto"):
+        MocapOptions(camera="sideways")
+
+
+@pytest.mark.slow
+def test_ten_seconds_of_a_moving_camera_in_the_world(tmp_path):
+    """The issue's case end to end (``run_mocap`` on the encoded clip, the networks' outputs from the truth): 10 s of
+    a walk filmed by a camera walking backwards ahead of it. ``auto`` decides moving; the root's world trajectory
+    (the CSV's pelvis) is within 5 cm RMSE of the truth and the camera's rotation (``camera.csv``) within 1 degree
+    at every frame. Negative controls: ``--camera static`` (the camera's motion ignored) misses the root's bar, and
+    the path from the same records left in the first camera's frame misses the rotation's."""
+    truth = moving_camera_clip(seconds=10.0)
+    report, summary = _oracle_run(tmp_path, truth.clip, "walk", "auto")
+    assert report.error is None and len(report.tracks) == 1
+    assert summary["camera"]["moving"] is True and summary["camera"]["found_moving"] is True
+    track = next(iter(report.tracks))
+    folder = tmp_path / "auto" / "walk_mocap"
+    assert f"{folder.name}/camera.csv" in summary["tracks"][str(track)]
+    table = np.genfromtxt(folder / f"track_{track}_points.csv", delimiter=",", names=True)
+    root = np.stack([table[f"pelvis_JC_{a}"] for a in "xyz"], -1)
+    true_root = truth.root_in_world()
+    assert len(root) == truth.clip.num_frames == 240
+    root_error = rmse(root, true_root)
+    camera = np.genfromtxt(folder / "camera.csv", delimiter=",", names=True)
+    rotations = rig.quat_to_matrix(np.stack([camera[k] for k in ("qx", "qy", "qz", "qw")], -1))
+    true_rotations, true_centres = truth.camera_in_world()
+    turn = rotation_errors(rotations, true_rotations)
+    centres = np.stack([camera[a] for a in "xyz"], -1)
+    print(f"root RMSE {root_error * 100:.2f} cm, camera rotation max {turn.max():.3f} mean {turn.mean():.3f} deg, "
+          f"camera centre RMSE {rmse(centres, true_centres) * 100:.2f} cm")  # fmt: skip
+    assert root_error < ROOT_RMSE and turn.max() < ROTATION_DEG
+    assert camera["posed"].all() and np.allclose(camera["time"], np.arange(240) / 24.0)
+    # negative controls
+    frames, features, _ = read_background(tmp_path / "auto" / "walk_frames.jsonl")
+    ungrounded = world.camera_path(frames, features)
+    assert rotation_errors(ungrounded.rotations, true_rotations).max() > ROTATION_DEG
+    ignored, ignored_summary = _oracle_run(tmp_path, truth.clip, "walk", "static", formats=("csv",))
+    assert ignored_summary["camera"]["moving"] is False
+    table = np.genfromtxt(tmp_path / "static" / "walk_mocap" / f"track_{track}_points.csv", delimiter=",", names=True)
+    assert rmse(np.stack([table[f"pelvis_JC_{a}"] for a in "xyz"], -1), true_root) > ROOT_RMSE
