@@ -37,17 +37,16 @@ def features_of(clip) -> list:
     out = []
     for t in range(clip.num_frames):
         frame = clip.frame(t)
-        mask = world.person_mask(frame.seg.shape, frame.seg, None)
-        out.append(world.decode_features(world.encode_features(world.background_features(frame.rgb, frame.pointmap,
-                                                                                          mask))))  # fmt: skip
+        features = world.background_features(frame.rgb, frame.pointmap, frame.seg)
+        out.append(world.decode_features(world.encode_features(features)))
     return out
 
 
 def test_the_background_gives_the_cameras_path_and_the_ground():
-    """Half a second of the moving camera: decided moving, every frame posed, its rotation in the gravity-up world within
-    1 degree of the truth and its centre within 5 cm; held still, the same room is decided static. Negative control:
-    the path left in the first camera's frame (not put on the ground plane) misses the rotation bar by the camera's
-    tilt."""
+    """Half a second of the moving camera: decided moving, every frame posed, its rotation in the gravity-up world
+    within 1 degree of the truth and its centre within 5 cm; held still, the same room is decided static. Negative
+    control: the path left in the first camera's frame (not put on the ground plane) misses the rotation bar by the
+    camera's tilt."""
     moving = moving_camera_clip(seconds=0.5)
     path = world.camera_path(np.arange(moving.clip.num_frames), features_of(moving.clip))
     assert path.moving and path.posed.all() and world.is_moving(path.motion_px)

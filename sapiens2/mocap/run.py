@@ -245,12 +245,12 @@ class MocapHook:
         fields: dict[str, Any] = {"mocap": people}
         pointmap = results.get("pointmap")
         if self.background and pointmap is not None:
-            from .world import background_features, encode_features, person_mask
+            from .world import background_features, encode_features
 
             seg, pose = results.get("seg") if self.use_seg else None, results.get("pose")
-            mask = person_mask(frame.image.shape[:2], seg.labels if seg is not None else None,
-                               pose.boxes if pose is not None else None)  # fmt: skip
-            fields["background"] = encode_features(background_features(frame.image, pointmap.points, mask))
+            features = background_features(frame.image, pointmap.points, seg.labels if seg is not None else None,
+                                           pose.boxes if pose is not None else None)  # fmt: skip
+            fields["background"] = encode_features(features)
         panel = None
         if self.view:
             if self._view is None:

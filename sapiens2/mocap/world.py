@@ -3,8 +3,8 @@
 
 1. **Per frame** (``background_features``, in the video pipeline's hook): ORB features on the picture outside the
    people (seg's body pixels, or without seg the pose boxes, grown by ``GROW`` of the frame's size), spread over a
-   grid of cells, each with its 3D point on its sub-pixel ray at the pointmap's depth there (bilinear; none across a
-   depth edge), and the frame's pinhole read from the pointmap (``lift.estimate_intrinsics``).
+   grid of cells, each with its 3D point on its sub-pixel ray at the pointmap's depth there (interpolated in 1/z;
+   none across a depth edge: ``EDGE``), and the frame's pinhole read from the pointmap (``lift.estimate_intrinsics``).
    They go into the frame's record (``encode_features``), so the camera's path is a function of the sealed records
    and a resumed run finds the same one.
 2. **Static or moving** (``background_motion``, ``--camera auto``): each frame's features are matched to the first
@@ -14,16 +14,17 @@
    (all but the first in a shorter clip) moved more than ``STATIC_PX``. People are masked out, and the median
    ignores the few features a mask misses. A camera found moving whose path cannot be followed (fewer than
    ``MIN_POSED`` of the frames posed: a pointmap without depth, a blank wall) stays static, and the run says so.
-3. **The path** (``track_camera``): each frame's features are matched to a keyframe's; PnP with RANSAC on the
-   keyframe's 3D points (its pointmap: metric scale) and this frame's pixels (``PNP_PX``), refined by
-   Levenberg-Marquardt on the inliers, gives the camera's move since the keyframe. Poses chain through keyframes
-   only, so drift grows per keyframe, not per frame: the frame becomes the next keyframe when fewer than
-   ``MIN_INLIERS`` or ``KEYFRAME_SHARE`` of the keyframe's features stay inliers. A frame that cannot be posed
-   (too few matches even against the frame before it) takes its neighbours' poses, interpolated.
-4. **The world frame** (``ground_frame``): up is the normal of the ground plane, a RANSAC plane fitted to the
-   background's 3D points (those of the keyframes, in the first camera's frame) whose normal lies within
+3. **The path** (``track_camera``): each frame's features are matched to those of the last ``KEYFRAMES``
+   keyframes, whose 3D points (their pointmaps: metric scale) are carried into the first frame's camera by their
+   poses and pooled; PnP with RANSAC (``PNP_PX``) on them and this frame's pixels, refined by Levenberg-Marquardt
+   on the inliers, gives the camera's pose. Poses chain through keyframes only, so drift grows per keyframe, not per
+   frame: the frame becomes the next keyframe when fewer than ``MIN_INLIERS`` or ``KEYFRAME_SHARE`` of the newest
+   keyframe's features stay inliers. A frame that cannot be posed takes its neighbours' poses, interpolated.
+4. **The world frame** (``ground_frame``): up is the normal of the ground plane. In each keyframe a RANSAC plane
+   under the camera is fitted to its background points (in the first camera's frame) whose normal lies within
    ``UP_AGREEMENT`` of the feet's up (``contacts.estimate_ground`` of the tracks, in the first camera's frame; the
-   first camera's up without tracks); without such a plane (the floor not seen) the feet's up and ground. The world
+   first camera's up without tracks); the keyframes' planes within ``PLANE_AGREEMENT`` of their median normal are
+   averaged. Without such a plane (the floor not seen) the feet give up and the ground. The world
    frame keeps the camera frame's axis names: y along gravity (down; the exporters' Y up is -y), z the first
    camera's viewing direction made horizontal, x = y × z, the origin on the ground under the first camera, metres.
 5. **The tracks** (``to_world``): each solved motion's root position and rotation are carried from the camera of
@@ -36,10 +37,9 @@ Axes inside: the camera frame of each frame, OpenCV (x right, y down, z forward)
 from __future__ import annotations
 
 import base64
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -67,6 +67,8 @@ __all__ = [
 CAMERA_MODES = ("static", "moving", "auto")
 """``--camera``: ``static`` (the camera frame, as recorded), ``moving`` (the world frame from the camera's
 estimated path), ``auto`` (moving when the background moves: ``background_motion``)."""
+DETECT_SIZE = 960
+"""Pixels of the larger side at which a frame is searched for corners (a larger frame is scaled down first)."""
 FEATURES = 300
 """ORB features kept per frame (the strongest; about 20 KB of record a frame)."""
 GROW = 0.02
@@ -163,52 +165,60 @@ class CameraPath:
         rotations = np.einsum("ab,tbc->tac", rotation, self.rotations)
         background = tuple((p - origin) @ rotation.T for p in self.background)
         positions = (self.positions - origin) @ rotation.T
-        return dataclasses.replace(self, rotations=rotations, positions=positions, up_from=source,
-                                   background=background)  # fmt: skip
+        return replace(self, rotations=rotations, positions=positions, up_from=source, background=background)
 
 
 # ------------------------------------------------------------------------------------------------- per frame
 
 
 def person_mask(size: tuple[int, int], labels: np.ndarray | None, boxes: np.ndarray | None) -> np.ndarray:
-    """(H, W) bool: the people, grown by ``GROW`` of the larger side: seg's ``labels`` other than background (0),
-    or without them the pose ``boxes`` (N, 4) x1 y1 x2 y2 (a box over half the frame, the whole-frame fallback,
-    masks nothing: no background would be left)."""
+    """(H, W) bool at ``size``: the people, grown by ``GROW`` of the larger side: seg's ``labels`` (any size, resized;
+    0 is background) or without them the pose ``boxes`` (N, 4) x1 y1 x2 y2 in pixels of ``size`` (a box over half
+    the frame, the whole-frame fallback, masks nothing: no background would be left)."""
     import cv2
 
     h, w = size
     mask = np.zeros((h, w), np.uint8)
-    if labels is not None and labels.shape == (h, w):
-        mask[labels > 0] = 1
+    if labels is not None:
+        mask = cv2.resize((np.asarray(labels) > 0).astype(np.uint8), (w, h), interpolation=cv2.INTER_NEAREST)
     else:
         for x1, y1, x2, y2 in np.asarray(boxes if boxes is not None else np.zeros((0, 4)), np.float64).reshape(-1, 4):
             if np.isfinite([x1, y1, x2, y2]).all() and (x2 - x1) * (y2 - y1) <= 0.5 * h * w:
                 mask[max(int(y1), 0) : max(math.ceil(y2) + 1, 0), max(int(x1), 0) : max(math.ceil(x2) + 1, 0)] = 1
     if mask.any():
         grow = max(1, round(GROW * max(h, w)))
-        mask = cv2.dilate(mask, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * grow + 1, 2 * grow + 1)))
+        mask = cv2.dilate(mask, np.ones((2 * grow + 1, 2 * grow + 1), np.uint8))  # a square: separable, fast
     return mask.astype(bool)
 
 
-def background_features(image: np.ndarray, pointmap: np.ndarray, people: np.ndarray | None = None) -> Features | None:
-    """ORB features of an RGB ``image`` (H, W, 3) uint8 outside ``people`` (H, W) bool, with their points read from
-    the (H, W, 3) ``pointmap``; None where the pointmap has no camera (``lift.estimate_intrinsics``)."""
+def background_features(image: np.ndarray, pointmap: np.ndarray, labels: np.ndarray | None = None,
+                        boxes: np.ndarray | None = None) -> Features | None:  # fmt: skip
+    """ORB features of an RGB ``image`` (H, W, 3) uint8 outside the people (``person_mask`` of seg's ``labels`` or
+    the pose ``boxes`` in pixels), with their points read from the (H, W, 3) ``pointmap``; None where the pointmap
+    has no camera (``lift.estimate_intrinsics``). A frame larger than ``DETECT_SIZE`` is searched for corners at
+    that size (the features' pixels are the frame's)."""
     import cv2
 
     from .lift import estimate_intrinsics
 
+    h, w = image.shape[:2]
     try:
-        intrinsics = estimate_intrinsics(pointmap)
+        intrinsics = estimate_intrinsics(pointmap, stride=max(8, max(h, w) // 80))
     except ValueError:
         return None
+    scale = min(1.0, DETECT_SIZE / max(h, w))
+    size = (max(round(h * scale), 1), max(round(w * scale), 1))
     gray = cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2GRAY)
-    allowed = np.full(gray.shape, 255, np.uint8) if people is None else np.where(people, 0, 255).astype(np.uint8)
+    if scale < 1.0:
+        gray = cv2.resize(gray, (size[1], size[0]), interpolation=cv2.INTER_AREA)
+    scaled = None if boxes is None else np.asarray(boxes, np.float64) * (size[1] / w)
+    allowed = np.where(person_mask(size, labels, scaled), 0, 255).astype(np.uint8)
     orb = cv2.ORB_create(nfeatures=4 * FEATURES, fastThreshold=FAST_THRESHOLD)
-    keypoints = _spread(orb.detect(gray, allowed), gray.shape)
+    keypoints = _spread(orb.detect(gray, allowed), size)
     keypoints, descriptors = orb.compute(gray, keypoints)
     if descriptors is None or not keypoints:
         return Features(np.zeros((0, 2)), np.zeros((0, 3)), np.zeros((0, 32), np.uint8), intrinsics)
-    pixels = np.array([k.pt for k in keypoints], np.float64)
+    pixels = (np.array([k.pt for k in keypoints], np.float64) + 0.5) * np.array([w / size[1], h / size[0]]) - 0.5
     points = _back_project(np.asarray(pointmap)[..., 2], pixels, intrinsics)
     return Features(pixels, points, np.ascontiguousarray(descriptors, np.uint8), intrinsics)
 
