@@ -151,7 +151,7 @@ def test_ten_seconds_of_a_moving_camera_in_the_world(tmp_path):
     at every frame. Negative controls: ``--camera static`` (the camera's motion ignored) misses the root's bar, and
     the path from the same records left in the first camera's frame misses the rotation's."""
     truth = moving_camera_clip(seconds=10.0)
-    report, summary = _oracle_run(tmp_path, truth.clip, "walk", "auto")
+    report, summary = _oracle_run(tmp_path, truth.clip, "walk", "auto", formats=("csv", "bvh", "usd"))
     assert report.error is None and len(report.tracks) == 1
     assert summary["camera"]["moving"] is True and summary["camera"]["found_moving"] is True
     track = next(iter(report.tracks))
@@ -171,11 +171,48 @@ def test_ten_seconds_of_a_moving_camera_in_the_world(tmp_path):
           f"camera centre RMSE {rmse(centres, true_centres) * 100:.2f} cm")  # fmt: skip
     assert root_error < ROOT_RMSE and turn.max() < ROTATION_DEG
     assert camera["posed"].all() and np.allclose(camera["time"], np.arange(240) / 24.0)
+    require_module("pxr")
+    from pxr import Usd, UsdGeom
+
+    stage = Usd.Stage.Open(str(folder / f"track_{track}.usdc"))  # the camera rides in the USD as well
+    usd_camera = UsdGeom.Xformable(stage.GetPrimAtPath("/camera"))
+    placed = np.array([np.array(usd_camera.ComputeLocalToWorldTransform(t).ExtractTranslation()) for t in range(240)])
+    np.testing.assert_allclose(placed, rig.to_y_up(centres), atol=1e-5)
     # negative controls
     frames, features, _ = read_background(tmp_path / "auto" / "walk_frames.jsonl")
-    ungrounded = world.camera_path(frames, features)
-    assert rotation_errors(ungrounded.rotations, true_rotations).max() > ROTATION_DEG
+    ungrounded = rotation_errors(world.camera_path(frames, features).rotations, true_rotations)
     ignored, ignored_summary = _oracle_run(tmp_path, truth.clip, "walk", "static", formats=("csv",))
     assert ignored_summary["camera"]["moving"] is False
     table = np.genfromtxt(tmp_path / "static" / "walk_mocap" / f"track_{track}_points.csv", delimiter=",", names=True)
-    assert rmse(np.stack([table[f"pelvis_JC_{a}"] for a in "xyz"], -1), true_root) > ROOT_RMSE
+    ignored_error = rmse(np.stack([table[f"pelvis_JC_{a}"] for a in "xyz"], -1), true_root)
+    print(f"negative controls: ungrounded rotation max {ungrounded.max():.2f} deg, camera ignored root RMSE "
+          f"{ignored_error:.2f} m")  # fmt: skip
+    assert ungrounded.max() > ROTATION_DEG and ignored_error > ROOT_RMSE
+
+
+def test_the_usd_camera_sees_what_the_camera_saw(tmp_path):
+    """``usd.CameraAnimation`` written by ``write_usd``: read back with ``pxr``, at every time code the Camera prim's
+    transform puts a point the camera saw d metres ahead (OpenCV: +z) at (0, 0, -d) in its own space (USD's cameras
+    look down -Z), a point below it (+y) along its -Y; its centre is the path's in Y-up axes."""
+    require_module("pxr")
+    from pxr import Gf, Usd, UsdGeom
+
+    from sapiens2.mocap.usd import CameraAnimation, write_usd
+
+    still = moving_camera_clip(seconds=0.5, moving=False)
+    frames = still.clip.num_frames
+    turns = rig.quat_to_matrix(rig.quat_from_axis_angle(np.array([0.2, 1.0, -0.3]), np.linspace(0.0, 2.0, frames)))
+    centres = np.linspace([0.0, -1.6, 0.0], [0.5, -1.4, -2.0], frames)
+    intrinsics = np.array([[560.0, 0.0, 319.5], [0.0, 560.0, 239.5], [0.0, 0.0, 1.0]])
+    camera = CameraAnimation.from_camera(turns, centres, intrinsics, start=3.0)
+    path = write_usd(still.clip.motion, tmp_path / "track.usda", camera=camera)
+    stage = Usd.Stage.Open(str(path))
+    prim = UsdGeom.Camera(stage.GetPrimAtPath("/camera"))
+    assert prim and abs(prim.GetFocalLengthAttr().Get() - 36.0 * 560.0 / 640.0) < 1e-4
+    assert stage.GetStartTimeCode() == 0.0 and stage.GetEndTimeCode() == 3.0 + frames - 1
+    for t in range(frames):
+        matrix = UsdGeom.Xformable(prim).ComputeLocalToWorldTransform(3.0 + t)
+        ahead = turns[t] @ np.array([0.0, 0.5, 2.0]) + centres[t]  # 2 m ahead, 0.5 m down, OpenCV camera axes
+        seen = matrix.GetInverse().Transform(Gf.Vec3d(*rig.to_y_up(ahead)))
+        np.testing.assert_allclose(np.array(seen), [0.0, -0.5, -2.0], atol=1e-5)
+        np.testing.assert_allclose(np.array(matrix.ExtractTranslation()), rig.to_y_up(centres[t]), atol=1e-6)

@@ -416,40 +416,54 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
 
         start = time.perf_counter()
         camera = camera.grounded([feet_ground(s.motion, *camera.at(d.frames)) for d, s in solved_tracks.values()])
-        times = {int(f): float(t) for d, _ in solved_tracks.values() for f, t in zip(d.frames, d.times, strict=True)}
-        grounded = [write_camera_path(camera, times, str(folder / "camera.csv"))]
+        grounded = [write_camera_path(camera, str(folder / "camera.csv"))]
         logger.info("camera path in the world: up and the ground from the %s", camera.up_from)
         seconds["solve"] += time.perf_counter() - start
     for track, (data, solved) in solved_tracks.items():
-        motion, contacts = solved.motion, solved.contacts
+        motion, contacts, seen_by = solved.motion, solved.contacts, None
         if moving:
             start = time.perf_counter()
             motion, contacts = ground_motion(motion, camera, data.frames, options.plant_feet and mode != "online")
+            seen_by = _usd_camera(camera, data.frames, per_track)
             seconds["solve"] += time.perf_counter() - start
         start = time.perf_counter()
         rigged = retarget(motion, options.rig, options.rig_proportions)
         stem = folder / f"track_{track}"
-        files[track] = [str(p) for p in export_motion(motion, stem, per_track, rigged, contacts)] + grounded
+        files[track] = [str(p) for p in export_motion(motion, stem, per_track, rigged, contacts, seen_by)] + grounded
         in_scene.append((track, rigged, float(data.times[0])))  # its start in the clip, in seconds
         found[track] = contacts
         seconds["export"] += time.perf_counter() - start
     if in_scene and per_track != list(options.formats):
         start = time.perf_counter()
-        scene = export_scene(in_scene, folder / "scene", [f for f in options.formats if f not in per_track],
-                             found)  # fmt: skip
+        in_file = [f for f in options.formats if f not in per_track]
+        seen_by = _usd_camera(camera, camera.frames, in_file, fps) if moving else None
+        scene = export_scene(in_scene, folder / "scene", in_file, found, seen_by)
         for track, _, _ in in_scene:
             files[track] += [str(p) for p in scene]  # the files holding the track
         seconds["export"] += time.perf_counter() - start
     return files, left_out, seconds
 
 
+def _usd_camera(camera: Any, frames: np.ndarray, formats: Sequence[str], fps: float | None = None) -> Any:
+    """The moving ``camera``'s (a grounded ``world.CameraPath``) ``usd.CameraAnimation`` over ``frames``, starting
+    at time code 0, or with ``fps`` at its first frame's time (a scene); None without ``usd`` in ``formats``."""
+    if "usd" not in formats:
+        return None
+    from .usd import CameraAnimation
+
+    first = camera.times[0] if fps is not None and camera.times is not None else np.nan
+    start = float(round(first * fps)) if np.isfinite(first) else 0.0
+    return CameraAnimation.from_camera(*camera.at(frames), camera.intrinsics, start)
+
+
 def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any = None,
-                  contacts: Any = None) -> list[Path]:  # fmt: skip
+                  contacts: Any = None, camera: Any = None) -> list[Path]:  # fmt: skip
     """Write ``motion`` in each of ``formats`` at ``stem`` + the format's suffix; returns the files written. With
     ``rigged`` (a ``rigs.RigMotion``) the ``RIG_FORMATS`` hold that rig's motion (FBX and USD its bone axes too).
     The foot ``contacts`` (``mocap.contacts.FootContacts``) go with CSV / Parquet into ``<stem>_contacts.<suffix>``,
     into the FBX as an animated ``contact`` user property of each ankle joint (on a rig: the joint that follows
-    our ankle) and into the USD as time-sampled attributes ``sapiens2:contact:<foot>`` of the Skeleton prim."""
+    our ankle) and into the USD as time-sampled attributes ``sapiens2:contact:<foot>`` of the Skeleton prim. A moving
+    ``camera`` (``usd.CameraAnimation``) goes into the USD."""
     written: list[Path] = []
     animated = motion if rigged is None else rigged.motion
     axes = None if rigged is None else rigged.orientations
@@ -475,7 +489,7 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any =
 
         attributes = contacts.attributes() if contacts is not None else None
         animation = SkeletalAnimation.from_motion(animated, stem.name, orientations=axes, attributes=attributes)
-        written.append(Path(write_usd(animation, stem.with_name(stem.name + ".usdc"))))
+        written.append(Path(write_usd(animation, stem.with_name(stem.name + ".usdc"), camera=camera)))
     if "csv" in formats or "parquet" in formats:
         from .tables import write_trajectories
 
@@ -514,11 +528,11 @@ def _contact_curves(contacts: Any, rigged: Any) -> dict[str, dict[str, np.ndarra
 
 
 def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: Sequence[str],
-                 contacts: Mapping[int, Any] | None = None) -> list[Path]:  # fmt: skip
+                 contacts: Mapping[int, Any] | None = None, camera: Any = None) -> list[Path]:  # fmt: skip
     """Write every (track id, ``Motion`` or ``rigs.RigMotion``, its start in the clip in seconds) into one file per
     format of ``formats`` (from ``SCENE_FORMATS``) at ``stem`` + the format's suffix, each track at its time, with
-    its foot ``contacts`` (track id -> ``FootContacts``) as ``export_motion`` writes them; returns the files
-    written."""
+    its foot ``contacts`` (track id -> ``FootContacts``) and a moving ``camera`` as ``export_motion`` writes them;
+    returns the files written."""
     from .rig import Motion
 
     written: list[Path] = []
@@ -543,7 +557,7 @@ def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: 
         animations = [SkeletalAnimation.from_motion(motion, f"track_{track}", round(start * motion.fps), axes,
                                                     contacts[track].attributes() if track in contacts else None)
                       for track, (motion, axes), start in rigged]  # fmt: skip
-        written.append(Path(write_usd(animations, stem.with_name(stem.name + ".usdc"))))
+        written.append(Path(write_usd(animations, stem.with_name(stem.name + ".usdc"), camera=camera)))
     return written
 
 
@@ -672,8 +686,8 @@ def _camera_path(frames_jsonl: Path, mode: str, text: str, report: MocapReport) 
             report.error = report.error or (f"{text}: --camera moving needs a video (2 frames or more), it has "
                                             f"{count}; exported in the camera's frame")  # fmt: skip
         return None, {"mode": mode, "moving": False, "frames": count}
-    frames, features, _ = background
-    path = camera_path(frames, features, moving=True if mode == "moving" else None)
+    frames, features, times = background
+    path = camera_path(frames, features, True if mode == "moving" else None, [times[f] for f in frames.tolist()])
     finite = path.motion_px[np.isfinite(path.motion_px)]
     largest = float(finite.max()) if len(finite) > 1 else None  # None: no frame but the first had enough features
     changed = bool(np.isinf(path.motion_px).any())  # a frame shares too few features with the first

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -130,6 +130,8 @@ class CameraPath:
         up_from: where up and the ground came from: ``background`` (the plane), ``feet`` or ``camera``; empty
             before ``grounded`` (the path is then in the first posed frame's camera).
         background: per keyframe, (N, 3) its background points in the path's frame.
+        times: (T,) seconds of the frames (NaN where unknown).
+        intrinsics: (3, 3) the median pinhole of the frames (fx, fy, cx, cy read from their pointmaps), or None.
     """
 
     frames: np.ndarray
@@ -142,6 +144,8 @@ class CameraPath:
     moving: bool
     up_from: str
     background: tuple[np.ndarray, ...] = ()
+    times: np.ndarray | None = None
+    intrinsics: np.ndarray | None = None
 
     def at(self, frames: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(N, 3, 3) rotations and (N, 3) positions of the cameras of source ``frames``.
@@ -508,25 +512,29 @@ def ground_frame(background: Sequence[np.ndarray], feet: Sequence[tuple[np.ndarr
     return rotation, height * up, source
 
 
-def camera_path(frames: Sequence[int], features: Sequence[Features | None], moving: bool | None = None
-                ) -> CameraPath:  # fmt: skip
+def camera_path(frames: Sequence[int], features: Sequence[Features | None], moving: bool | None = None,
+                times: Sequence[float] | None = None) -> CameraPath:  # fmt: skip
     """The camera path of a source in its first posed frame's camera (``CameraPath.grounded`` then gives the world):
-    ``frames`` (T,) source indices and their ``features``; ``moving`` None decides (``is_moving``). A static camera
-    keeps every pose the identity (the camera frame is the world)."""
+    ``frames`` (T,) source indices, their ``features`` and ``times`` (seconds); ``moving`` None decides
+    (``is_moving``). A static camera keeps every pose the identity (the camera frame is the world)."""
     frames = np.asarray(frames, np.int64)
+    count = len(frames)
+    times = np.full(count, np.nan) if times is None else np.asarray(times, np.float64)
+    cameras = [f.intrinsics for f in features if f is not None]
+    intrinsics = np.median(cameras, axis=0) if cameras else None
     motion_px = background_motion(features)
     moving = is_moving(motion_px) if moving is None else moving
-    count = len(frames)
     if not moving:
         return CameraPath(frames, np.tile(np.eye(3), (count, 1, 1)), np.zeros((count, 3)), np.zeros(count, bool),
-                          np.full(count, -1), np.zeros(count, np.int64), motion_px, False, "camera")  # fmt: skip
+                          np.full(count, -1), np.zeros(count, np.int64), motion_px, False, "camera", (), times,
+                          intrinsics)  # fmt: skip
     poses, posed, keys, inliers = track_camera(features)
     points = [poses[t, :3, :3] @ f.points[np.isfinite(f.points).all(1)].T + poses[t, :3, 3:]
               for t in sorted(set(keys[keys >= 0].tolist())) if (f := features[t]) is not None]  # fmt: skip
     background = tuple(p.T for p in points)
     keyframes = np.where(keys >= 0, frames[np.maximum(keys, 0)], -1)
     return CameraPath(frames, poses[:, :3, :3].copy(), poses[:, :3, 3].copy(), posed, keyframes, inliers, motion_px,
-                      True, "", background)  # fmt: skip
+                      True, "", background, times, intrinsics)  # fmt: skip
 
 
 def to_world(motion: rig.Motion, rotations: np.ndarray, positions: np.ndarray) -> rig.Motion:
@@ -557,7 +565,7 @@ def feet_ground(motion: rig.Motion, rotations: np.ndarray, positions: np.ndarray
     return estimate_ground(to_world(motion, rotations, positions))
 
 
-def write_camera_path(path: CameraPath, times: Mapping[int, float] | None, file: str) -> str:
+def write_camera_path(path: CameraPath, file: str) -> str:
     """The camera's pose per frame as CSV: ``frame``, ``time`` (s), the centre ``x, y, z`` (m) and the camera ->
     world rotation ``qx, qy, qz, qw``, all in the world frame (camera axes: y down), ``posed`` (1: from the
     background, 0: interpolated), ``keyframe``, ``inliers``, ``motion_px``. Returns the file."""
@@ -566,7 +574,7 @@ def write_camera_path(path: CameraPath, times: Mapping[int, float] | None, file:
     quats = rig.quat_from_matrix(path.rotations)
     lines = ["frame,time,x,y,z,qx,qy,qz,qw,posed,keyframe,inliers,motion_px"]
     for t, frame in enumerate(path.frames.tolist()):
-        time = "" if times is None or frame not in times else f"{times[frame]:.6f}"
+        time = f"{path.times[t]:.6f}" if path.times is not None and math.isfinite(path.times[t]) else ""
         x, y, z = (f"{v:.6f}" for v in path.positions[t])
         q = ",".join(f"{v:.8f}" for v in quats[t])
         motion = f"{path.motion_px[t]:.3f}" if math.isfinite(path.motion_px[t]) else ""
