@@ -72,6 +72,20 @@ def test_the_decision_and_its_threshold():
     assert not world.is_moving(np.array([0.0]))
 
 
+def test_the_peoples_mask_from_seg_or_boxes():
+    """``person_mask``: seg's non-background labels (resized to the size asked) or, without seg, the pose boxes; each
+    grown by ``GROW`` of the larger side; a box over half the frame (the whole-frame fallback) masks nothing."""
+    labels = np.zeros((48, 64), np.uint8)
+    labels[10:20, 30:34] = 5
+    mask = world.person_mask((96, 128), labels, None)
+    grow = round(world.GROW * 128)
+    assert mask[20:40, 60:68].all() and mask[20 - grow, 60].all() and not mask[20 - grow - 1, 60]
+    assert mask.sum() == (20 + 2 * grow) * (8 + 2 * grow)
+    boxes = np.array([[60.0, 20.0, 67.0, 39.0], [0.0, 0.0, 127.0, 95.0]])
+    assert (world.person_mask((96, 128), None, boxes) == mask).all()
+    assert not world.person_mask((96, 128), None, boxes[1:]).any()
+
+
 def test_to_world_moves_the_root_and_keeps_the_body():
     """``to_world`` carries the root's position and rotation from each frame's camera; forward kinematics then gives
     the joints turned and moved by that frame's camera (the local rotations unchanged)."""
@@ -178,6 +192,10 @@ def test_ten_seconds_of_a_moving_camera_in_the_world(tmp_path):
     usd_camera = UsdGeom.Xformable(stage.GetPrimAtPath("/camera"))
     placed = np.array([np.array(usd_camera.ComputeLocalToWorldTransform(t).ExtractTranslation()) for t in range(240)])
     np.testing.assert_allclose(placed, rig.to_y_up(centres), atol=1e-5)
+    # a rerun (what a run killed after its video part does) finds the same path from the records: the same bytes
+    written = {f: (tmp_path / f).read_bytes() for f in ["auto/" + p for p in summary["tracks"][str(track)]]}
+    again, _ = _oracle_run(tmp_path, truth.clip, "walk", "auto", formats=("csv", "bvh", "usd"))
+    assert again.video.resumed_frames == 240 and {f: (tmp_path / f).read_bytes() for f in written} == written
     # negative controls
     frames, features, _ = read_background(tmp_path / "auto" / "walk_frames.jsonl")
     ungrounded = rotation_errors(world.camera_path(frames, features).rotations, true_rotations)

@@ -244,12 +244,13 @@ class MocapHook:
                 shown[track] = np.asarray(lifted.keypoints, np.float64)
         fields: dict[str, Any] = {"mocap": people}
         pointmap = results.get("pointmap")
-        if self.background and pointmap is not None:
+        if self.background:  # every record has the field (null without a pointmap): the path covers every frame
             from .world import background_features, encode_features
 
             seg, pose = results.get("seg") if self.use_seg else None, results.get("pose")
-            features = background_features(frame.image, pointmap.points, seg.labels if seg is not None else None,
-                                           pose.boxes if pose is not None else None)  # fmt: skip
+            features = None if pointmap is None else background_features(
+                frame.image, pointmap.points, seg.labels if seg is not None else None,
+                pose.boxes if pose is not None else None)  # fmt: skip
             fields["background"] = encode_features(features)
         panel = None
         if self.view:
