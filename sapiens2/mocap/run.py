@@ -649,8 +649,8 @@ def run_mocap(
         return report
     stride = options.video.stride
     tracks = read_tracks(frames_jsonl, stride)
-    camera, camera_summary = _camera_path(frames_jsonl, options.camera, text, report)
     try:
+        camera, camera_summary = _camera_path(frames_jsonl, options.camera, text, report)
         needed = min(options.min_frames, max(report.video.frames, 1))  # a photo or a short clip: every track
         report.tracks, report.left_out, seconds = solve_and_export(tracks, folder, fps / stride, options, mode, needed,
                                                                    camera)  # fmt: skip
