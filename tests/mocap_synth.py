@@ -640,7 +640,7 @@ def moving_camera_clip(seconds: float = 10.0, fps: float = 24.0, moving: bool = 
                    + np.array([0.0, 1.0, 0.0]) * (0.04 * np.sin(2 * np.pi * t / 1.3))[:, None])  # fmt: skip
     else:
         centres = np.repeat(start[None], frames, 0)
-    look = root - centres
+    look = (root if moving else root[:1]) - centres  # held still: it looks where the walk starts
     yaw = np.degrees(np.arctan2(look[:, 0], look[:, 2]))
     pitch = 5.0 + (2.0 * np.sin(2 * np.pi * t / 3.0) if moving else 0.0)
     roll = 3.0 * np.sin(2 * np.pi * t / 4.0) if moving else np.zeros(frames)
