@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import require_module
+from conftest import khronos_issues, require_module
 from mocap_synth import moving_camera_clip
 
 from sapiens2.cli import main
@@ -165,7 +165,7 @@ def test_ten_seconds_of_a_moving_camera_in_the_world(tmp_path):
     at every frame. Negative controls: ``--camera static`` (the camera's motion ignored) misses the root's bar, and
     the path from the same records left in the first camera's frame misses the rotation's."""
     truth = moving_camera_clip(seconds=10.0)
-    report, summary = _oracle_run(tmp_path, truth.clip, "walk", "auto", formats=("csv", "bvh", "usd"))
+    report, summary = _oracle_run(tmp_path, truth.clip, "walk", "auto", formats=("csv", "bvh", "usd", "glb"))
     assert report.error is None and len(report.tracks) == 1
     assert summary["camera"]["moving"] is True and summary["camera"]["found_moving"] is True
     track = next(iter(report.tracks))
@@ -192,9 +192,12 @@ def test_ten_seconds_of_a_moving_camera_in_the_world(tmp_path):
     usd_camera = UsdGeom.Xformable(stage.GetPrimAtPath("/camera"))
     placed = np.array([np.array(usd_camera.ComputeLocalToWorldTransform(t).ExtractTranslation()) for t in range(240)])
     np.testing.assert_allclose(placed, rig.to_y_up(centres), atol=1e-5)
+    glb = glb_camera(folder / f"track_{track}.glb")  # and in the glTF, which Khronos' validator passes
+    np.testing.assert_allclose(glb["translation"], rig.to_y_up(centres), atol=1e-5)
+    assert khronos_issues(folder / f"track_{track}.glb", tmp_path)["numErrors"] == 0
     # a rerun (what a run killed after its video part does) finds the same path from the records: the same bytes
     written = {f: (tmp_path / f).read_bytes() for f in ["auto/" + p for p in summary["tracks"][str(track)]]}
-    again, _ = _oracle_run(tmp_path, truth.clip, "walk", "auto", formats=("csv", "bvh", "usd"))
+    again, _ = _oracle_run(tmp_path, truth.clip, "walk", "auto", formats=("csv", "bvh", "usd", "glb"))
     assert again.video.resumed_frames == 240 and {f: (tmp_path / f).read_bytes() for f in written} == written
     # negative controls
     frames, features, _ = read_background(tmp_path / "auto" / "walk_frames.jsonl")
@@ -208,21 +211,24 @@ def test_ten_seconds_of_a_moving_camera_in_the_world(tmp_path):
     assert ungrounded.max() > ROTATION_DEG and ignored_error > ROOT_RMSE
 
 
-def test_the_usd_camera_sees_what_the_camera_saw(tmp_path):
-    """``usd.CameraAnimation`` written by ``write_usd``: read back with ``pxr``, at every time code the Camera prim's
+def test_the_usd_and_gltf_camera_see_what_the_camera_saw(tmp_path):
+    """``rig.CameraAnimation`` written by ``write_usd``: read back with ``pxr``, at every time code the Camera prim's
     transform puts a point the camera saw d metres ahead (OpenCV: +z) at (0, 0, -d) in its own space (USD's cameras
-    look down -Z), a point below it (+y) along its -Y; its centre is the path's in Y-up axes."""
+    look down -Z), a point below it (+y) along its -Y; its centre is the path's in Y-up axes. ``write_glb`` keys a
+    camera node with the same values at the frames' times."""
     require_module("pxr")
     from pxr import Gf, Usd, UsdGeom
 
-    from sapiens2.mocap.usd import CameraAnimation, write_usd
+    from sapiens2.mocap.gltf import write_glb
+    from sapiens2.mocap.rig import CameraAnimation
+    from sapiens2.mocap.usd import write_usd
 
     still = moving_camera_clip(seconds=0.5, moving=False)
     frames = still.clip.num_frames
     turns = rig.quat_to_matrix(rig.quat_from_axis_angle(np.array([0.2, 1.0, -0.3]), np.linspace(0.0, 2.0, frames)))
     centres = np.linspace([0.0, -1.6, 0.0], [0.5, -1.4, -2.0], frames)
     intrinsics = np.array([[560.0, 0.0, 319.5], [0.0, 560.0, 239.5], [0.0, 0.0, 1.0]])
-    camera = CameraAnimation.from_camera(turns, centres, intrinsics, start=3.0)
+    camera = CameraAnimation.from_camera(turns, centres, 24.0, 3.0 / 24.0, intrinsics)
     path = write_usd(still.clip.motion, tmp_path / "track.usda", camera=camera)
     stage = Usd.Stage.Open(str(path))
     prim = UsdGeom.Camera(stage.GetPrimAtPath("/camera"))
@@ -234,3 +240,33 @@ def test_the_usd_camera_sees_what_the_camera_saw(tmp_path):
         seen = matrix.GetInverse().Transform(Gf.Vec3d(*rig.to_y_up(ahead)))
         np.testing.assert_allclose(np.array(seen), [0.0, -0.5, -2.0], atol=1e-5)
         np.testing.assert_allclose(np.array(matrix.ExtractTranslation()), rig.to_y_up(centres[t]), atol=1e-6)
+    # the glTF holds the same camera (glTF's cameras look down -Z with +Y up too): its node keyed with these values
+    write_glb(still.clip.motion, tmp_path / "track.glb", camera=camera)
+    keys = glb_camera(tmp_path / "track.glb")
+    np.testing.assert_allclose(keys["times"], (3.0 + np.arange(frames)) / 24.0, atol=1e-6)
+    np.testing.assert_allclose(keys["translation"], camera.positions, atol=1e-6)
+    np.testing.assert_allclose(np.abs(np.sum(keys["rotation"] * camera.rotations, -1)), 1.0, atol=1e-6)
+    assert abs(keys["yfov"] - 2 * np.arctan(240.0 / 560.0)) < 1e-6 and abs(keys["aspect"] - 640 / 480) < 1e-6
+
+
+def glb_camera(path: Path) -> dict:
+    """The camera node of a ``.glb`` read with pygltflib: its key times, translations, rotations, yfov, aspect."""
+    pygltflib = require_module("pygltflib")
+    gltf = pygltflib.GLTF2().load_binary(str(path))
+    blob = gltf.binary_blob()
+    node = next(i for i, n in enumerate(gltf.nodes) if n.camera is not None)
+
+    def read(accessor: int) -> np.ndarray:
+        info = gltf.accessors[accessor]
+        view = gltf.bufferViews[info.bufferView]
+        width = {"SCALAR": 1, "VEC3": 3, "VEC4": 4}[info.type]
+        start = view.byteOffset + (info.byteOffset or 0)
+        return np.frombuffer(blob[start : start + 4 * width * info.count], np.float32).reshape(info.count, width)
+
+    out = {}
+    for channel in gltf.animations[0].channels:
+        if channel.target.node == node:
+            sampler = gltf.animations[0].samplers[channel.sampler]
+            out["times"], out[channel.target.path] = read(sampler.input)[:, 0], read(sampler.output)
+    perspective = gltf.cameras[gltf.nodes[node].camera].perspective
+    return {**out, "yfov": perspective.yfov, "aspect": perspective.aspectRatio}

@@ -425,7 +425,7 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
         if moving:
             start = time.perf_counter()
             motion, contacts = ground_motion(motion, camera, data.frames, options.plant_feet and mode != "online")
-            seen_by = _usd_camera(camera, data.frames, per_track)
+            seen_by = _camera_animation(camera, data.frames, per_track, fps)
             seconds["solve"] += time.perf_counter() - start
         start = time.perf_counter()
         rigged = retarget(motion, options.rig, options.rig_proportions)
@@ -437,7 +437,7 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
     if in_scene and per_track != list(options.formats):
         start = time.perf_counter()
         in_file = [f for f in options.formats if f not in per_track]
-        seen_by = _usd_camera(camera, camera.frames, in_file, fps) if moving else None
+        seen_by = _camera_animation(camera, camera.frames, in_file, fps, in_clip=True) if moving else None
         scene = export_scene(in_scene, folder / "scene", in_file, found, seen_by)
         for track, _, _ in in_scene:
             files[track] += [str(p) for p in scene]  # the files holding the track
@@ -445,16 +445,18 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
     return files, left_out, seconds
 
 
-def _usd_camera(camera: Any, frames: np.ndarray, formats: Sequence[str], fps: float | None = None) -> Any:
-    """The moving ``camera``'s (a grounded ``world.CameraPath``) ``usd.CameraAnimation`` over ``frames``, starting
-    at time code 0, or with ``fps`` at its first frame's time (a scene); None without ``usd`` in ``formats``."""
-    if "usd" not in formats:
+def _camera_animation(camera: Any, frames: np.ndarray, formats: Sequence[str], fps: float,
+                      in_clip: bool = False) -> Any:  # fmt: skip
+    """The moving ``camera`` (a grounded ``world.CameraPath``) over ``frames`` as the USD and glTF exports take it
+    (``rig.CameraAnimation``), from 0 s, or ``in_clip`` from its first frame's time (a scene); None without either
+    format in ``formats``."""
+    if not {"usd", "glb"} & set(formats):
         return None
-    from .usd import CameraAnimation
+    from .rig import CameraAnimation
 
-    first = camera.times[0] if fps is not None and camera.times is not None else np.nan
-    start = float(round(first * fps)) if np.isfinite(first) else 0.0
-    return CameraAnimation.from_camera(*camera.at(frames), camera.intrinsics, start)
+    first = camera.times[0] if in_clip and camera.times is not None else np.nan
+    start = float(first) if np.isfinite(first) else 0.0
+    return CameraAnimation.from_camera(*camera.at(frames), fps, start, camera.intrinsics)
 
 
 def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any = None,
@@ -464,7 +466,7 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any =
     The foot ``contacts`` (``mocap.contacts.FootContacts``) go with CSV / Parquet into ``<stem>_contacts.<suffix>``,
     into the FBX as an animated ``contact`` user property of each ankle joint (on a rig: the joint that follows
     our ankle) and into the USD as time-sampled attributes ``sapiens2:contact:<foot>`` of the Skeleton prim. A moving
-    ``camera`` (``usd.CameraAnimation``) goes into the USD."""
+    ``camera`` (``rig.CameraAnimation``) goes into the USD and the glTF."""
     written: list[Path] = []
     animated = motion if rigged is None else rigged.motion
     axes = None if rigged is None else rigged.orientations
@@ -475,7 +477,7 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any =
     if "glb" in formats:
         from .gltf import write_glb
 
-        written.append(Path(write_glb(animated, stem.with_name(stem.name + ".glb"))))
+        written.append(Path(write_glb(animated, stem.with_name(stem.name + ".glb"), camera=camera)))
     if "fbx" in formats:
         from .fbx import FbxTrack, write_fbx_scene
 
@@ -551,7 +553,8 @@ def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: 
         from .gltf import write_glb_scene
 
         path = stem.with_name(stem.name + ".glb")
-        written.append(Path(write_glb_scene([(f"track_{t}", motion, start) for t, (motion, _), start in rigged], path)))
+        tracks_in = [(f"track_{t}", motion, start) for t, (motion, _), start in rigged]
+        written.append(Path(write_glb_scene(tracks_in, path, camera)))
     if "usd" in formats:
         from .usd import SkeletalAnimation, write_usd
 

@@ -10,7 +10,7 @@ What a file holds (``docs/mocap.md``)::
             animation        SkelAnimation: translations and rotations, one time sample per video frame; scales
                              the Skeleton's custom attributes (``SkeletalAnimation.attributes``), e.g. the foot
                              contacts ``sapiens2:contact:left_foot`` (bool), time-sampled per frame too
-    /camera                  with a moving camera (``CameraAnimation``): a Camera, its translate and orient ops
+    /camera                  with a moving camera (``rig.CameraAnimation``): a Camera, its translate and orient ops
                              time-sampled per frame (under /scene in a scene file)
 
 Axes and time: Y up (``upAxis``), metres (``metersPerUnit`` 1), right-handed: camera (x, y, z) -> (x, -y, -z) as in
@@ -36,9 +36,9 @@ import numpy as np
 
 from sapiens2.data.io import atomic_write
 from sapiens2.mocap.gltf import continuous_quaternions
-from sapiens2.mocap.rig import Motion
+from sapiens2.mocap.rig import CameraAnimation, Motion
 
-__all__ = ["SUFFIXES", "CameraAnimation", "SkeletalAnimation", "write_usd"]
+__all__ = ["SUFFIXES", "SkeletalAnimation", "write_usd"]
 
 SUFFIXES = (".usda", ".usdc", ".usd")
 """The files ``write_usd`` writes: ``.usda`` text, ``.usdc`` and ``.usd`` binary (crate)."""
@@ -170,57 +170,18 @@ class SkeletalAnimation:
                    attributes=attributes)  # fmt: skip
 
 
-@dataclass(frozen=True, eq=False)
-class CameraAnimation:
-    """A moving camera for the file: ``positions`` (T, 3) metres and ``rotations`` (T, 4) camera -> world (x, y, z,
-    w), in the file's axes (Y up; the camera looking down its -Z with its +Y up, as USD's cameras do), one sample a
-    frame from time code ``start``; ``focal_length`` and ``aperture`` (horizontal, vertical) in millimetres."""
-
-    positions: np.ndarray
-    rotations: np.ndarray
-    start: float = 0.0
-    focal_length: float = 36.0
-    aperture: tuple[float, float] = (36.0, 27.0)
-
-    def __post_init__(self) -> None:
-        positions, rotations = np.array(self.positions, np.float64), np.array(self.rotations, np.float64)
-        if positions.ndim != 2 or positions.shape[1] != 3 or rotations.shape != (len(positions), 4):
-            raise ValueError(f"CameraAnimation needs (T, 3) positions and (T, 4) rotations, got {positions.shape} "
-                             f"and {rotations.shape}")  # fmt: skip
-        if not (np.isfinite(positions).all() and np.isfinite(rotations).all()):
-            raise ValueError("CameraAnimation: positions and rotations must be finite")
-        object.__setattr__(self, "positions", positions)
-        object.__setattr__(self, "rotations", rotations)
-
-    @classmethod
-    def from_camera(cls, rotations: np.ndarray, positions: np.ndarray, intrinsics: np.ndarray | None = None,
-                    start: float = 0.0) -> CameraAnimation:  # fmt: skip
-        """A camera path in camera axes (OpenCV: x right, y down, z forward, both for the world and the camera
-        itself, as ``world.CameraPath`` holds it): (T, 3, 3) camera -> world ``rotations`` and (T, 3) centres.
-        The half turn about x goes on both sides (``C R C``: the world to Y up, the camera's own axes to USD's),
-        the centres as every point (x, -y, -z). With the pinhole ``intrinsics`` (3, 3) the film back is 36 mm
-        wide (the frame taken as 2 cx + 1 by 2 cy + 1 pixels) and the focal length fx of it."""
-        from .rig import quat_from_matrix, quat_to_y_up, to_y_up
-
-        quats = quat_to_y_up(quat_from_matrix(np.asarray(rotations, np.float64)))
-        focal, aperture = 36.0, (36.0, 27.0)
-        if intrinsics is not None:
-            k = np.asarray(intrinsics, np.float64)
-            width, height = 2 * k[0, 2] + 1, 2 * k[1, 2] + 1
-            focal, aperture = float(36.0 * k[0, 0] / width), (36.0, float(36.0 * height / width))
-        return cls(to_y_up(positions), quats, start, focal, aperture)
-
-
 def _define_camera(stage, path, camera: CameraAnimation) -> None:
+    """A Camera prim at ``path``, its translate and orient ops sampled at each frame's time code."""
     Gf, _, _, UsdGeom, _, _ = _import_pxr()
+    start = round(camera.start * camera.fps)
     prim = UsdGeom.Camera.Define(stage, path)
     prim.CreateFocalLengthAttr(camera.focal_length)
     prim.CreateHorizontalApertureAttr(camera.aperture[0])
     prim.CreateVerticalApertureAttr(camera.aperture[1])
     translate, orient = prim.AddTranslateOp(), prim.AddOrientOp()
     for t, (p, q) in enumerate(zip(camera.positions.tolist(), camera.rotations.tolist(), strict=True)):
-        translate.Set(Gf.Vec3d(*p), camera.start + t)
-        orient.Set(Gf.Quatf(q[3], q[0], q[1], q[2]), camera.start + t)
+        translate.Set(Gf.Vec3d(*p), start + t)
+        orient.Set(Gf.Quatf(q[3], q[0], q[1], q[2]), start + t)
 
 
 def _matrices(rotations: np.ndarray, translations: np.ndarray) -> np.ndarray:
@@ -295,7 +256,8 @@ def write_usd(tracks: Motion | SkeletalAnimation | Sequence[SkeletalAnimation], 
             scene: one SkelRoot per track under ``/scene``; their rates must agree).
         path: a ``.usda`` (text), ``.usdc`` or ``.usd`` (binary) file.
         name: the track's name when ``tracks`` is a ``Motion``.
-        camera: a moving camera, written as ``/camera`` (``/scene/camera`` in a scene).
+        camera: a moving camera (``rig.CameraAnimation``), written as ``/camera`` (``/scene/camera`` in a scene),
+            its first frame at time code ``start * fps``.
 
     Returns:
         ``path`` as a ``Path``.
@@ -320,7 +282,8 @@ def write_usd(tracks: Motion | SkeletalAnimation | Sequence[SkeletalAnimation], 
     stage.SetFramesPerSecond(rates[0])
     spans = [(a.start, a.start + max(a.num_frames - 1, 0)) for a in animations]
     if camera is not None:
-        spans.append((camera.start, camera.start + max(len(camera.positions) - 1, 0)))
+        first = round(camera.start * camera.fps)
+        spans.append((first, first + max(len(camera.positions) - 1, 0)))
     stage.SetStartTimeCode(min(first for first, _ in spans))
     stage.SetEndTimeCode(max(last for _, last in spans))
     stage.GetRootLayer().documentation = "sapiens2 mocap"
