@@ -132,6 +132,8 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--camera", default="auto", choices=("static", "moving", "auto"),
+                        help="mocap's --camera: static leaves out the background's features")  # fmt: skip
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bench_mocap_fps_"))
     start = time.perf_counter()
@@ -139,11 +141,12 @@ def main() -> None:
     clips = {people: write_clip(folder / f"clip{people}.mp4", scene) for people, scene in scenes.items()}
     print(f"scenes rendered and encoded in {time.perf_counter() - start:.1f} s", flush=True)
     video = VideoOptions(smooth="none", save_dense=False)
-    mocap = MocapOptions(video=video, seg=False)
+    mocap = MocapOptions(video=video, seg=False, camera=args.camera)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
     # Rows are printed as they come (a time limit may cut the run short).
     print(f"\nmocap end to end, {args.frames} frames of {HEIGHT}x{WIDTH} (H.264), pose (flip test on) + pointmap, "
-          f"on {name}, torch {torch.__version__}, {args.repeats} alternating repeat(s) after a warm-up")  # fmt: skip
+          f"--camera {args.camera}, on {name}, torch {torch.__version__}, {args.repeats} alternating repeat(s) after "
+          "a warm-up")  # fmt: skip
     print("| model | people | mode, dtype | pose + pointmap video, frames/s | mocap, frames/s | added | "
           "mocap's stages s: hook / solve / export |")  # fmt: skip
     print("|---|---|---|---|---|---|---|", flush=True)

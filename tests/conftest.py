@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -215,6 +216,21 @@ def gltf_validator() -> Path:
     folder = Path(os.environ.get("SAPIENS2_GLTF_VALIDATOR") or REPO / ".ci-node" / "node_modules" / "gltf-validator")
     return require(folder, f"the Khronos glTF validator is missing: {folder} (npm install --prefix .ci-node "
                    "gltf-validator, or set SAPIENS2_GLTF_VALIDATOR)")  # fmt: skip
+
+
+def khronos_issues(path: Path, folder: Path) -> dict:
+    """The ``issues`` of the Khronos glTF validator's report on ``path`` (its script written into ``folder``)."""
+    script = folder / "validate.js"
+    script.write_text(
+        "const fs = require('fs'); const validator = require(process.argv[2]);\n"
+        "validator.validateBytes(new Uint8Array(fs.readFileSync(process.argv[3])), {maxIssues: 1000})\n"
+        "  .then((report) => console.log(JSON.stringify(report)))\n"
+        "  .catch((error) => { console.error(error); process.exit(2); });\n"
+    )
+    done = subprocess.run(["node", str(script), str(gltf_validator()), str(path)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["issues"]
 
 
 def assimp_command() -> str:

@@ -202,6 +202,7 @@ class SynthClip:
     head_rotations: np.ndarray  # (T, 4) global rotation of the head joint
     contact: np.ndarray | None = None  # (T, 2) bool: the left and right foot planted (``planted=True`` only)
     floor_y: float | None = None  # the floor's camera y; None: just under the lowest toe of the clip
+    room: Room | None = None  # a textured room seen by a moving camera (``moving_camera_clip``) instead of the floor
 
     @property
     def num_frames(self) -> int:
@@ -452,7 +453,10 @@ def _render(clip: SynthClip, t: int, want_rgb: bool = True) -> SynthFrame:
     floor_y = clip.floor_y
     if floor_y is None:
         floor_y = float(clip.joints[:, index["l_toe"], 1].max() + _TOE + 0.005)
-    depth = _background(clip.size, tuple(clip.intrinsics.ravel().tolist()), floor_y).copy()
+    if clip.room is not None:
+        depth, texture = clip.room.background(t, rays)
+    else:
+        depth = _background(clip.size, tuple(clip.intrinsics.ravel().tolist()), floor_y).copy()
     label = np.zeros((h, w), np.uint8)
     part = np.full((h, w), -1, np.int64)
     ids = _class_ids()
@@ -514,7 +518,146 @@ def _render(clip: SynthClip, t: int, want_rgb: bool = True) -> SynthFrame:
         palette = seg_metadata().palette.astype(np.float64)
         shade = np.clip(1.3 - depth / 9.0, 0.3, 1.0)[..., None]
         rgb = np.clip(palette[label] * shade + 40 * (label[..., None] == 0), 0, 255).astype(np.uint8)
+        if clip.room is not None:  # the room's texture where no body part is in front
+            rgb = np.where(label[..., None] == 0, texture[..., None] * np.array([1.0, 0.95, 0.85]), rgb)
+            rgb = np.clip(rgb, 0, 255).astype(np.uint8)
     return SynthFrame(pointmap, label, rgb, keypoints, scores, occluded, cover, joints.copy(), markers.copy())
+
+
+@functools.cache
+def _texture(size: int = 512, seed: int = 3) -> np.ndarray:
+    """(size, size) float32 0..255: random blobs at four scales (64 to 4 texels), for features."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    out = np.zeros((size, size), np.float32)
+    for cells, weight in ((8, 0.6), (32, 1.0), (64, 1.0), (128, 0.8)):
+        noise = rng.random((cells, cells)).astype(np.float32)
+        out += weight * cv2.resize(noise, (size, size), interpolation=cv2.INTER_CUBIC)
+    out -= out.min()
+    return (out * (255.0 / out.max())).astype(np.float32)
+
+
+ROOM_TEXEL = (0.008, 0.02)
+"""Metres per texel of the room's texture on the floor (finer: it is seen from nearer) and elsewhere."""
+
+
+@dataclass(frozen=True, eq=False)
+class Room:
+    """A closed room (the walk's floor, four walls, a ceiling) with a random texture, seen by a camera that moves:
+    ``rotations`` (T, 3, 3) camera -> room and ``centres`` (T, 3), in the walk's frame (its first camera's axes
+    before the camera moved: y down, the floor at ``floor_y``)."""
+
+    rotations: np.ndarray
+    centres: np.ndarray
+    floor_y: float
+    walls: tuple[float, float, float, float] = (-6.5, 6.5, -4.0, 12.0)  # x left, right; z behind, ahead
+    height: float = 3.5
+
+    def background(self, t: int, rays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(H, W) camera z of the room seen along the camera rays (H, W, 3, z = 1) of frame t, and its texture."""
+        import cv2
+
+        directions = rays @ self.rotations[t].T  # room axes
+        centre = self.centres[t]
+        x0, x1, z0, z1 = self.walls
+        planes = ((1, self.floor_y, (0, 2)), (1, self.floor_y - self.height, (0, 2)), (0, x0, (2, 1)),
+                  (0, x1, (2, 1)), (2, z0, (0, 1)), (2, z1, (0, 1)))  # fmt: skip
+        depth = np.full(rays.shape[:2], np.inf)
+        u, v = np.zeros(rays.shape[:2]), np.zeros(rays.shape[:2])
+        for n, (axis, level, (a, b)) in enumerate(planes):
+            along = directions[..., axis]
+            s = np.where(np.abs(along) > 1e-9, (level - centre[axis]) / np.where(np.abs(along) > 1e-9, along, 1.0), -1)
+            nearer = (s > 0) & (s < depth)
+            hit = centre + directions * s[..., None]
+            depth = np.where(nearer, s, depth)
+            texel = ROOM_TEXEL[0] if n == 0 else ROOM_TEXEL[1]
+            u = np.where(nearer, hit[..., a] / texel + 97.0 * n, u)
+            v = np.where(nearer, hit[..., b] / texel + 61.0 * n, v)
+        texture = cv2.remap(_texture(), u.astype(np.float32), v.astype(np.float32), cv2.INTER_LINEAR,
+                            borderMode=cv2.BORDER_WRAP)  # fmt: skip
+        return depth, texture.astype(np.float64)
+
+
+@dataclass(frozen=True, eq=False)
+class MovingCamera:
+    """A walk filmed by a moving (or still) camera in a textured room: ``clip`` renders it (each frame in that
+    frame's camera), ``room`` holds the camera's true path, ``joints`` (T, J, 3) the walk's joints in the room."""
+
+    clip: SynthClip
+    room: Room
+    joints: np.ndarray
+
+    def world(self) -> tuple[np.ndarray, np.ndarray]:
+        """The world frame ``mocap.world`` documents, from the truth: (3, 3) room -> world rotation and (3,) the
+        world's origin in the room (the floor under the first camera; y down; z its view made horizontal)."""
+        forward = self.room.rotations[0] @ np.array([0.0, 0.0, 1.0])
+        forward[1] = 0.0
+        forward /= np.linalg.norm(forward)
+        down = np.array([0.0, 1.0, 0.0])
+        origin = self.room.centres[0].copy()
+        origin[1] = self.room.floor_y
+        return np.stack([np.cross(down, forward), down, forward]), origin
+
+    def camera_in_world(self) -> tuple[np.ndarray, np.ndarray]:
+        """(T, 3, 3) camera -> world rotations and (T, 3) camera centres, in ``world()``'s frame."""
+        rotation, origin = self.world()
+        return np.einsum("ab,tbc->tac", rotation, self.room.rotations), (self.room.centres - origin) @ rotation.T
+
+    def root_in_world(self) -> np.ndarray:
+        """(T, 3) the true root joint (pelvis) in ``world()``'s frame."""
+        rotation, origin = self.world()
+        return (self.joints[:, 0] - origin) @ rotation.T
+
+
+FOLLOW = 4.0
+"""Metres the moving camera keeps ahead of the walker (``moving_camera_clip``)."""
+
+
+@functools.cache
+def moving_camera_clip(seconds: float = 10.0, fps: float = 24.0, moving: bool = True, noise_px: float = 0.4
+                       ) -> MovingCamera:  # fmt: skip
+    """The planted walk, straight on (``seconds`` long, 0.8 m/s, seen three-quarters from the front), filmed in a
+    textured room by a hand-held camera walking backwards ``FOLLOW`` m ahead of the walker: it sways 0.4 m sideways
+    and 0.3 m along the way, bobs by 4 cm, rolls by 3°, looks down by 3-7° and turns to follow the walker
+    (``moving=False``: held still where it starts, the walker coming towards it). Deterministic."""
+    frames = round(seconds * fps)
+    walk = walk_clip(frames=frames, fps=fps, noise_px=noise_px, turn=0.0, planted=True)
+    motion = walk.motion
+    root = motion.root_translation
+    heading = root[-1] - root[0]
+    heading[1] = 0.0
+    heading /= np.linalg.norm(heading)
+    side = np.cross(heading, [0.0, 1.0, 0.0])
+    t = np.arange(frames) / fps
+    start = root[0] + FOLLOW * heading
+    start[1] = 0.0
+    if moving:
+        ahead = root + FOLLOW * heading
+        ahead[:, 1] = 0.0
+        centres = (ahead + side * (0.4 * np.sin(2 * np.pi * t / 5.0))[:, None]
+                   + heading * (0.3 * np.sin(2 * np.pi * t / 7.0))[:, None]
+                   + np.array([0.0, 1.0, 0.0]) * (0.04 * np.sin(2 * np.pi * t / 1.3))[:, None])  # fmt: skip
+    else:
+        centres = np.repeat(start[None], frames, 0)
+    look = (root if moving else root[:1]) - centres  # held still: it looks where the walk starts
+    yaw = np.degrees(np.arctan2(look[:, 0], look[:, 2]))
+    pitch = 5.0 + (2.0 * np.sin(2 * np.pi * t / 3.0) if moving else 0.0)
+    roll = 3.0 * np.sin(2 * np.pi * t / 4.0) if moving else np.zeros(frames)
+    rotations = _rot("y", yaw) @ _rot("x", -pitch + 0 * t) @ _rot("z", roll)  # camera -> room
+    # the body in each frame's camera: x_camera = R^T (x_room - centre); the root joint turns by R^T as well
+    seen_root = np.einsum("tba,tb->ta", rotations, root - centres)
+    quats = np.array(motion.rotations)
+    quats[:, 0] = rig.quat_from_matrix(np.einsum("tba,tbc->tac", rotations, rig.quat_to_matrix(quats[:, 0])))
+    seen = rig.Motion(motion.skeleton, fps, seen_root, quats, motion.markers)
+    fk = rig.forward_kinematics(seen)
+    names = motion.skeleton.names
+    inside = np.concatenate([root, centres])
+    low, high = inside.min(0) - 4.0, inside.max(0) + 4.0
+    room = Room(rotations, centres, float(walk.floor_y), (low[0], high[0], low[2], high[2]))
+    clip = SynthClip(seen, fk[0], rig.marker_positions(seen, fk), INTRINSICS.copy(), (HEIGHT, WIDTH), noise_px, 0,
+                     fk[1][:, names.index("head")], walk.contact, None, room)  # fmt: skip
+    return MovingCamera(clip, room, walk.joints)
 
 
 CLAP_STILL, CLAP_HOLD = 45, 12

@@ -108,8 +108,8 @@ def records(out: Path, name: str) -> list[dict]:
 
 
 def test_the_hook_rides_the_one_video_pipeline(tmp_path):
-    """Same frames decoded, same inference calls and images per task, same records (plus "mocap"), a wider
-    overlay with the 3D view; the documented files per track."""
+    """Same frames decoded, same inference calls and images per task, same records (plus "mocap" and "background"),
+    a wider overlay with the 3D view; the documented files per track."""
     clip, truth = synth_clip(tmp_path / "walk.mp4", 8)
     video = VideoOptions(smooth="none", save_dense=False, chunk_frames=3)
     plain = oracles(truth)
@@ -120,7 +120,8 @@ def test_the_hook_rides_the_one_video_pipeline(tmp_path):
     assert report.video.frames == base.frames == 8
     assert {t: (p.calls, p.images) for t, p in ours.items()} == {t: (p.calls, p.images) for t, p in plain.items()}
     ours_records, base_records = records(tmp_path / "out", "walk"), records(tmp_path / "plain", "walk")
-    assert [{k: v for k, v in r.items() if k != "mocap"} for r in ours_records] == base_records
+    assert [{k: v for k, v in r.items() if k not in ("mocap", "background")} for r in ours_records] == base_records
+    assert all("background" in r for r in ours_records)  # --camera auto: the background's features (mocap.world)
     assert all(len(r["mocap"]) == 1 and len(r["mocap"][0]["points"]) == 3 * NUM_KEYPOINTS for r in ours_records)
     assert "mocap" in report.video.seconds
     width = probe(tmp_path / "plain" / "walk_overlay.mp4")["size"][1]

@@ -43,6 +43,7 @@ def add_capture_flags(parser: argparse.ArgumentParser, formats: tuple[str, ...] 
     the title of the model group (what it is for)."""
     from ..mocap.rigs import PROPORTIONS, RIG_NAMES
     from ..mocap.run import EXPORT_FORMATS, RIG_FORMATS
+    from ..mocap.world import CAMERA_MODES
 
     add_model_flags(parser, f"pose, pointmap, seg (not with --no-seg) and the person detector{when}",
                     batch_help="images (pose: person crops) per forward pass")  # fmt: skip
@@ -68,6 +69,11 @@ def add_capture_flags(parser: argparse.ArgumentParser, formats: tuple[str, ...] 
     out.add_argument("--no-plant-feet", action="store_true",
                      help="keep the solved feet as measured (default: a foot detected planted on the ground is "
                      "pinned in place by leg IK; the contacts are exported either way)")  # fmt: skip
+    out.add_argument("--camera", default="auto", choices=CAMERA_MODES,
+                     help="static: the exports in the camera's frame; moving: the camera's path estimated from the "
+                     "background (people masked out, metric from the pointmap) and the exports in a world frame with "
+                     "gravity up, plus <input>_mocap/camera.csv; auto (default): moving when the background moves "
+                     "more than 2 px (docs/mocap.md, Moving cameras)")  # fmt: skip
     out.add_argument("--scene", action="store_true",
                      help="FBX, USD and GLB: every track of an input in one file (<input>_mocap/scene.fbx, "
                      "scene.usdc, scene.glb) instead of one per track")  # fmt: skip
@@ -98,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                              formats=[f.strip() for f in args.formats.split(",") if f.strip()],
                              min_frames=args.min_track_frames, skip_existing=args.skip_existing,
                              scene=args.scene, rig=args.rig, rig_proportions=args.rig_proportions,
-                             plant_feet=not args.no_plant_feet)  # fmt: skip
+                             plant_feet=not args.no_plant_feet, camera=args.camera)  # fmt: skip
     except ValueError as error:
         report_error(flag_message(error, MocapOptions, {"min_frames": "--min-track-frames"}))
         return 2

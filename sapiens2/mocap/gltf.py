@@ -5,7 +5,9 @@ glTF viewer plays it.
 Axes are glTF's: Y up, right-handed, metres (camera (x, y, z) -> (x, -y, -z), ``rig.to_y_up``). Each joint is a
 node whose translation is its rest offset and whose rotation is animated; the root node's translation is animated
 too. The mesh node sits at the scene root (glTF wants skinned meshes untransformed); its boxes are bound in the rest
-pose, each weighted fully to the joint that moves its bone (the bone's parent end).
+pose, each weighted fully to the joint that moves its bone (the bone's parent end). A moving camera
+(``rig.CameraAnimation``) is a node ``camera`` at the scene root holding a perspective camera, its translation and
+rotation keyed at every frame in the same animation.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from sapiens2.data.io import atomic_write
-from sapiens2.mocap.rig import Motion, cross, quat_to_y_up, to_y_up
+from sapiens2.mocap.rig import CameraAnimation, Motion, cross, quat_to_y_up, to_y_up
 
 __all__ = ["bone_boxes", "continuous_quaternions", "write_glb", "write_glb_scene"]
 
@@ -122,32 +124,36 @@ _COLOURS = ((0.26, 0.52, 0.96), (0.96, 0.45, 0.2), (0.3, 0.78, 0.4), (0.85, 0.3,
 """The bone colour of each track in a scene, in turn (one person's bones are told from another's at a glance)."""
 
 
-def write_glb(motion: Motion, path: str | os.PathLike, *, name: str = "track") -> Path:
+def write_glb(motion: Motion, path: str | os.PathLike, *, name: str = "track",
+              camera: CameraAnimation | None = None) -> Path:  # fmt: skip
     """Write ``motion`` as a binary glTF 2.0 file (atomically): joints as nodes, an animation named ``name`` (a key
-    per frame, linear), and a skinned box mesh. Frames with ``valid`` False hold the filled motion.
+    per frame, linear), and a skinned box mesh. Frames with ``valid`` False hold the filled motion. A moving
+    ``camera`` becomes an animated camera node.
 
     Returns:
         ``path`` as a ``Path``.
     """
-    return _write([(name, motion, 0.0)], path, scene=name, grouped=False)
+    return _write([(name, motion, 0.0)], path, scene=name, grouped=False, camera=camera)
 
 
-def write_glb_scene(tracks: Sequence[tuple[str, Motion, float]], path: str | os.PathLike) -> Path:
+def write_glb_scene(tracks: Sequence[tuple[str, Motion, float]], path: str | os.PathLike,
+                    camera: CameraAnimation | None = None) -> Path:  # fmt: skip
     """Write several (name, ``Motion``, its start in seconds) into one binary glTF 2.0 file (atomically), each as
     ``write_glb`` writes one: its joints under a node ``name`` (no transform, so the root keeps its animated world
     position), its skin ``name`` and skinned box mesh ``<name>_mesh`` (a colour per track). One animation,
     ``scene``, keys every track at its times in the clip (``start`` + its frame times), so viewers that play one
-    animation at a time play everyone together.
+    animation at a time play everyone together; a moving ``camera`` with them.
 
     Returns:
         ``path`` as a ``Path``.
     """
     if len({name for name, _, _ in tracks}) < len(tracks):
         raise ValueError(f"{os.fspath(path)}: the tracks of one scene need distinct names")
-    return _write(list(tracks), path, scene="scene", grouped=True)
+    return _write(list(tracks), path, scene="scene", grouped=True, camera=camera)
 
 
-def _write(tracks: list[tuple[str, Motion, float]], path: str | os.PathLike, *, scene: str, grouped: bool) -> Path:
+def _write(tracks: list[tuple[str, Motion, float]], path: str | os.PathLike, *, scene: str, grouped: bool,
+           camera: CameraAnimation | None = None) -> Path:  # fmt: skip
     pygltflib = _import_pygltflib()
     gltf = pygltflib.GLTF2(
         asset=pygltflib.Asset(version="2.0", generator="sapiens2 mocap"), scene=0, accessors=[], bufferViews=[],
@@ -163,11 +169,40 @@ def _write(tracks: list[tuple[str, Motion, float]], path: str | os.PathLike, *, 
             gltf.nodes.append(pygltflib.Node(name=name, children=[root]))
             root = len(gltf.nodes) - 1
         top += [root, mesh_node]
+    if camera is not None:
+        top.append(_add_camera(gltf, blob, camera, samplers, channels))
     gltf.scenes = [pygltflib.Scene(name=scene, nodes=top)]
     gltf.animations = [pygltflib.Animation(name=scene, samplers=samplers, channels=channels)]
     gltf.buffers = [pygltflib.Buffer(byteLength=len(blob.data))]
     gltf.set_binary_blob(bytes(blob.data))
     return atomic_write(path, lambda temporary: gltf.save_binary(str(temporary)))
+
+
+def _animate(blob: _Blob, times: int, node: int, target: str, values: np.ndarray, samplers: list,
+             channels: list) -> None:  # fmt: skip
+    """Key ``target`` (translation or rotation) of ``node`` with ``values`` (T, 3 or 4) at the ``times`` accessor."""
+    pygltflib = _import_pygltflib()
+    output = blob.add(np.ascontiguousarray(values, np.float32), "VEC4" if values.shape[1] == 4 else "VEC3", _FLOAT)
+    samplers.append(pygltflib.AnimationSampler(input=times, output=output, interpolation="LINEAR"))
+    channel_target = pygltflib.AnimationChannelTarget(node=node, path=target)
+    channels.append(pygltflib.AnimationChannel(sampler=len(samplers) - 1, target=channel_target))
+
+
+def _add_camera(gltf, blob: _Blob, camera: CameraAnimation, samplers: list, channels: list) -> int:
+    """Add the camera node (a perspective camera: vertical field of view and aspect from the film back) and its
+    keys; returns the node."""
+    pygltflib = _import_pygltflib()
+    width, height = camera.aperture
+    perspective = pygltflib.Perspective(yfov=2.0 * float(np.arctan(height / (2.0 * camera.focal_length))),
+                                        aspectRatio=width / height, znear=0.01)  # fmt: skip
+    gltf.cameras = [*(gltf.cameras or []), pygltflib.Camera(name="camera", type="perspective", perspective=perspective)]
+    gltf.nodes.append(pygltflib.Node(name="camera", camera=len(gltf.cameras) - 1))
+    node = len(gltf.nodes) - 1
+    times = camera.start + np.arange(len(camera.positions)) / camera.fps
+    keys = blob.add(times.astype(np.float32), "SCALAR", _FLOAT, bounds=True)
+    _animate(blob, keys, node, "translation", camera.positions, samplers, channels)
+    _animate(blob, keys, node, "rotation", continuous_quaternions(camera.rotations), samplers, channels)
+    return node
 
 
 def _add_track(gltf, blob: _Blob, motion: Motion, name: str, colour: list[float], samplers: list, channels: list,
@@ -219,13 +254,7 @@ def _add_track(gltf, blob: _Blob, motion: Motion, name: str, colour: list[float]
     times = blob.add((start + motion.times).astype(np.float32), "SCALAR", _FLOAT, bounds=True)
     rotations = continuous_quaternions(quat_to_y_up(motion.rotations)).astype(np.float32)  # (T, J, 4)
 
-    def animate(node: int, target: str, values: np.ndarray) -> None:
-        output = blob.add(values, "VEC4" if values.shape[1] == 4 else "VEC3", _FLOAT)
-        samplers.append(pygltflib.AnimationSampler(input=times, output=output, interpolation="LINEAR"))
-        target = pygltflib.AnimationChannelTarget(node=node, path=target)
-        channels.append(pygltflib.AnimationChannel(sampler=len(samplers) - 1, target=target))
-
-    animate(first, "translation", to_y_up(motion.root_translation).astype(np.float32))
+    _animate(blob, times, first, "translation", to_y_up(motion.root_translation), samplers, channels)
     for joint in range(joints):
-        animate(first + joint, "rotation", np.ascontiguousarray(rotations[:, joint]))
+        _animate(blob, times, first + joint, "rotation", rotations[:, joint], samplers, channels)
     return first, mesh_node

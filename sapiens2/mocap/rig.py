@@ -16,6 +16,7 @@ import numpy as np
 
 __all__ = [
     "CV_TO_Y_UP",
+    "CameraAnimation",
     "Markers",
     "Motion",
     "Skeleton",
@@ -244,6 +245,47 @@ def quat_from_axis_angle(axis: np.ndarray, angle: np.ndarray | float) -> np.ndar
     if not rotvec[..., 0].size:
         return np.zeros(rotvec.shape[:-1] + (4,))
     return rotation_class().from_rotvec(_flat(rotvec, 3)).as_quat().reshape(rotvec.shape[:-1] + (4,))
+
+
+@dataclass(frozen=True, eq=False)
+class CameraAnimation:
+    """A moving camera as the exporters write it (USD's ``/camera``, glTF's ``camera`` node): ``positions`` (T, 3)
+    metres and ``rotations`` (T, 4) camera -> world (x, y, z, w), in the files' axes (Y up; the camera looking down
+    its -Z with its +Y up, as USD's and glTF's cameras do), a frame every 1 / ``fps`` s from ``start`` s;
+    ``focal_length`` and ``aperture`` (horizontal, vertical) in millimetres."""
+
+    positions: np.ndarray
+    rotations: np.ndarray
+    fps: float
+    start: float = 0.0
+    focal_length: float = 36.0
+    aperture: tuple[float, float] = (36.0, 27.0)
+
+    def __post_init__(self) -> None:
+        positions, rotations = np.array(self.positions, np.float64), np.array(self.rotations, np.float64)
+        if positions.ndim != 2 or positions.shape[1] != 3 or rotations.shape != (len(positions), 4):
+            raise ValueError(f"CameraAnimation needs (T, 3) positions and (T, 4) rotations, got {positions.shape} "
+                             f"and {rotations.shape}")  # fmt: skip
+        if not (np.isfinite(positions).all() and np.isfinite(rotations).all() and self.fps > 0):
+            raise ValueError("CameraAnimation: positions and rotations must be finite, fps > 0")
+        object.__setattr__(self, "positions", positions)
+        object.__setattr__(self, "rotations", rotations)
+
+    @classmethod
+    def from_camera(cls, rotations: np.ndarray, positions: np.ndarray, fps: float, start: float = 0.0,
+                    intrinsics: np.ndarray | None = None) -> CameraAnimation:  # fmt: skip
+        """A camera path in camera axes (OpenCV: x right, y down, z forward, both for the world and the camera
+        itself, as ``world.CameraPath`` holds it): (T, 3, 3) camera -> world ``rotations`` and (T, 3) centres.
+        The half turn about x goes on both sides (``C R C``: the world to Y up, the camera's own axes to the files'),
+        the centres as every point (x, -y, -z). With the pinhole ``intrinsics`` (3, 3) the film back is 36 mm wide
+        (the frame taken as 2 cx + 1 by 2 cy + 1 pixels) and the focal length fx of it."""
+        quats = quat_to_y_up(quat_from_matrix(np.asarray(rotations, np.float64)))
+        focal, aperture = 36.0, (36.0, 27.0)
+        if intrinsics is not None:
+            k = np.asarray(intrinsics, np.float64)
+            width, height = 2 * k[0, 2] + 1, 2 * k[1, 2] + 1
+            focal, aperture = float(36.0 * k[0, 0] / width), (36.0, float(36.0 * height / width))
+        return cls(to_y_up(positions), quats, fps, start, focal, aperture)
 
 
 def to_y_up(points: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ Layout for ``out/clip`` (``docs/mocap.md``)::
     clip_mocap/track_<id>_contacts.csv .parquet                 per track: foot contacts per frame (mocap.contacts)
     clip_mocap/track_<id>_angles.csv .png                       per track: joint angles and their plot
     clip_mocap/track_<id>.trc                                   per track: OpenSim markers (OpenCap's mmpose set)
+    clip_mocap/camera.csv                                       a moving camera's path in the world (mocap.world)
     clip_mocap.json                                             the summary, written last (the run is complete)
 """
 
@@ -99,6 +100,9 @@ class MocapOptions:
             [``--rig-proportions``].
         plant_feet: offline, keep a foot detected planted in place (``mocap.contacts``); the contacts are
             detected and exported either way [on: ``--no-plant-feet`` turns it off].
+        camera: ``static`` (the exports in the camera's frame), ``moving`` (the camera's path estimated from the
+            background, the exports in a world frame with gravity: ``mocap.world``) or ``auto`` (moving when the
+            background moves) [``--camera``].
     """
 
     video: Any = None
@@ -112,6 +116,7 @@ class MocapOptions:
     rig: str = "sapiens2"
     rig_proportions: str = "track"
     plant_feet: bool = True
+    camera: str = "auto"
 
     def __post_init__(self) -> None:
         from ..video.run import VideoOptions
@@ -134,6 +139,10 @@ class MocapOptions:
 
         if self.rig not in RIG_NAMES:
             raise ValueError(f"rig: unknown {self.rig!r} (choose from {', '.join(RIG_NAMES)})")
+        from .world import CAMERA_MODES
+
+        if self.camera not in CAMERA_MODES:
+            raise ValueError(f"camera must be static, moving or auto, got {self.camera!r}")
         if self.rig_proportions not in PROPORTIONS:
             raise ValueError(f"rig_proportions must be {' or '.join(PROPORTIONS)}, got {self.rig_proportions!r}")
 
@@ -185,13 +194,19 @@ class MocapHook:
         view: draw the 3D view.
         use_seg: give the seg labels to the lifting (occlusion from body parts).
         fps: the source's frame rate (for the online solve).
+        background: record the background's features (``mocap.world.background_features``: the camera's motion)
+            in the record's ``background`` field.
     """
 
     name = "mocap"
 
-    def __init__(self, *, online: bool = False, view: bool = True, use_seg: bool = True, fps: float = 30.0) -> None:
+    def __init__(self, *, online: bool = False, view: bool = True, use_seg: bool = True, fps: float = 30.0,
+                 background: bool = False) -> None:  # fmt: skip
         self.online, self.view, self.use_seg, self.fps = online, view, use_seg, fps
+        self.background = background
         self.signature = {"version": 1, "use_seg": use_seg, "digits": DIGITS}
+        if background:
+            self.signature["background"] = 1
         self._view: Any = None
         self._solvers: dict[int, Any] = {}
 
@@ -228,6 +243,16 @@ class MocapHook:
                 shown[track] = solver.step(lifted, frame.time)[0]
             else:
                 shown[track] = np.asarray(lifted.keypoints, np.float64)
+        fields: dict[str, Any] = {"mocap": people}
+        pointmap = results.get("pointmap")
+        if self.background:  # every record has the field (null without a pointmap): the path covers every frame
+            from .world import background_features, encode_features
+
+            seg, pose = results.get("seg") if self.use_seg else None, results.get("pose")
+            features = None if pointmap is None else background_features(
+                frame.image, pointmap.points, seg.labels if seg is not None else None,
+                pose.boxes if pose is not None else None)  # fmt: skip
+            fields["background"] = encode_features(features)
         panel = None
         if self.view:
             if self._view is None:
@@ -237,7 +262,7 @@ class MocapHook:
                 parents = mocap_skeleton().parents if self.online else None
                 self._view = SkeletonView(frame.image.shape[0], parents=parents)
             panel = self._view(shown)
-        return {"mocap": people}, panel
+        return fields, panel
 
 
 def record_lifted(track: int, lifted: Any) -> dict:
@@ -330,13 +355,33 @@ def read_tracks(frames_jsonl: str | os.PathLike, stride: int = 1) -> dict[int, R
     return tracks
 
 
+def read_background(frames_jsonl: str | os.PathLike) -> tuple[np.ndarray, list[Any], dict[int, float]] | None:
+    """The background features of a mocap run's ``clip_frames.jsonl`` (the records' ``background`` field, written
+    when the camera may move): (T,) frame indices, their ``world.Features`` (None where a frame has none) and frame
+    -> time; None when no record has the field."""
+    from .world import decode_features
+
+    frames, features, times = [], [], {}
+    with open(frames_jsonl) as lines:
+        for line in lines:
+            record = json.loads(line)
+            if "background" in record:
+                frames.append(record["frame"])
+                features.append(decode_features(record["background"]))
+                times[record["frame"]] = record["time"]
+    return (np.array(frames, np.int64), features, times) if frames else None
+
+
 def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: float, options: MocapOptions,
-                     mode: str, min_frames: int | None = None) -> tuple[dict[int, list[str]], dict[int, str],
-                                                                      dict[str, float]]:  # fmt: skip
+                     mode: str, min_frames: int | None = None, camera: Any = None
+                     ) -> tuple[dict[int, list[str]], dict[int, str], dict[str, float]]:  # fmt: skip
     """Solve every track seen on at least ``min_frames`` frames (default ``options.min_frames``) with
     ``solve.solve_track`` (3D smoothing ``mode``) and write its exports into ``folder``; with ``options.scene``
-    the ``SCENE_FORMATS`` go into one ``scene.<format>`` listed among every track's files. Returns (id -> files,
-    id -> why left out, seconds of ``solve`` and ``export``)."""
+    the ``SCENE_FORMATS`` go into one ``scene.<format>`` listed among every track's files. With a moving
+    ``camera`` (a ``world.CameraPath`` from ``world.camera_path``) the tracks are grounded in the world frame
+    (``world.ground_motion``) before their feet are planted and they are exported, and the grounded path is
+    written to ``camera.csv``, listed among every track's files. Returns (id -> files, id -> why left out, seconds
+    of ``solve`` and ``export``)."""
     min_frames = options.min_frames if min_frames is None else min_frames
     from .rigs import retarget
     from .solve import SolveOptions, solve_track
@@ -345,48 +390,84 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
     left_out: dict[int, str] = {}
     seconds = {"solve": 0.0, "export": 0.0}
     folder.mkdir(parents=True, exist_ok=True)
-    for old in [*folder.glob("track_*"), *folder.glob("scene.*")]:  # an earlier run's exports (other tracks, formats)
+    old_files = [*folder.glob("track_*"), *folder.glob("scene.*"), *folder.glob("camera.csv")]
+    for old in old_files:  # an earlier run's exports (other tracks, formats)
         old.unlink()
     per_track = [f for f in options.formats if not (options.scene and f in SCENE_FORMATS)]
     in_scene: list[tuple[int, Any, float]] = []
     found: dict[int, Any] = {}  # track id -> its foot contacts
+    moving = camera is not None and camera.moving
+    solved_tracks: dict[int, tuple[RecordedTrack, Any]] = {}
     for track, data in tracks.items():
         seen = int(data.seen.sum())
         if seen < min_frames:
             left_out[track] = f"seen on {seen} frames (fewer than {min_frames})"
             continue
         start = time.perf_counter()
-        try:
-            solved = solve_track(data.lifted, fps, SolveOptions(smooth=mode, plant_feet=options.plant_feet))
+        try:  # with a moving camera the feet are planted in the world, below
+            plant = options.plant_feet and not moving
+            solved_tracks[track] = data, solve_track(data.lifted, fps, SolveOptions(smooth=mode, plant_feet=plant))
         except ValueError as error:
             left_out[track] = f"cannot solve: {error}"
             continue
         finally:
             seconds["solve"] += time.perf_counter() - start
+    grounded: list[str] = []
+    if moving:
+        from .world import feet_ground, ground_motion, write_camera_path
+
         start = time.perf_counter()
-        rigged = retarget(solved.motion, options.rig, options.rig_proportions)
+        camera = camera.grounded([feet_ground(s.motion, *camera.at(d.frames)) for d, s in solved_tracks.values()])
+        grounded = [write_camera_path(camera, str(folder / "camera.csv"))]
+        logger.info("camera path in the world: up and the ground from the %s", camera.up_from)
+        seconds["solve"] += time.perf_counter() - start
+    for track, (data, solved) in solved_tracks.items():
+        motion, contacts, seen_by = solved.motion, solved.contacts, None
+        if moving:
+            start = time.perf_counter()
+            motion, contacts = ground_motion(motion, camera, data.frames, options.plant_feet and mode != "online")
+            seen_by = _camera_animation(camera, data.frames, per_track, fps)
+            seconds["solve"] += time.perf_counter() - start
+        start = time.perf_counter()
+        rigged = retarget(motion, options.rig, options.rig_proportions)
         stem = folder / f"track_{track}"
-        files[track] = [str(p) for p in export_motion(solved.motion, stem, per_track, rigged, solved.contacts)]
+        files[track] = [str(p) for p in export_motion(motion, stem, per_track, rigged, contacts, seen_by)] + grounded
         in_scene.append((track, rigged, float(data.times[0])))  # its start in the clip, in seconds
-        found[track] = solved.contacts
+        found[track] = contacts
         seconds["export"] += time.perf_counter() - start
     if in_scene and per_track != list(options.formats):
         start = time.perf_counter()
-        scene = export_scene(in_scene, folder / "scene", [f for f in options.formats if f not in per_track],
-                             found)  # fmt: skip
+        in_file = [f for f in options.formats if f not in per_track]
+        seen_by = _camera_animation(camera, camera.frames, in_file, fps, in_clip=True) if moving else None
+        scene = export_scene(in_scene, folder / "scene", in_file, found, seen_by)
         for track, _, _ in in_scene:
             files[track] += [str(p) for p in scene]  # the files holding the track
         seconds["export"] += time.perf_counter() - start
     return files, left_out, seconds
 
 
+def _camera_animation(camera: Any, frames: np.ndarray, formats: Sequence[str], fps: float,
+                      in_clip: bool = False) -> Any:  # fmt: skip
+    """The moving ``camera`` (a grounded ``world.CameraPath``) over ``frames`` as the USD and glTF exports take it
+    (``rig.CameraAnimation``), from 0 s, or ``in_clip`` from its first frame's time (a scene); None without either
+    format in ``formats``."""
+    if not {"usd", "glb"} & set(formats):
+        return None
+    from .rig import CameraAnimation
+
+    first = camera.times[0] if in_clip and camera.times is not None else np.nan
+    start = float(first) if np.isfinite(first) else 0.0
+    return CameraAnimation.from_camera(*camera.at(frames), fps, start, camera.intrinsics)
+
+
 def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any = None,
-                  contacts: Any = None) -> list[Path]:  # fmt: skip
+                  contacts: Any = None, camera: Any = None) -> list[Path]:  # fmt: skip
     """Write ``motion`` in each of ``formats`` at ``stem`` + the format's suffix; returns the files written. With
     ``rigged`` (a ``rigs.RigMotion``) the ``RIG_FORMATS`` hold that rig's motion (FBX and USD its bone axes too).
     The foot ``contacts`` (``mocap.contacts.FootContacts``) go with CSV / Parquet into ``<stem>_contacts.<suffix>``,
     into the FBX as an animated ``contact`` user property of each ankle joint (on a rig: the joint that follows
-    our ankle) and into the USD as time-sampled attributes ``sapiens2:contact:<foot>`` of the Skeleton prim."""
+    our ankle) and into the USD as time-sampled attributes ``sapiens2:contact:<foot>`` of the Skeleton prim. A moving
+    ``camera`` (``rig.CameraAnimation``) goes into the USD and the glTF."""
     written: list[Path] = []
     animated = motion if rigged is None else rigged.motion
     axes = None if rigged is None else rigged.orientations
@@ -397,7 +478,7 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any =
     if "glb" in formats:
         from .gltf import write_glb
 
-        written.append(Path(write_glb(animated, stem.with_name(stem.name + ".glb"))))
+        written.append(Path(write_glb(animated, stem.with_name(stem.name + ".glb"), camera=camera)))
     if "fbx" in formats:
         from .fbx import FbxTrack, write_fbx_scene
 
@@ -412,7 +493,7 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any =
 
         attributes = contacts.attributes() if contacts is not None else None
         animation = SkeletalAnimation.from_motion(animated, stem.name, orientations=axes, attributes=attributes)
-        written.append(Path(write_usd(animation, stem.with_name(stem.name + ".usdc"))))
+        written.append(Path(write_usd(animation, stem.with_name(stem.name + ".usdc"), camera=camera)))
     if "csv" in formats or "parquet" in formats:
         from .tables import write_trajectories
 
@@ -451,11 +532,11 @@ def _contact_curves(contacts: Any, rigged: Any) -> dict[str, dict[str, np.ndarra
 
 
 def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: Sequence[str],
-                 contacts: Mapping[int, Any] | None = None) -> list[Path]:  # fmt: skip
+                 contacts: Mapping[int, Any] | None = None, camera: Any = None) -> list[Path]:  # fmt: skip
     """Write every (track id, ``Motion`` or ``rigs.RigMotion``, its start in the clip in seconds) into one file per
     format of ``formats`` (from ``SCENE_FORMATS``) at ``stem`` + the format's suffix, each track at its time, with
-    its foot ``contacts`` (track id -> ``FootContacts``) as ``export_motion`` writes them; returns the files
-    written."""
+    its foot ``contacts`` (track id -> ``FootContacts``) and a moving ``camera`` as ``export_motion`` writes them;
+    returns the files written."""
     from .rig import Motion
 
     written: list[Path] = []
@@ -473,14 +554,15 @@ def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: 
         from .gltf import write_glb_scene
 
         path = stem.with_name(stem.name + ".glb")
-        written.append(Path(write_glb_scene([(f"track_{t}", motion, start) for t, (motion, _), start in rigged], path)))
+        tracks_in = [(f"track_{t}", motion, start) for t, (motion, _), start in rigged]
+        written.append(Path(write_glb_scene(tracks_in, path, camera)))
     if "usd" in formats:
         from .usd import SkeletalAnimation, write_usd
 
         animations = [SkeletalAnimation.from_motion(motion, f"track_{track}", round(start * motion.fps), axes,
                                                     contacts[track].attributes() if track in contacts else None)
                       for track, (motion, axes), start in rigged]  # fmt: skip
-        written.append(Path(write_usd(animations, stem.with_name(stem.name + ".usdc"))))
+        written.append(Path(write_usd(animations, stem.with_name(stem.name + ".usdc"), camera=camera)))
     return written
 
 
@@ -544,7 +626,7 @@ def run_mocap(
     live = isinstance(source, int) or is_stream_url(text) or text.startswith("/dev/")
     mode = options.smooth if options.smooth != "auto" else ("online" if live else "offline")
     hook = MocapHook(online=mode == "online", view=options.view and options.video.overlay, use_seg="seg" in tasks,
-                     fps=options.video.fps or 30.0)
+                     fps=options.video.fps or 30.0, background=options.camera != "static")  # fmt: skip
     folder = stem.parent / f"{stem.name}_mocap"
     run_file = folder / "run.json"
     signature = _source_signature(text, options, hook)
@@ -573,8 +655,10 @@ def run_mocap(
     stride = options.video.stride
     tracks = read_tracks(frames_jsonl, stride)
     try:
+        camera, camera_summary = _camera_path(frames_jsonl, options.camera, text, report)
         needed = min(options.min_frames, max(report.video.frames, 1))  # a photo or a short clip: every track
-        report.tracks, report.left_out, seconds = solve_and_export(tracks, folder, fps / stride, options, mode, needed)
+        report.tracks, report.left_out, seconds = solve_and_export(tracks, folder, fps / stride, options, mode, needed,
+                                                                   camera)  # fmt: skip
     except Exception as problem:  # e.g. the disk filled up: the records stay, a rerun exports again
         report.error = report.error or f"{text}: cannot write exports ({type(problem).__name__}: {problem})"
         return report
@@ -582,7 +666,8 @@ def run_mocap(
     summary = {
         "source": text, "frames": report.video.frames, "fps": fps / stride, "smooth_3d": mode,
         "seg": "seg" in tasks, "formats": list(options.formats), "scene": options.scene, "rig": options.rig,
-        "rig_proportions": options.rig_proportions, "plant_feet": options.plant_feet, "error": report.error,
+        "rig_proportions": options.rig_proportions, "plant_feet": options.plant_feet, "camera": camera_summary,
+        "error": report.error,
         "tracks": {str(t): [str(Path(p).relative_to(stem.parent)) for p in paths] for t, paths in
                    report.tracks.items()},
         "left_out": {str(t): why for t, why in report.left_out.items()},
@@ -590,6 +675,42 @@ def run_mocap(
     }  # fmt: skip
     atomic_write(summary_path, json.dumps(summary, indent=1).encode())
     return report
+
+
+def _camera_path(frames_jsonl: Path, mode: str, text: str, report: MocapReport) -> tuple[Any, dict]:
+    """The source's ``world.CameraPath`` (None for a static camera) and its entry in the summary: the mode asked
+    for, what was decided and the background's largest motion against the first frame (pixels); ``moving`` on
+    fewer than 2 frames is one error line (the exports stay in the camera frame)."""
+    if mode == "static":
+        return None, {"mode": mode, "moving": False}
+    from .world import MIN_POSED, STATIC_PX, camera_path, is_moving
+
+    background = read_background(frames_jsonl)
+    count = 0 if background is None else len(background[0])
+    if count < 2:
+        if mode == "moving":
+            report.error = report.error or (f"{text}: --camera moving needs a video (2 frames or more), it has "
+                                            f"{count}; exported in the camera's frame")  # fmt: skip
+        return None, {"mode": mode, "moving": False, "frames": count}
+    frames, features, times = background
+    path = camera_path(frames, features, True if mode == "moving" else None, [times[f] for f in frames.tolist()])
+    finite = path.motion_px[np.isfinite(path.motion_px)]
+    largest = float(finite.max()) if len(finite) > 1 else None  # None: no frame but the first had enough features
+    changed = bool(np.isinf(path.motion_px).any())  # a frame shares too few features with the first
+    summary = {"mode": mode, "moving": path.moving, "background_motion_px": largest, "view_changed": changed,
+               "static_px": STATIC_PX, "found_moving": is_moving(path.motion_px)}  # fmt: skip
+    if path.moving:
+        summary["posed"] = round(float(path.posed.mean()), 4)
+        if path.posed.mean() < MIN_POSED:
+            logger.warning("%s: the camera moves but its path was found on %d of %d frames only (too few background "
+                           "features with depth); the exports stay in the camera's frame", text, path.posed.sum(),
+                           len(path.posed))  # fmt: skip
+            summary["moving"], path = False, None
+    moved = "the view changed" if changed else ("no background seen" if largest is None else f"{largest:.1f} px")
+    logger.info("%s: camera %s (%s; the background moved against the first frame: %s; static up to %s px)",
+                text, "moving" if summary["moving"] else "static", "asked" if mode != "auto" else "decided", moved,
+                STATIC_PX)  # fmt: skip
+    return path, summary
 
 
 def _finished_video(video_summary: Path, run_file: Path, signature: dict) -> dict | None:

@@ -10,6 +10,8 @@ What a file holds (``docs/mocap.md``)::
             animation        SkelAnimation: translations and rotations, one time sample per video frame; scales
                              the Skeleton's custom attributes (``SkeletalAnimation.attributes``), e.g. the foot
                              contacts ``sapiens2:contact:left_foot`` (bool), time-sampled per frame too
+    /camera                  with a moving camera (``rig.CameraAnimation``): a Camera, its translate and orient ops
+                             time-sampled per frame (under /scene in a scene file)
 
 Axes and time: Y up (``upAxis``), metres (``metersPerUnit`` 1), right-handed: camera (x, y, z) -> (x, -y, -z) as in
 the BVH and glTF. A time code is a video frame (``timeCodesPerSecond`` = ``framesPerSecond`` = the track's rate); a
@@ -34,7 +36,7 @@ import numpy as np
 
 from sapiens2.data.io import atomic_write
 from sapiens2.mocap.gltf import continuous_quaternions
-from sapiens2.mocap.rig import Motion
+from sapiens2.mocap.rig import CameraAnimation, Motion
 
 __all__ = ["SUFFIXES", "SkeletalAnimation", "write_usd"]
 
@@ -168,6 +170,20 @@ class SkeletalAnimation:
                    attributes=attributes)  # fmt: skip
 
 
+def _define_camera(stage, path, camera: CameraAnimation) -> None:
+    """A Camera prim at ``path``, its translate and orient ops sampled at each frame's time code."""
+    Gf, _, _, UsdGeom, _, _ = _import_pxr()
+    start = round(camera.start * camera.fps)
+    prim = UsdGeom.Camera.Define(stage, path)
+    prim.CreateFocalLengthAttr(camera.focal_length)
+    prim.CreateHorizontalApertureAttr(camera.aperture[0])
+    prim.CreateVerticalApertureAttr(camera.aperture[1])
+    translate, orient = prim.AddTranslateOp(), prim.AddOrientOp()
+    for t, (p, q) in enumerate(zip(camera.positions.tolist(), camera.rotations.tolist(), strict=True)):
+        translate.Set(Gf.Vec3d(*p), start + t)
+        orient.Set(Gf.Quatf(q[3], q[0], q[1], q[2]), start + t)
+
+
 def _matrices(rotations: np.ndarray, translations: np.ndarray) -> np.ndarray:
     """(J, 4, 4) USD matrices (row vectors: the rotation transposed, the translation in the last row)."""
     Rotation = _rotation()
@@ -231,7 +247,7 @@ def _define_skeleton(stage, path, animation: SkeletalAnimation) -> None:
 
 
 def write_usd(tracks: Motion | SkeletalAnimation | Sequence[SkeletalAnimation], path: str | os.PathLike, *,
-              name: str = "track") -> Path:  # fmt: skip
+              name: str = "track", camera: CameraAnimation | None = None) -> Path:  # fmt: skip
     """Write one track, or several into one scene, as a UsdSkel file (atomically; the same input gives the same
     bytes).
 
@@ -240,6 +256,8 @@ def write_usd(tracks: Motion | SkeletalAnimation | Sequence[SkeletalAnimation], 
             scene: one SkelRoot per track under ``/scene``; their rates must agree).
         path: a ``.usda`` (text), ``.usdc`` or ``.usd`` (binary) file.
         name: the track's name when ``tracks`` is a ``Motion``.
+        camera: a moving camera (``rig.CameraAnimation``), written as ``/camera`` (``/scene/camera`` in a scene),
+            its first frame at time code ``start * fps``.
 
     Returns:
         ``path`` as a ``Path``.
@@ -262,8 +280,12 @@ def write_usd(tracks: Motion | SkeletalAnimation | Sequence[SkeletalAnimation], 
     UsdGeom.SetStageMetersPerUnit(stage, UsdGeom.LinearUnits.meters)
     stage.SetTimeCodesPerSecond(rates[0])
     stage.SetFramesPerSecond(rates[0])
-    stage.SetStartTimeCode(min(a.start for a in animations))
-    stage.SetEndTimeCode(max(a.start + max(a.num_frames - 1, 0) for a in animations))
+    spans = [(a.start, a.start + max(a.num_frames - 1, 0)) for a in animations]
+    if camera is not None:
+        first = round(camera.start * camera.fps)
+        spans.append((first, first + max(len(camera.positions) - 1, 0)))
+    stage.SetStartTimeCode(min(first for first, _ in spans))
+    stage.SetEndTimeCode(max(last for _, last in spans))
     stage.GetRootLayer().documentation = "sapiens2 mocap"
     if scene:
         top = UsdGeom.Xform.Define(stage, Sdf.Path("/scene")).GetPrim()
@@ -273,5 +295,7 @@ def write_usd(tracks: Motion | SkeletalAnimation | Sequence[SkeletalAnimation], 
         root = Sdf.Path("/" + _identifiers([animations[0].name])[0])
         _define_skeleton(stage, root, animations[0])
         top = stage.GetPrimAtPath(root)
+    if camera is not None:
+        _define_camera(stage, Sdf.Path("/scene/camera" if scene else "/camera"), camera)
     stage.SetDefaultPrim(top)
     return atomic_write(path, lambda temporary: stage.GetRootLayer().Export(str(temporary)))
