@@ -185,7 +185,9 @@ def locate_checkpoint(
             if local_hint:
                 how += ", e.g. " + local_hint.replace("{filename}", f"my_{entry_task}.safetensors")
             released = ", ".join(arch.released_tasks) or "none"
-            raise CheckpointNotFoundError(f"No released '{entry_task}' weights for {arch.name} (released: {released}). {how}.")
+            raise CheckpointNotFoundError(
+                f"No released '{entry_task}' weights for {arch.name} (released: {released}). {how}."
+            )
         return arch.repo_id(entry_task), filename or arch.filename(entry_task)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not path.suffix:
         if filename is None:

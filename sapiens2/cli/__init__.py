@@ -1,4 +1,4 @@
-"""The ``sapiens2`` command: ``sapiens2 info | predict | train | pretrain | eval | export | benchmark | demo |
+"""The ``sapiens2`` command: ``sapiens2 info | predict | train | pretrain | distill | eval | export | benchmark | demo |
 curate | mocap | biomech | relight | serve ...``. ``main(argv)`` returns the exit status.
 
 One module per command: each adds its argparse subcommand, turns the parsed flags into a typed options object and calls
@@ -16,7 +16,22 @@ from ..messages import log_to_stderr, set_command
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import benchmark, biomech, curate, demo, eval, export, info, mocap, predict, pretrain, relight, serve, train
+    from . import (
+        benchmark,
+        biomech,
+        curate,
+        demo,
+        distill,
+        eval,
+        export,
+        info,
+        mocap,
+        predict,
+        pretrain,
+        relight,
+        serve,
+        train,
+    )
 
     parser = argparse.ArgumentParser(prog="sapiens2", description="Sapiens2 human-centric vision models.")
     parser.add_argument("--version", action="version", version=f"sapiens2 {__version__}")
@@ -29,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     benchmark.add_parser(commands)
     demo.add_parser(commands)
     pretrain.add_parser(commands)
+    distill.add_parser(commands)
     curate.add_parser(commands)
     mocap.add_parser(commands)
     biomech.add_parser(commands)

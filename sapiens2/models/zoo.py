@@ -192,6 +192,13 @@ def _student_heads(width: int) -> Mapping[str, Mapping[str, Any]]:
     return MappingProxyType({task: MappingProxyType(widths) for task, widths in heads.items()})
 
 
+def _student(name: str, *, embed_dims: int, num_heads: int, head_width: int) -> Arch:
+    """A student arch of ``sapiens2 distill``: the Sapiens2 block, 8 layers, FFN 4 x D, no tokenizer, no weights."""
+    heads = _student_heads(head_width)
+    return Arch(f"sapiens2_student_{name}", embed_dims, 8, num_heads, 4 * embed_dims, 0, size=f"student_{name}",
+                head_widths=heads, released=False)  # fmt: skip
+
+
 ARCHS: dict[str, Arch] = {
     arch.name: arch
     for arch in (
@@ -203,11 +210,9 @@ ARCHS: dict[str, Arch] = {
         Arch("sapiens2_1b_4k", 1536, 40, 24, 6144, 4, size="1b_4k", use_tokenizer=True, img_size=(4096, 3072)),
         # Students for ``sapiens2 distill`` (no released weights): the same block, 8 layers, about 19M and 5M
         # backbone parameters (``Arch.num_parameters``), with heads cut down to match (``_student_heads``).
-        Arch("sapiens2_student_20m", 384, 8, 6, 1536, 0, size="student_20m", head_widths=_student_heads(256),
-             released=False),
-        Arch("sapiens2_student_5m", 192, 8, 3, 768, 0, size="student_5m", head_widths=_student_heads(128),
-             released=False),
-    )  # fmt: skip
+        _student("20m", embed_dims=384, num_heads=6, head_width=256),
+        _student("5m", embed_dims=192, num_heads=3, head_width=128),
+    )
 }
 
 ARCH_FIELDS = ("embed_dims", "num_layers", "num_heads", "feedforward_channels", "num_tokenizer_layers")

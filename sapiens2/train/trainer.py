@@ -148,6 +148,8 @@ class Trainer:
 
     # The file ``fit`` exports at the end, in the run folder (``export``).
     EXPORT_NAME = "model.safetensors"
+    # Reads the config saved in a checkpoint back (a subclass with its own config type gives its own reader).
+    config_from_dict = staticmethod(config_from_dict)
 
     def __init__(
         self,
@@ -723,7 +725,7 @@ class Trainer:
             raise ValueError(f"{path} is a {checkpoint['task']} checkpoint, the config trains {self.config.task}")
         import yaml
 
-        saved = config_from_dict(yaml.safe_load(checkpoint["config"]))
+        saved = self.config_from_dict(yaml.safe_load(checkpoint["config"]))
         if saved != self.config:
             self._info("resuming with a config that differs from the checkpoint's; the run may not reproduce")
         dist_utils.load_full_state_dicts(self.module, self.optimizer, checkpoint["model"], checkpoint["optimizer"])
@@ -783,13 +785,14 @@ def _trained_input_size(checkpoint: dict[str, Any]) -> tuple[int, int] | None:
         return None
 
 
-def export_model(source: str | os.PathLike, out_path: str | os.PathLike) -> Path:
+def export_model(source: str | os.PathLike, out_path: str | os.PathLike, exclude: tuple[str, ...] = ()) -> Path:
     """Write a training checkpoint's model as an official-layout ``.safetensors`` (``backbone.*``/``decode_head.*``,
     float32), which ``sapiens2.load_model(task, out_path)`` loads.
 
     Args:
         source: a run folder (its newest checkpoint) or a checkpoint file.
         out_path: the ``.safetensors`` file to write (atomically).
+        exclude: key prefixes of training-only modules to leave out (a distillation's feature projection).
 
     Raises:
         FileNotFoundError: no checkpoint at ``source``.
@@ -804,6 +807,7 @@ def export_model(source: str | os.PathLike, out_path: str | os.PathLike) -> Path
     tensors = {
         name: (value.float() if value.is_floating_point() else value).contiguous()
         for name, value in checkpoint["model"].items()
+        if not name.startswith(exclude)
     }
     metadata = {"format": "pt", "task": checkpoint["task"], "step": str(checkpoint["step"])}
     size = _trained_input_size(checkpoint)
