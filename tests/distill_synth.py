@@ -14,10 +14,10 @@ from sapiens2.data.transforms import normalize_to_tensor
 PALETTE = np.array([[200, 40, 40], [40, 180, 60], [50, 60, 210], [220, 200, 60]], dtype=np.uint8)
 SIZE = (128, 96)  # (H, W): an 8 x 6 token grid
 TEACHER = {"embed_dims": 32, "num_layers": 2, "num_heads": 2, "feedforward_channels": 64, "num_tokenizer_layers": 0}
-STUDENT = {"embed_dims": 16, "num_layers": 2, "num_heads": 2, "feedforward_channels": 32, "num_tokenizer_layers": 0}
+STUDENT = {"embed_dims": 24, "num_layers": 2, "num_heads": 2, "feedforward_channels": 48, "num_tokenizer_layers": 0}
 SEG_TEACHER_HEAD = {"deconv_out_channels": [16, 8, 8, 8], "deconv_kernel_sizes": [4, 4, 4, 4],
                     "conv_out_channels": [8], "conv_kernel_sizes": [1], "num_classes": 4}  # fmt: skip
-SEG_STUDENT_HEAD = {"deconv_out_channels": [8, 8, 8, 8], "deconv_kernel_sizes": [4, 4, 4, 4],
+SEG_STUDENT_HEAD = {"deconv_out_channels": [12, 8, 8, 8], "deconv_kernel_sizes": [4, 4, 4, 4],
                     "conv_out_channels": [8], "conv_kernel_sizes": [1], "num_classes": 4}  # fmt: skip
 
 
@@ -58,7 +58,7 @@ class SegScenes(torch.utils.data.Dataset):
         return {"image": normalize_to_tensor([image])[0], "labels": torch.from_numpy(labels)}
 
 
-def train_seg_teacher(folder: Path, steps: int = 60) -> Path:
+def train_seg_teacher(folder: Path, steps: int = 150) -> Path:
     """A tiny seg teacher (4 classes) trained briefly on labelled scenes; returns its model file."""
     from sapiens2.train.config import config_from_dict
     from sapiens2.train.trainer import fit
