@@ -82,8 +82,10 @@ def test_pairs_that_cannot_work_get_one_line_each_and_leave_nothing(images, tiny
     common = [str(images), "--steps", "2", "--device", "cpu", "--input-size", "64", "48"]
     common += ["--set", "schedule.warmup_steps=1", "--set", "data.num_workers=0", "--set", "precision=fp32"]
     cases = [
-        (["--task", "seg", "--teacher", str(tiny_checkpoints["pose"]), *STUDENT_SET], "is a pose model but the student learns seg"),
-        (["--task", "seg", "--teacher", str(tiny_checkpoints["seg"]), "--student", "student_5m"], "is bigger than its teacher"),
+        (["--task", "seg", "--teacher", str(tiny_checkpoints["pose"]), *STUDENT_SET],
+         "is a pose model but the student learns seg"),
+        (["--task", "seg", "--teacher", str(tiny_checkpoints["seg"]), "--student", "student_5m"],
+         "is bigger than its teacher"),
         (["--task", "pose", "--teacher", str(tiny_checkpoints["pose"]), *STUDENT_SET, *POSE_HEAD_SET,
           "--set", "model.head.out_channels=17"],
          "predicts 308 keypoints but the student 17"),
