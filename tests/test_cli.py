@@ -62,6 +62,7 @@ MISSPELT = {
     "benchmark": (["--resolutoin", "64x48"], "--input-size"),
     "demo": (["--prot", "8000"], "--port"),
     "pretrain": (["cfg.yaml", "--overide", "x=1"], None),
+    "distill": (["photos/", "--task", "seg", "--techer", "1b"], "--teacher"),
     "curate": (["cfg.yaml", "--stirct"], "--strict"),
     "relight": (["x.jpg", "-o", "out", "--env", "neon", "--keep-shadnig"], "--keep-shading"),
     "mocap": (["clip.mp4", "-o", "out", "--detect-evry", "5"], "--detect-every"),
