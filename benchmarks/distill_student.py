@@ -8,9 +8,13 @@ excluded; pre-processing, network, post-processing to the original size included
 path and each runtime. Pose gets one person box (the whole photo), so no detector runs. The runtimes alternate,
 ``--repeats`` rounds of one timed pass over ``--images`` copies each, so drifting load hits all alike; every runtime
 gets ``--threads``. Prints a Markdown table (median images/s); a runtime not installed is left out and said so.
+``--bytes`` prints instead the stored size of one image's teacher outputs (``sapiens2.distill.targets``: the
+letterboxed input + the outputs in uint8 and fp16, and the backbone tokens for feature distillation) for a teacher
+arch at its output shapes (found by a ``meta`` forward); no timing, so it can run anywhere.
 
     python benchmarks/distill_student.py --task pose --task seg --arch sapiens2_student_20m \\
         --arch sapiens2_student_5m --input-size 256 192 --threads 2
+    python benchmarks/distill_student.py --bytes --arch sapiens2_5b --input-size 1024 768
 """
 
 from __future__ import annotations
@@ -70,6 +74,38 @@ def run(predictor_: Predictor, images: list[np.ndarray], boxes: list[np.ndarray]
     return time.perf_counter() - start
 
 
+def stored_bytes(task: str, teacher: str, input_size: tuple[int, int]) -> dict[str, int]:
+    """Bytes of one image's stored record: store -> size, plus ``features`` (the fp16 tokens alone)."""
+    from sapiens2.distill.targets import encode_targets
+
+    model = build_model(task, teacher, input_size=input_size, device="meta")
+    with torch.no_grad():
+        raw = model(torch.empty(1, 3, *input_size, device="meta"))
+    shapes = [tuple(t.shape[1:]) for t in (raw if isinstance(raw, tuple) else (raw,))]
+    generator = torch.Generator().manual_seed(0)
+    outputs = {"output": torch.randn(shapes[0], generator=generator)}
+    if len(shapes) > 1:
+        outputs["scale"] = torch.randn(shapes[1], generator=generator)
+    image = np.zeros((*input_size, 3), dtype=np.uint8)
+    sizes = {store: len(encode_targets(image, outputs, store)) for store in ("uint8", "fp16")}
+    tokens = (input_size[0] // 16) * (input_size[1] // 16)
+    sizes["features"] = tokens * model.backbone.arch.embed_dims * 2
+    sizes["image"] = image.size
+    return sizes
+
+
+def print_bytes(tasks: list[str], teachers: list[str], input_size: tuple[int, int]) -> None:
+    print(f"stored teacher outputs per image, input {input_size[0]}x{input_size[1]} (the record holds the input too)")
+    print()
+    print("| task | teacher | uint8 record | fp16 record | of which input image | + fp16 tokens (--feature-loss) |")
+    print("|---|---|---|---|---|---|")
+    for task in tasks:
+        for teacher in teachers:
+            sizes = stored_bytes(task, teacher, input_size)
+            print(f"| {task} | {teacher} | {sizes['uint8']:,} | {sizes['fp16']:,} | {sizes['image']:,} | "
+                  f"{sizes['features']:,} |")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", action="append", default=None, help="pose, seg, ... (repeatable; default pose, seg)")
@@ -78,7 +114,14 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=8, help="images per timed pass")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--bytes", action="store_true", help="print the stored bytes per image instead (--arch: teacher)"
+    )
     args = parser.parse_args()
+    if args.bytes:
+        tasks = args.task or ["pose", "seg", "normal", "pointmap", "albedo", "matting"]
+        print_bytes(tasks, args.arch or ["sapiens2_5b"], tuple(args.input_size))
+        return
     torch.set_num_threads(args.threads)
     photo = read_image(SAMPLE_IMAGE)
     images = [photo] * args.images

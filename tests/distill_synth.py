@@ -71,3 +71,65 @@ def train_seg_teacher(folder: Path, steps: int = 150) -> Path:
         "optimizer": {"lr": 2e-3}, "schedule": {"warmup_steps": 5},
     })  # fmt: skip
     return fit(config, train_dataset=SegScenes(64, seed=100))["model"]
+
+
+POSE_TEACHER_HEAD = {"deconv_out_channels": [16, 16], "deconv_kernel_sizes": [4, 4], "conv_out_channels": [16],
+                     "conv_kernel_sizes": [1], "out_channels": 4}  # fmt: skip
+POSE_STUDENT_HEAD = {"deconv_out_channels": [12, 12], "deconv_kernel_sizes": [4, 4], "conv_out_channels": [12],
+                     "conv_kernel_sizes": [1], "out_channels": 4}  # fmt: skip
+
+
+def dots(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A (128, 96, 3) uint8 "person crop": four discs of the palette colours (keypoint k has colour k) on a grey,
+    noisy background, and their (4, 2) (x, y) centres in pixels."""
+    height, width = SIZE
+    image = np.full((height, width, 3), 110, dtype=np.float64) + rng.normal(0, 12, (height, width, 3))
+    centres = np.stack([rng.uniform(8, width - 8, 4), rng.uniform(8, height - 8, 4)], axis=1)
+    rows, cols = np.mgrid[0:height, 0:width]
+    for colour, (x, y) in zip(PALETTE, centres, strict=True):
+        image[(cols - x) ** 2 + (rows - y) ** 2 <= 36] = colour
+    return image.clip(0, 255).astype(np.uint8), centres
+
+
+def write_dots(folder: Path, count: int, seed: int) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        image, _ = dots(rng)
+        cv2.imwrite(str(folder / f"dots_{index:03d}.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+    return folder
+
+
+class PoseDots(torch.utils.data.Dataset):
+    """Labelled dot crops for the pose teacher (image, Gaussian heatmaps at 1/4 size, keypoint weights)."""
+
+    def __init__(self, count: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.items = [dots(rng) for _ in range(count)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        image, centres = self.items[index]
+        height, width = SIZE[0] // 4, SIZE[1] // 4
+        rows, cols = np.mgrid[0:height, 0:width]
+        grid = centres / 4 - 0.375  # pixel centres at 1/4 scale
+        maps = np.exp(-((cols - grid[:, :1, None]) ** 2 + (rows - grid[:, 1:, None]) ** 2) / (2 * 1.5**2))
+        return {"image": normalize_to_tensor([image])[0], "heatmaps": torch.from_numpy(maps).float(),
+                "keypoint_weights": torch.ones(4)}  # fmt: skip
+
+
+def train_pose_teacher(folder: Path, steps: int = 300) -> Path:
+    """A tiny 4-keypoint pose teacher trained briefly on dot crops; returns its model file."""
+    from sapiens2.train.config import config_from_dict
+    from sapiens2.train.trainer import fit
+
+    config = config_from_dict({
+        "task": "pose", "output_dir": str(folder), "steps": steps, "precision": "fp32", "log_every": 50,
+        "eval_every": 0, "checkpoint_every": 0, "progress_bar": False, "device": "cpu",
+        "model": {"arch": TEACHER, "head": POSE_TEACHER_HEAD},
+        "data": {"root": "-", "input_size": list(SIZE), "batch_size": 8, "num_workers": 0},
+        "optimizer": {"lr": 2e-3}, "schedule": {"warmup_steps": 10},
+    })  # fmt: skip
+    return fit(config, train_dataset=PoseDots(128, seed=200))["model"]

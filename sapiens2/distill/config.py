@@ -28,7 +28,9 @@ class DistillSection:
         teacher: a released size (``"5b"``), a repo id, or a task model file (a fine-tuned ``.safetensors``).
         images: the unlabelled images: folders, globs, manifests, tar shards, URLs (what ``predict`` and ``bulk``
             read).
-        targets: where the teacher's outputs are kept (the bulk output folder); None: ``<output_dir>/teacher``.
+        targets: a folder of teacher outputs computed beforehand (``--teacher-only``, e.g. on a Ray cluster): the
+            run trains on it as it is, without the images; None: ``<output_dir>/teacher``, computed (or completed,
+            when resumed) by the run itself.
         online: run the teacher in each training step instead of once beforehand (teacher and student on one
             device; nothing stored).
         store: how stored outputs are kept: ``"uint8"`` (per-channel affine quantisation, 1 byte per value) or
@@ -88,7 +90,7 @@ def distill_config_from_dict(values: Mapping[str, Any]) -> DistillConfig:
     section, problems = config.distill, []
     if not section.teacher:
         problems.append("distill.teacher is required (a size such as 5b, a repo id or a task model file) [--teacher]")
-    if not section.images:
+    if not section.images and (section.targets is None or section.online):
         problems.append("distill.images is required (folders, globs, manifests, tar shards of images)")
     if not 0 < section.holdout < 1:
         problems.append(f"distill.holdout must lie in (0, 1), got {section.holdout}")

@@ -140,6 +140,8 @@ def run_distill(options: DistillOptions) -> dict[str, Any]:
     """
     config = load_distill_config(options.config, options.overrides, options.values)
     if options.teacher_only:
+        if not config.distill.images:
+            raise ValueError("--teacher-only needs the images (distill.images) to run the teacher on")
         report = teacher_targets(config)
         return {"teacher_only": True, "report": report, "targets": config.targets_dir}
     return distill(config, resume=options.resume)

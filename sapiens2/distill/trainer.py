@@ -123,7 +123,7 @@ class DistillTrainer(Trainer):
             items: list[Any] = online_records(list(section.images))
             self.teacher = load_model(config.task, teacher, device=self.device).requires_grad_(False)
         else:
-            if self.context.is_main:
+            if self.context.is_main and section.targets is None:  # else computed beforehand (--teacher-only)
                 report = compute_targets(config, teacher, progress=config.progress_bar)
                 self._info("teacher outputs: %d computed, %d kept from before, %d failed", report.done,
                            report.skipped, report.failed)  # fmt: skip
