@@ -33,14 +33,32 @@ def scene(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return image.clip(0, 255).astype(np.uint8), labels
 
 
-def write_images(folder: Path, count: int, seed: int) -> Path:
-    """``count`` scenes as PNG files in ``folder``."""
+def write_images(folder: Path, count: int, seed: int, draw=None) -> Path:
+    """``count`` pictures of ``draw`` (``scene`` by default) as PNG files in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     for index in range(count):
-        image, _ = scene(rng)
-        cv2.imwrite(str(folder / f"scene_{index:03d}.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+        image, _ = (draw or scene)(rng)
+        cv2.imwrite(str(folder / f"image_{index:03d}.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
     return folder
+
+
+def train_teacher(
+    task: str, folder: Path, head: dict, dataset: torch.utils.data.Dataset, steps: int, warmup: int
+) -> Path:
+    """A tiny ``task`` teacher (``TEACHER`` arch, ``head``) trained briefly with the training loop on ``dataset``;
+    returns its model file."""
+    from sapiens2.train.config import config_from_dict
+    from sapiens2.train.trainer import fit
+
+    config = config_from_dict({
+        "task": task, "output_dir": str(folder), "steps": steps, "precision": "fp32", "log_every": 50,
+        "eval_every": 0, "checkpoint_every": 0, "progress_bar": False, "device": "cpu",
+        "model": {"arch": TEACHER, "head": head},
+        "data": {"root": "-", "input_size": list(SIZE), "batch_size": 8, "num_workers": 0},
+        "optimizer": {"lr": 2e-3}, "schedule": {"warmup_steps": warmup},
+    })  # fmt: skip
+    return fit(config, train_dataset=dataset)["model"]
 
 
 class SegScenes(torch.utils.data.Dataset):
@@ -60,17 +78,7 @@ class SegScenes(torch.utils.data.Dataset):
 
 def train_seg_teacher(folder: Path, steps: int = 150) -> Path:
     """A tiny seg teacher (4 classes) trained briefly on labelled scenes; returns its model file."""
-    from sapiens2.train.config import config_from_dict
-    from sapiens2.train.trainer import fit
-
-    config = config_from_dict({
-        "task": "seg", "output_dir": str(folder), "steps": steps, "precision": "fp32", "log_every": 20,
-        "eval_every": 0, "checkpoint_every": 0, "progress_bar": False, "device": "cpu",
-        "model": {"arch": TEACHER, "head": SEG_TEACHER_HEAD},
-        "data": {"root": "-", "input_size": list(SIZE), "batch_size": 8, "num_workers": 0},
-        "optimizer": {"lr": 2e-3}, "schedule": {"warmup_steps": 5},
-    })  # fmt: skip
-    return fit(config, train_dataset=SegScenes(64, seed=100))["model"]
+    return train_teacher("seg", folder, SEG_TEACHER_HEAD, SegScenes(64, seed=100), steps, warmup=5)
 
 
 POSE_TEACHER_HEAD = {"deconv_out_channels": [16, 16], "deconv_kernel_sizes": [4, 4], "conv_out_channels": [16],
@@ -89,15 +97,6 @@ def dots(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     for colour, (x, y) in zip(PALETTE, centres, strict=True):
         image[(cols - x) ** 2 + (rows - y) ** 2 <= 36] = colour
     return image.clip(0, 255).astype(np.uint8), centres
-
-
-def write_dots(folder: Path, count: int, seed: int) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for index in range(count):
-        image, _ = dots(rng)
-        cv2.imwrite(str(folder / f"dots_{index:03d}.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
-    return folder
 
 
 class PoseDots(torch.utils.data.Dataset):
@@ -120,16 +119,6 @@ class PoseDots(torch.utils.data.Dataset):
                 "keypoint_weights": torch.ones(4)}  # fmt: skip
 
 
-def train_pose_teacher(folder: Path, steps: int = 300) -> Path:
+def train_pose_teacher(folder: Path, steps: int = 600) -> Path:
     """A tiny 4-keypoint pose teacher trained briefly on dot crops; returns its model file."""
-    from sapiens2.train.config import config_from_dict
-    from sapiens2.train.trainer import fit
-
-    config = config_from_dict({
-        "task": "pose", "output_dir": str(folder), "steps": steps, "precision": "fp32", "log_every": 50,
-        "eval_every": 0, "checkpoint_every": 0, "progress_bar": False, "device": "cpu",
-        "model": {"arch": TEACHER, "head": POSE_TEACHER_HEAD},
-        "data": {"root": "-", "input_size": list(SIZE), "batch_size": 8, "num_workers": 0},
-        "optimizer": {"lr": 2e-3}, "schedule": {"warmup_steps": 10},
-    })  # fmt: skip
-    return fit(config, train_dataset=PoseDots(128, seed=200))["model"]
+    return train_teacher("pose", folder, POSE_TEACHER_HEAD, PoseDots(128, seed=200), steps, warmup=10)

@@ -43,7 +43,7 @@ def fast_values(out: Path, **extra) -> dict:
     return values
 
 
-@pytest.mark.parametrize("student", ["sapiens2_student_20m", "student_5m"])
+@pytest.mark.parametrize("student", [pytest.param("sapiens2_student_20m", marks=pytest.mark.slow), "student_5m"])
 def test_student_arch_files_load_by_shape_and_benchmark_by_name(student, tmp_path, capsys):
     model = build_model("seg", student, input_size=(64, 48))
     path = tmp_path / "student.safetensors"
@@ -103,6 +103,23 @@ def test_pairs_that_cannot_work_get_one_line_each_and_leave_nothing(images, tiny
     report = json.loads((out / "agreement.json").read_text())
     assert report["task"] == "pose" and 0 <= report["after"]["pck@0.05"] <= 1
     assert load_model("pose", out / "model.safetensors").decode_head.conv_pose.out_channels == 308
+
+
+@pytest.mark.parametrize("task", ["seg", "pose", "normal", "pointmap", "albedo", "matting"])
+def test_every_task_distils_from_stored_outputs_into_a_loadable_student(task, images, tiny_checkpoints, tmp_path):
+    from conftest import TINY_HEADS, TINY_INPUT
+
+    size = list(TINY_INPUT.get(task, (64, 48)))
+    section = {"teacher": str(tiny_checkpoints[task]), "images": [str(images)], "store": "fp16"}
+    values = fast_values(tmp_path / task, task=task, steps=2, model={"arch": STUDENT, "head": TINY_HEADS[task]},
+                         distill=section)  # fmt: skip
+    values["data"]["input_size"] = size
+    summary = distill(load_distill_config(None, values=values))
+    after = summary["agreement"]["after"]
+    assert after["images"] == 1 and all(np.isfinite(v) for v in after.values()), after
+    assert len(list((tmp_path / task / "teacher").glob("*.teacher.safetensors"))) == 8
+    student = load_model(task, summary["model"])
+    assert student.backbone.arch.embed_dims == STUDENT["embed_dims"]
 
 
 def test_online_distillation_trains_without_storing_and_writes_the_table(images, tiny_checkpoints, tmp_path):
