@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from ..checkpoints import resolve_checkpoint
 from ..models.task_model import TaskModel
 from ..train import distributed as dist_utils
-from ..train.trainer import Trainer, export_model
+from ..train.trainer import Trainer
 from .config import DistillConfig, distill_config_from_dict
 from .losses import DistillLoss
 from .pairs import check_pair, read_shapes, student_on_meta
@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["DistillStudent", "DistillTrainer", "compute_targets", "split_holdout"]
 
 PROJECTION = "feature_projection."
-"""Key prefix of the feature projection: trained with the student, left out of the exported model."""
+"""Key prefix of the feature projection: trained with the student, left out of the exported model (``export_model``
+keeps only ``backbone.*`` and ``decode_head.*``)."""
 
 
 class DistillStudent(TaskModel):
@@ -159,7 +160,3 @@ class DistillTrainer(Trainer):
             outputs = teacher_forward(self.teacher, images, self.teacher_dims is not None)
         renamed = {"output": "teacher", "scale": "teacher_scale", "features": "teacher_features"}
         return images, {renamed[k]: v.float() for k, v in outputs.items()}
-
-    def export(self, checkpoint: Path, out_path: Path) -> Path:
-        """The student alone, in the official layout (the feature projection left out)."""
-        return export_model(checkpoint, out_path, exclude=(PROJECTION,))

@@ -785,14 +785,13 @@ def _trained_input_size(checkpoint: dict[str, Any]) -> tuple[int, int] | None:
         return None
 
 
-def export_model(source: str | os.PathLike, out_path: str | os.PathLike, exclude: tuple[str, ...] = ()) -> Path:
+def export_model(source: str | os.PathLike, out_path: str | os.PathLike) -> Path:
     """Write a training checkpoint's model as an official-layout ``.safetensors`` (``backbone.*``/``decode_head.*``,
     float32), which ``sapiens2.load_model(task, out_path)`` loads.
 
     Args:
         source: a run folder (its newest checkpoint) or a checkpoint file.
         out_path: the ``.safetensors`` file to write (atomically).
-        exclude: key prefixes of training-only modules to leave out (a distillation's feature projection).
 
     Raises:
         FileNotFoundError: no checkpoint at ``source``.
@@ -807,7 +806,7 @@ def export_model(source: str | os.PathLike, out_path: str | os.PathLike, exclude
     tensors = {
         name: (value.float() if value.is_floating_point() else value).contiguous()
         for name, value in checkpoint["model"].items()
-        if not name.startswith(exclude)
+        if name.startswith(("backbone.", "decode_head."))  # not training-only modules (a distillation's projection)
     }
     metadata = {"format": "pt", "task": checkpoint["task"], "step": str(checkpoint["step"])}
     size = _trained_input_size(checkpoint)
