@@ -166,8 +166,8 @@ def test_seg_student_agreement_with_a_trained_teacher_rises_from_chance_to_over_
 @pytest.mark.slow
 def test_pose_student_agreement_with_a_trained_teacher_rises_from_chance_to_over_0_8(tmp_path):
     teacher = train_pose_teacher(tmp_path / "teacher")
-    images = write_images(tmp_path / "images", 256, seed=1, draw=dots)
-    values = fast_values(tmp_path / "student", task="pose", steps=4000, checkpoint_every=0, log_every=100,
+    images = write_images(tmp_path / "images", 384, seed=1, draw=dots)
+    values = fast_values(tmp_path / "student", task="pose", steps=6000, checkpoint_every=0, log_every=100,
                          optimizer={"lr": 6e-3}, model={"arch": STUDENT, "head": POSE_STUDENT_HEAD},
                          data={"batch_size": 8}, distill={"teacher": str(teacher), "images": [str(images)],
                                                           "holdout": 0.25, "teacher_batch_size": 8})  # fmt: skip
