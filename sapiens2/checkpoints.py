@@ -179,13 +179,15 @@ def locate_checkpoint(
     entry = _zoo_entry(text, task)
     if entry is not None:
         arch, entry_task = entry
-        if entry_task != PRETRAIN and entry_task not in arch.released_tasks:
+        if entry_task not in arch.released_tasks:
             how = "Pass the path of your own checkpoint instead"
+            if not arch.released:
+                how = "It is a student arch of sapiens2 distill: pass the model file a distillation run wrote"
             if local_hint:
                 how += ", e.g. " + local_hint.replace("{filename}", f"my_{entry_task}.safetensors")
+            released = ", ".join(arch.released_tasks) or "none"
             raise CheckpointNotFoundError(
-                f"No released '{entry_task}' weights for {arch.name} (released: {', '.join(arch.released_tasks)}). "
-                f"{how}."
+                f"No released '{entry_task}' weights for {arch.name} (released: {released}). {how}."
             )
         return arch.repo_id(entry_task), filename or arch.filename(entry_task)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not path.suffix:

@@ -125,7 +125,7 @@ def test_losses_fall_on_the_spec_tiny_config_at_256x192(photos8, tmp_path):
 # ---------------------------------------------------------------------------------------------------------- export
 
 
-@pytest.mark.parametrize("name", list(ARCHS))
+@pytest.mark.parametrize("name", [name for name, arch in ARCHS.items() if arch.released])  # official keys exist
 def test_exported_keys_equal_the_official_pretrain_layout_on_meta(name, tmp_path):
     reference = json.loads(require(KEYS / f"{name}_pretrain.json").read_text())["keys"]
     config = tiny_config(["unused"], tmp_path, model={"arch": name},

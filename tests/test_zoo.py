@@ -11,6 +11,9 @@ from conftest import KEYS, require
 
 from sapiens2 import ARCHS, Sapiens2, get_arch
 
+# Archs with published weights (official keys and counts to compare with); the distill students are checked below.
+RELEASED = [name for name, arch in ARCHS.items() if arch.released]
+
 # MODEL.md §1.9, measured on the official implementation.
 OFFICIAL_PARAMS = {
     "sapiens2_0.1b": 113_993_472,
@@ -30,7 +33,7 @@ OFFICIAL_TFLOPS = {  # total per image at the native input, 4 significant digits
 }
 
 
-@pytest.mark.parametrize("name", list(ARCHS))
+@pytest.mark.parametrize("name", RELEASED)
 def test_state_dict_equals_official_pretrain_keys(name):
     reference = json.loads(require(KEYS / f"{name}_pretrain.json").read_text())
     model = Sapiens2(name, device="meta")
@@ -39,7 +42,7 @@ def test_state_dict_equals_official_pretrain_keys(name):
     assert sum(p.numel() for p in model.parameters()) == reference["num_parameters"]
 
 
-@pytest.mark.parametrize("name", list(ARCHS))
+@pytest.mark.parametrize("name", RELEASED)
 def test_parameter_formula_and_flops_match_spec(name):
     arch = ARCHS[name]
     assert arch.num_parameters() == OFFICIAL_PARAMS[name]
@@ -102,3 +105,17 @@ def test_frozen_stages_freeze_and_stay_in_eval():
     assert not any(p.requires_grad for p in model.blocks[1].parameters())
     assert all(p.requires_grad for p in model.blocks[2].parameters()) and model.ln1.weight.requires_grad
     assert not model.blocks[0].training and model.blocks[2].training
+
+
+def test_student_archs_are_smaller_same_block_archs_with_exact_counts_and_no_released_weights():
+    """The distill students (about 20M and 5M): the formula counts what the built model holds, they have no repo."""
+    students = {name: arch for name, arch in ARCHS.items() if not arch.released}
+    assert set(students) == {"sapiens2_student_20m", "sapiens2_student_5m"}
+    counts = {}
+    for name, arch in students.items():
+        model = Sapiens2(name, device="meta")
+        counts[name] = sum(p.numel() for p in model.parameters())
+        assert counts[name] == arch.num_parameters() and arch.released_tasks == ()
+        assert arch.num_parameters() < ARCHS["sapiens2_0.1b"].num_parameters()
+        assert get_arch(arch.size) is arch
+    assert counts == {"sapiens2_student_20m": 19_223_680, "sapiens2_student_5m": 4_893_760}

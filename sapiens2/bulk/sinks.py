@@ -32,7 +32,7 @@ from ..data.io import atomic_write
 from .job import Outcome
 from .ledger import temporary_folder
 
-__all__ = ["SINKS", "FilesSink", "ParquetSink", "Sink", "WebDatasetSink", "column_name", "make_sink"]
+__all__ = ["SINKS", "FilesSink", "ParquetSink", "Sink", "WebDatasetSink", "column_name", "make_sink", "safe_relative"]
 
 
 def column_name(blob: str) -> str:
@@ -40,7 +40,7 @@ def column_name(blob: str) -> str:
     return blob.lstrip("_.").replace(".", "_")
 
 
-def _safe_relative(stem: str) -> str:
+def safe_relative(stem: str) -> str:
     """A stem that stays inside the output folder (``..`` and absolute parts dropped)."""
     parts = [part for part in stem.replace("\\", "/").split("/") if part not in ("", ".", "..")]
     return "/".join(parts) or "_"
@@ -76,7 +76,7 @@ class FilesSink(Sink):
     def write_item(self, outcome: Outcome) -> None:
         if outcome.status != "done" or outcome.output is None:
             return
-        stem = _safe_relative(outcome.stem)
+        stem = safe_relative(outcome.stem)
         for name, data in outcome.output.blobs.items():
             self.write(f"{stem}{name}", data)
         if outcome.output.row:
@@ -128,7 +128,7 @@ class ParquetSink(Sink):
             row = {"key": outcome.key, "stem": outcome.stem, "source": outcome.source,
                    "content_hash": outcome.content_hash}  # fmt: skip
             for name, data in outcome.output.blobs.items():
-                relative = f"arrays/{_safe_relative(outcome.stem)}{name}"
+                relative = f"arrays/{safe_relative(outcome.stem)}{name}"
                 self.write(relative, data)
                 row[column_name(name)] = relative
             row.update(outcome.output.row)
@@ -161,7 +161,7 @@ class ParquetSink(Sink):
 
 def webdataset_key(stem: str) -> str:
     """The WebDataset sample key of a stem: folders kept, dots in the file name replaced by ``_``."""
-    folder, _, name = _safe_relative(stem).rpartition("/")
+    folder, _, name = safe_relative(stem).rpartition("/")
     return f"{folder}/{name.replace('.', '_')}" if folder else name.replace(".", "_")
 
 

@@ -1,4 +1,4 @@
-"""The ``sapiens2`` command: ``sapiens2 info | predict | train | pretrain | eval | export | benchmark | demo |
+"""The ``sapiens2`` command: ``sapiens2 info | predict | train | pretrain | distill | eval | export | benchmark | demo |
 curate | mocap | biomech | relight | serve | labels ...``. ``main(argv)`` returns the exit status.
 
 One module per command: each adds its argparse subcommand, turns the parsed flags into a typed options object and calls
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         biomech,
         curate,
         demo,
+        distill,
         eval,
         export,
         info,
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     benchmark.add_parser(commands)
     demo.add_parser(commands)
     pretrain.add_parser(commands)
+    distill.add_parser(commands)
     curate.add_parser(commands)
     mocap.add_parser(commands)
     biomech.add_parser(commands)

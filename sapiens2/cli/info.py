@@ -26,7 +26,7 @@ def info_table() -> str:
                 f"{arch.num_parameters():,}",
                 _format_count(arch.flops(), ""),
                 f"{size[0]}x{size[1]}",
-                arch.repo_id(PRETRAIN),
+                arch.repo_id(PRETRAIN) if arch.released else "- (student arch: sapiens2 distill)",
                 ", ".join(t for t in arch.released_tasks if t != PRETRAIN) or "-",
             )
         )

@@ -25,6 +25,12 @@ _USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError)
 def add_run_flags(parser: argparse.ArgumentParser, config_help: str, set_example: str) -> None:
     """CONFIG, ``--set KEY=VALUE`` (repeatable) and ``--resume [CHECKPOINT]``: the flags of a training loop."""
     parser.add_argument("config", help=config_help)
+    add_override_flags(parser, set_example)
+
+
+def add_override_flags(parser: argparse.ArgumentParser, set_example: str) -> None:
+    """``--set KEY=VALUE`` (repeatable) and ``--resume [CHECKPOINT]`` (``sapiens2 distill`` takes its config as
+    flags, so it adds only these)."""
     parser.add_argument(
         "--set",
         dest="overrides",

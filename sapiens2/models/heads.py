@@ -477,7 +477,9 @@ HEADS: dict[str, type[nn.Module]] = {
 # Matting is empty on purpose: the widths of the released 1b matting head are unknown (MATTING.md); its checkpoint
 # is loaded through infer_head_config.
 HEAD_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
-    task: {arch.name: config for arch in ARCHS.values() if (config := arch.head_config(task)) is not None}
+    task: {
+        arch.name: config for arch in ARCHS.values() if arch.released and (config := arch.head_config(task)) is not None
+    }
     for task in HEADS
 }
 

@@ -33,6 +33,8 @@ class Arch:
             ``embed_dims``); tasks without released configs for this arch are absent (MODEL.md §2.2–2.7).
         layer_decay: the layer-wise LR decay of the released training recipes (DENSE.md §6, POSE.md §4.5); 1.0
             (none) where there is no recipe.
+        released: Meta published weights of this arch (a pretrain repo at least); False for the small student
+            archs that ``sapiens2 distill`` trains (no repo, no file name of their own).
     """
 
     name: str
@@ -46,11 +48,13 @@ class Arch:
     img_size: tuple[int, int] = (1024, 768)
     head_widths: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}), compare=False)
     layer_decay: float = 1.0
+    released: bool = True
 
     @property
     def released_tasks(self) -> tuple[str, ...]:
-        """``"pretrain"`` and the tasks with published weights for this size (``sapiens2.tasks``)."""
-        return (PRETRAIN, *published_tasks(self.size))
+        """``"pretrain"`` and the tasks with published weights for this size (``sapiens2.tasks``); none for a
+        student arch."""
+        return (PRETRAIN, *published_tasks(self.size)) if self.released else ()
 
     def head_config(self, task: str) -> dict[str, Any] | None:
         """Head kwargs of the released ``task`` config for this arch (``in_channels`` included), or None."""
@@ -150,6 +154,51 @@ def _released_heads(pose_big: bool = False, big: bool = False) -> Mapping[str, M
     return MappingProxyType({task: MappingProxyType(widths) for task, widths in heads.items()})
 
 
+def _student_heads(width: int) -> Mapping[str, Mapping[str, Any]]:
+    """Decode heads of the student archs: the released heads' topology (the same number of upsampling stages, so a
+    student's outputs have its teacher's resolution) with every width cut to ``width`` and below (halving per
+    stage); the output layers (308 keypoints, 29 classes, 3 channels) are the released ones."""
+    deconvs = (width, width // 2, width // 4, width // 8)
+    upsample = (width // 2, width // 4, width // 8, width // 16)  # pixel-shuffle units with 3x3 convolutions: wide
+    convs = (width // 16, width // 16, width // 16)
+    heads = {
+        "pose": {
+            "out_channels": 308,
+            "deconv_out_channels": (width, width),
+            "deconv_kernel_sizes": (4, 4),
+            "conv_out_channels": (width,),
+            "conv_kernel_sizes": (1,),
+        },
+        "seg": {
+            "deconv_out_channels": deconvs,
+            "deconv_kernel_sizes": (4, 4, 4, 4),
+            "conv_out_channels": (width // 8,),
+            "conv_kernel_sizes": (1,),
+            "num_classes": 29,
+        },
+        "normal": {"upsample_channels": upsample, "conv_out_channels": convs, "conv_kernel_sizes": (3, 3, 3)},
+        "albedo": {"upsample_channels": upsample, "conv_out_channels": convs, "conv_kernel_sizes": (3, 3, 3)},
+        "matting": {"upsample_channels": upsample, "conv_out_channels": convs, "conv_kernel_sizes": (3, 3, 3)},
+        "pointmap": {
+            "upsample_channels": upsample,
+            "conv_out_channels": convs,
+            "conv_kernel_sizes": (3, 3, 3),
+            "scale_conv_out_channels": (width // 2, width // 4, width // 8),
+            "scale_conv_kernel_sizes": (1, 1, 1),
+            # The first width is the flattened grid, set for the input size by default_head_config.
+            "scale_final_layer": (width // 8 * 48, width // 4, width // 16, 1),
+        },
+    }
+    return MappingProxyType({task: MappingProxyType(widths) for task, widths in heads.items()})
+
+
+def _student(name: str, *, embed_dims: int, num_heads: int, head_width: int) -> Arch:
+    """A student arch of ``sapiens2 distill``: the Sapiens2 block, 8 layers, FFN 4 x D, no tokenizer, no weights."""
+    heads = _student_heads(head_width)
+    return Arch(f"sapiens2_student_{name}", embed_dims, 8, num_heads, 4 * embed_dims, 0, size=f"student_{name}",
+                head_widths=heads, released=False)  # fmt: skip
+
+
 ARCHS: dict[str, Arch] = {
     arch.name: arch
     for arch in (
@@ -159,6 +208,10 @@ ARCHS: dict[str, Arch] = {
         Arch("sapiens2_1b", 1536, 40, 24, 6144, 4, size="1b", head_widths=_released_heads(True), layer_decay=0.90),
         Arch("sapiens2_5b", 2432, 56, 32, 9728, 6, size="5b", head_widths=_released_heads(big=True), layer_decay=0.94),
         Arch("sapiens2_1b_4k", 1536, 40, 24, 6144, 4, size="1b_4k", use_tokenizer=True, img_size=(4096, 3072)),
+        # Students for ``sapiens2 distill`` (no released weights): the same block, 8 layers, about 19M and 5M
+        # backbone parameters (``Arch.num_parameters``), with heads cut down to match (``_student_heads``).
+        _student("20m", embed_dims=384, num_heads=6, head_width=256),
+        _student("5m", embed_dims=192, num_heads=3, head_width=128),
     )
 }
 

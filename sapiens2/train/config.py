@@ -30,6 +30,7 @@ __all__ = [
     "config_to_dict",
     "load_config",
     "save_config",
+    "validate",
 ]
 
 TRAIN_TASKS = tuple(name for name, task in TASKS.items() if task.trainable)
@@ -220,7 +221,7 @@ def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
     if not isinstance(values, Mapping):
         raise ValueError(f"a training config must be a mapping of sections, got {type(values).__name__}")
     config = build_config(TrainConfig, values)
-    _validate(config)
+    validate(config)
     return config
 
 
@@ -255,13 +256,22 @@ def save_config(config: TrainConfig, path: str | os.PathLike) -> Path:
     return atomic_write(path, text.encode())
 
 
-def _validate(config: TrainConfig) -> None:
-    """Cross-field checks; each error names the key and the fix."""
+def validate(config: TrainConfig, tasks: tuple[str, ...] = TRAIN_TASKS, kind: str = "training") -> None:
+    """Cross-field checks; each error names the key and the fix.
+
+    Args:
+        config: the config (``sapiens2.distill`` checks its ``DistillConfig``, a ``TrainConfig``, through this too).
+        tasks: the tasks this kind of run takes.
+        kind: the run's name in the message ("training", "distillation").
+
+    Raises:
+        ValueError: every problem found, one per line.
+    """
     problems = []
-    if config.task not in TRAIN_TASKS:
+    if config.task not in tasks:
         problems.append(
-            f"task {config.task!r} is not trainable; choose one of {', '.join(TRAIN_TASKS)}."
-            + did_you_mean(config.task, TRAIN_TASKS)
+            f"task {config.task!r} is not trainable; choose one of {', '.join(tasks)}."
+            + did_you_mean(config.task, tasks)
         )
     if (config.steps is None) == (config.epochs is None):
         problems.append("set exactly one of steps and epochs")
@@ -316,9 +326,9 @@ def _validate(config: TrainConfig) -> None:
         )
     problems += _loss_and_device_problems(config)
     if len(problems) == 1:
-        raise ValueError(f"invalid training config: {problems[0]}")
+        raise ValueError(f"invalid {kind} config: {problems[0]}")
     if problems:
-        raise ValueError("invalid training config:\n  " + "\n  ".join(problems))
+        raise ValueError(f"invalid {kind} config:\n  " + "\n  ".join(problems))
 
 
 def _loss_and_device_problems(config: TrainConfig) -> list[str]:

@@ -149,6 +149,8 @@ class Trainer:
 
     # The file ``fit`` exports at the end, in the run folder (``export``).
     EXPORT_NAME = "model.safetensors"
+    # Reads the config saved in a checkpoint back (a subclass with its own config type gives its own reader).
+    config_from_dict = staticmethod(config_from_dict)
 
     def __init__(
         self,
@@ -798,7 +800,7 @@ class Trainer:
             raise ValueError(f"{path} is a {checkpoint['task']} checkpoint, the config trains {self.config.task}")
         import yaml
 
-        saved = config_from_dict(yaml.safe_load(checkpoint["config"]))
+        saved = self.config_from_dict(yaml.safe_load(checkpoint["config"]))
         if saved != self.config:
             self._info("resuming with a config that differs from the checkpoint's; the run may not reproduce")
         dist_utils.load_full_state_dicts(self.module, self.optimizer, checkpoint["model"], checkpoint["optimizer"])
@@ -879,6 +881,7 @@ def export_model(source: str | os.PathLike, out_path: str | os.PathLike) -> Path
     tensors = {
         name: (value.float() if value.is_floating_point() else value).contiguous()
         for name, value in checkpoint["model"].items()
+        if name.startswith(("backbone.", "decode_head."))  # not training-only modules (a distillation's projection)
     }
     metadata = {"format": "pt", "task": checkpoint["task"], "step": str(checkpoint["step"])}
     if checkpoint.get("labels"):  # a label set of its own (sapiens2.labels): load_model reads it back

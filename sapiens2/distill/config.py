@@ -1,0 +1,108 @@
+"""Distillation configuration: a ``TrainConfig`` (the student's run: steps, optimiser, schedule, precision,
+checkpoints, DDP/FSDP2) plus a ``distill`` section (teacher, images, how the teacher's outputs are kept, loss
+weights). Read and checked like the training config (``sapiens2.yaml_config``); every key is in docs/distill.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..tasks import TASKS
+from ..train.config import TrainConfig, validate
+from ..yaml_config import build_config
+
+__all__ = ["DISTILL_TASKS", "DistillConfig", "DistillSection", "distill_config_from_dict"]
+
+# Every task: distillation needs no labels, so matting (no released recipe) distils like the others.
+DISTILL_TASKS = tuple(TASKS)
+
+
+@dataclass(frozen=True)
+class DistillSection:
+    """Teacher, images and the distillation losses.
+
+    Attributes:
+        teacher: a released size (``"5b"``), a repo id, or a task model file (a fine-tuned ``.safetensors``).
+        images: the unlabelled images: folders, globs, manifests, tar shards, URLs (what ``predict`` and ``bulk``
+            read).
+        targets: a folder of teacher outputs computed beforehand (``--teacher-only``, e.g. on a Ray cluster): the
+            run trains on it as it is, without the images; None: ``<output_dir>/teacher``, computed (or completed,
+            when resumed) by the run itself.
+        online: run the teacher in each training step instead of once beforehand (teacher and student on one
+            device; nothing stored).
+        store: how stored outputs are kept: ``"uint8"`` (per-channel affine quantisation, 1 byte per value) or
+            ``"fp16"`` (2 bytes).
+        holdout: fraction of the images kept out of training for the agreement table (at least one image).
+        feature_loss: weight of the feature loss (student backbone tokens through a learned linear projection to
+            the teacher's width, MSE against the teacher's tokens); 0: off.
+        temperature: softmax temperature of the seg KL term.
+        kl_weight, ce_weight: weights of the seg KL term (on the logits) and of the cross-entropy on the teacher's
+            argmax.
+        engine, devices, ray_address: the bulk run of the teacher (``sapiens2.bulk``): ``local`` or ``ray``,
+            ``--devices`` text (``cpu``, ``cuda:0,cuda:1``, ``all``), an existing Ray cluster.
+        teacher_batch_size: images per teacher forward in the bulk run.
+    """
+
+    teacher: str = ""
+    images: tuple[str, ...] = ()
+    targets: str | None = None
+    online: bool = False
+    store: Literal["uint8", "fp16"] = "uint8"
+    holdout: float = 0.1
+    feature_loss: float = 0.0
+    temperature: float = 1.0
+    kl_weight: float = 1.0
+    ce_weight: float = 1.0
+    engine: Literal["local", "ray"] = "local"
+    devices: str = "cpu"
+    ray_address: str | None = None
+    teacher_batch_size: int = 4
+
+
+@dataclass(frozen=True)
+class DistillConfig(TrainConfig):
+    """A whole distillation run: the student's training (every ``TrainConfig`` key, ``model.arch`` the student)
+    and the ``distill`` section. ``data.root`` is unused (the images are ``distill.images``)."""
+
+    distill: DistillSection = field(default_factory=DistillSection)
+
+    @property
+    def targets_dir(self) -> str:
+        """The folder of the stored teacher outputs."""
+        return self.distill.targets or os.path.join(self.run_dir, "teacher")
+
+
+def distill_config_from_dict(values: Mapping[str, Any]) -> DistillConfig:
+    """Build and check a ``DistillConfig`` from plain data.
+
+    Raises:
+        ValueError: unknown keys (with a did-you-mean), wrong types, or invalid values (all named).
+    """
+    if not isinstance(values, Mapping):
+        raise ValueError(f"a distillation config must be a mapping of sections, got {type(values).__name__}")
+    values = dict(values)
+    values["data"] = {"root": "-"} | dict(values.get("data") or {})  # unused: the images are distill.images
+    config = build_config(DistillConfig, values)
+    validate(config, DISTILL_TASKS, "distillation")
+    section, problems = config.distill, []
+    if not section.teacher:
+        problems.append("distill.teacher is required (a size such as 5b, a repo id or a task model file) [--teacher]")
+    if not section.images and (section.targets is None or section.online):
+        problems.append("distill.images is required (folders, globs, manifests, tar shards of images)")
+    if not 0 < section.holdout < 1:
+        problems.append(f"distill.holdout must lie in (0, 1), got {section.holdout}")
+    for name in ("feature_loss", "kl_weight", "ce_weight"):
+        if getattr(section, name) < 0:
+            problems.append(f"distill.{name} must be >= 0, got {getattr(section, name)}")
+    if section.temperature <= 0:
+        problems.append(f"distill.temperature must be positive, got {section.temperature}")
+    if section.teacher_batch_size < 1:
+        problems.append(f"distill.teacher_batch_size must be >= 1, got {section.teacher_batch_size}")
+    if config.model.arch is None and config.model.init_from is None:
+        problems.append("model.arch is the student (e.g. sapiens2_student_20m or 0.4b) [--student]")
+    if problems:
+        raise ValueError("invalid distillation config: " + "; ".join(problems))
+    return config

@@ -1,0 +1,162 @@
+"""The distillation run: ``sapiens2.train.trainer.Trainer``'s loop (progress, metrics.csv, atomic checkpoints,
+exact resume, non-finite stop, torchrun DDP/FSDP2) with the teacher's outputs as targets and ``DistillLoss``.
+
+Run folder: what ``sapiens2 train`` writes (``config.yaml``, ``train.log``, ``metrics.csv``, ``checkpoints/``,
+``model.safetensors``: the student in the official layout), plus ``teacher/`` (the stored teacher outputs and their
+bulk ledger, unless ``distill.online``) and, from ``distill``, ``agreement.json`` / ``agreement.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..checkpoints import resolve_checkpoint
+from ..models.task_model import TaskModel
+from ..train import distributed as dist_utils
+from ..train.trainer import Trainer
+from .config import DistillConfig, distill_config_from_dict
+from .losses import DistillLoss
+from .pairs import check_pair, read_shapes, student_on_meta
+from .targets import TargetDataset, TeacherJob, online_records, stored_items, teacher_forward
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DistillStudent", "DistillTrainer", "compute_targets", "split_holdout"]
+
+PROJECTION = "feature_projection."
+"""Key prefix of the feature projection: trained with the student, left out of the exported model (``export_model``
+keeps only ``backbone.*`` and ``decode_head.*``)."""
+
+
+class DistillStudent(TaskModel):
+    """The student task model (the same ``backbone.``/``decode_head.`` names) whose forward returns a tuple: the
+    head's outputs and, with a feature projection, the backbone tokens projected to the teacher's width (B, N, D_t).
+
+    Args:
+        model: the student task model (its modules are taken over, not copied).
+        teacher_dims: the teacher's width D_t for feature distillation; None: no projection.
+    """
+
+    def __init__(self, model: TaskModel, teacher_dims: int | None = None) -> None:
+        super().__init__(model.task, model.backbone, model.decode_head)
+        dims = model.backbone.arch.embed_dims
+        self.feature_projection = nn.Linear(dims, teacher_dims) if teacher_dims else None
+
+    def forward(self, x: Tensor) -> tuple[Tensor, ...]:
+        tokens = self.backbone(x)[0]  # (B, D, Hp, Wp)
+        raw = self.decode_head(tokens)
+        outputs = raw if isinstance(raw, tuple) else (raw,)
+        if self.feature_projection is None:
+            return outputs
+        return (*outputs, self.feature_projection(tokens.flatten(2).transpose(1, 2)))  # (B, N, D_t)
+
+
+def compute_targets(config: DistillConfig, teacher: Path, progress: bool = True) -> Any:
+    """Run the teacher once over ``distill.images`` into ``config.targets_dir`` through ``sapiens2.bulk``
+    (resumable: a rerun computes only what is missing); returns the bulk ``Report``."""
+    from ..bulk import BulkOptions, parse_devices, run_bulk
+
+    section = config.distill
+    job = TeacherJob(config.task, os.fspath(teacher), config.data.input_size, section.store, section.feature_loss > 0)
+    options = BulkOptions(
+        inputs=list(section.images),
+        output=config.targets_dir,
+        devices=parse_devices(section.devices),
+        engine=section.engine,
+        ray_address=section.ray_address,
+        batch_size=section.teacher_batch_size,
+        progress=progress,
+    )
+    return run_bulk(job, options)
+
+
+def split_holdout(count: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(training, held-out) indices of ``count`` items: a seeded draw of max(1, round(fraction * count)) held out,
+    the same on every run and process; each list in ascending order."""
+    if count < 2:
+        raise ValueError(f"distillation needs at least 2 usable images (training + held out), found {count}")
+    held = min(count - 1, max(1, round(fraction * count)))
+    order = np.random.default_rng(seed).permutation(count)
+    return sorted(order[held:].tolist()), sorted(order[:held].tolist())
+
+
+class DistillTrainer(Trainer):
+    """Everything of one distillation run, built from a ``DistillConfig``.
+
+    Args:
+        config: the run.
+        resume: False: start fresh (refused if the run folder holds checkpoints); True: the newest checkpoint of the
+            run folder; a path: that checkpoint.
+
+    Attributes:
+        holdout_dataset: the held-out images (with the stored teacher outputs, or only images online), for
+            ``sapiens2.distill.agreement``.
+        teacher: the teacher model on the training device (online only; else None).
+    """
+
+    config_from_dict = staticmethod(distill_config_from_dict)
+
+    def __init__(self, config: DistillConfig, *, resume: bool | str | os.PathLike = False) -> None:
+        self.teacher: nn.Module | None = None
+        self.holdout_dataset: TargetDataset | None = None
+        super().__init__(config, resume=resume)
+
+    def _datasets(self, train: Any, val: Any) -> tuple[Any, None]:
+        """Check the pair, then the teacher's outputs (computed once, or the teacher itself when online), split into
+        training and held-out images."""
+        config = self.config
+        section = config.distill
+        teacher = resolve_checkpoint(section.teacher, config.task, local_hint="--teacher /path/to/{filename}")
+        shapes = read_shapes(teacher)
+        check_pair(config.task, teacher, shapes, student_on_meta(config.task, config.model, config.data.input_size))
+        self.teacher_path = teacher
+        self.teacher_dims = shapes["backbone.cls_token"].shape[-1] if section.feature_loss else None
+        if section.online:
+            from ..checkpoints import load_model
+
+            items: list[Any] = online_records(list(section.images))
+            self.teacher = load_model(config.task, teacher, device=self.device).requires_grad_(False)
+        else:
+            if self.context.is_main and section.targets is None:  # else computed beforehand (--teacher-only)
+                report = compute_targets(config, teacher, progress=config.progress_bar)
+                self._info("teacher outputs: %d computed, %d kept from before, %d failed", report.done,
+                           report.skipped, report.failed)  # fmt: skip
+            dist_utils.barrier(self.context)
+            items = [path for _, path in stored_items(config.targets_dir)]
+        size = config.data.input_size
+        training, held = split_holdout(len(items), section.holdout, config.seed)
+        self.holdout_dataset = TargetDataset([items[i] for i in held], size)
+        self._info("distilling on %d images, %d held out for the agreement table", len(training), len(held))
+        return TargetDataset([items[i] for i in training], size), None
+
+    def _build_model(self, resume_state: dict[str, Tensor] | None) -> nn.Module:
+        if resume_state is not None:
+            resume_state = {k: v for k, v in resume_state.items() if not k.startswith(PROJECTION)}
+        return DistillStudent(super()._build_model(resume_state), self.teacher_dims)
+
+    def _build_loss(self) -> nn.Module:
+        section = self.config.distill
+        return DistillLoss(
+            self.config.task,
+            temperature=section.temperature,
+            kl_weight=section.kl_weight,
+            ce_weight=section.ce_weight,
+            feature_weight=section.feature_loss,
+        )
+
+    def _to_device(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        images = batch["image"].to(self.device, non_blocking=True)
+        names = ("teacher", "teacher_scale", "teacher_features")
+        if self.teacher is None:
+            return images, {k: batch[k].to(self.device, non_blocking=True) for k in names if k in batch}
+        with torch.no_grad(), self._autocast():
+            outputs = teacher_forward(self.teacher, images, self.teacher_dims is not None)
+        renamed = {"output": "teacher", "scale": "teacher_scale", "features": "teacher_features"}
+        return images, {renamed[k]: v.float() for k, v in outputs.items()}
