@@ -434,8 +434,8 @@ def _tflite_with_metadata(flatbuffer: bytes, metadata: dict[str, str]) -> bytes:
 
     model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
     if len(flatbuffer) > FLATBUFFER_BYTES:
-        raise ExportError(f"the LiteRT model is {len(flatbuffer) / 2**30:.1f} GB, over the 2 GB a flatbuffer holds "
-                          "whole, which this exporter does not write; export --dtype int8, or a smaller model")  # fmt: skip
+        raise ExportError(f"the LiteRT model is {len(flatbuffer) / 2**30:.1f} GB, over the 2 GB one flatbuffer "
+                          "holds; export --dtype int8, or a smaller model")  # fmt: skip
     buffers = []
     for buffer in model.buffers or ():
         aligned = AlignedBuffer()
