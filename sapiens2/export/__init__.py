@@ -1,5 +1,6 @@
 """Deployment: Sapiens2 networks as ONNX, torch.export ``.pt2``, AOTInductor, TensorRT, OpenVINO IR, ExecuTorch,
-LiteRT and Core ML files, runtimes that run them under ``Predictor``, and the parity figures of an export against PyTorch on an image.
+LiteRT and Core ML files, runtimes that run them under ``Predictor``, and the parity figures of an export against
+PyTorch on an image.
 
 >>> from sapiens2.export import export_onnx
 >>> export_onnx(load_model("seg", "1b"), "seg.onnx")  # then Predictor("seg", model="seg.onnx")
