@@ -413,8 +413,12 @@ def _tflite_with_metadata(flatbuffer: bytes, metadata: dict[str, str]) -> bytes:
     Repacked through the schema's object API, every weight buffer inside the flatbuffer and 16-byte aligned as the
     converter writes them.
     """
-    import flatbuffers
-    from ai_edge_litert import schema_py_generated as schema
+    try:  # both come with litert-torch
+        import flatbuffers
+        from ai_edge_litert import schema_py_generated as schema
+    except ImportError as error:
+        raise ExportError(f"LiteRT export needs the '{error.name}' package, which is not installed; "
+                          f"{LITERT_EXTRA}") from None  # fmt: skip
 
     class AlignedBuffer(schema.BufferT):
         def Pack(self, builder):  # noqa: N802 (the schema's method name)
@@ -565,6 +569,7 @@ def export_coreml(
         raise ExportError(f"batch must be >= 1, got {batch}")
     try:
         import coremltools
+        from coremltools.optimize import coreml as optimize
     except ImportError:
         raise ExportError(f"Core ML export needs the 'coremltools' package, which is not installed; "
                           f"{COREML_EXTRA}") from None  # fmt: skip
@@ -586,8 +591,6 @@ def export_coreml(
         minimum_deployment_target=coremltools.target.iOS17,
     )
     if dtype == "int8":
-        from coremltools.optimize import coreml as optimize
-
         config = optimize.OptimizationConfig(global_config=optimize.OpLinearQuantizerConfig(
             mode="linear_symmetric", dtype="int8", granularity="per_channel"))  # fmt: skip
         converted = optimize.linear_quantize_weights(converted, config=config)

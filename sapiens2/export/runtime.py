@@ -373,11 +373,9 @@ class ExecuTorchNetwork(_Network):
         return self._in_batches(images, lambda chunk: self.method.execute([chunk]))
 
 
-def _tflite_metadata(path: Path) -> dict[str, str]:
-    """The ``sapiens2`` metadata entry of a .tflite file (``export_litert``), read through LiteRT's flatbuffer schema
-    without loading the weights; empty when the file has none."""
-    from ai_edge_litert import schema_py_generated as schema
-
+def _tflite_metadata(path: Path, schema: Any) -> dict[str, str]:
+    """The ``sapiens2`` metadata entry of a .tflite file (``export_litert``), read through LiteRT's flatbuffer
+    ``schema`` module without loading the weights; empty when the file has none."""
     with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
         if not schema.Model.ModelBufferHasIdentifier(data, 0):
             raise ValueError("not a LiteRT flatbuffer (no TFL3 identifier)")
@@ -404,13 +402,14 @@ class LiteRtNetwork(_Network):
     def __init__(self, path: str | os.PathLike, task: str | None = None):
         self.path = _existing_file(path)
         try:
+            from ai_edge_litert import schema_py_generated as schema
             from ai_edge_litert.interpreter import Interpreter
         except ImportError:
             raise NetworkFileError(
                 f"{self.path}: running a LiteRT model needs ai-edge-litert; {LITERT_RUNTIME_EXTRA}"
             ) from None
         try:
-            metadata = _tflite_metadata(self.path)
+            metadata = _tflite_metadata(self.path, schema)
             if not metadata:
                 raise ValueError("it holds no sapiens2 metadata (not made by sapiens2 export)")
             interpreter = Interpreter(model_path=str(self.path), num_threads=torch.get_num_threads())
