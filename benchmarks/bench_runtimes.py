@@ -60,15 +60,16 @@ def _model(task: str, arch: str, input_size: tuple[int, int]) -> torch.nn.Module
     return model
 
 
-def _litert_in_venv(model, task: str, size, dtype: str, batch: int, path: Path, python: str) -> Path:
+def litert_in_venv(model, task: str, size, dtype: str, batch: int, path: Path, python: str) -> Path:
     """Convert through ``sapiens2 export`` in litert-torch's own venv, from the model's weights in a file."""
-    weights = path.with_suffix(".safetensors")
+    weights = path.with_name(f".{path.stem}_weights.safetensors")
     save_file({key: value.contiguous() for key, value in model.state_dict().items()}, str(weights))
     command = [python, "-c", "import sys; from sapiens2 import load_model; from sapiens2.export import export_litert; "
                "export_litert(load_model(sys.argv[1], sys.argv[2]), sys.argv[3], input_size=(int(sys.argv[4]), "
                "int(sys.argv[5])), dtype=sys.argv[6], batch=int(sys.argv[7]))",
                task, str(weights), str(path), str(size[0]), str(size[1]), dtype, str(batch)]  # fmt: skip
     run = subprocess.run(command, env=os.environ | {"PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+    weights.unlink()
     if run.returncode != 0:
         raise RuntimeError(f"LiteRT conversion in {python} failed: {run.stderr.strip().splitlines()[-1:]}")
     return path
@@ -91,7 +92,7 @@ def export_all(model, task: str, size, args, folder: Path) -> tuple[dict[str, Pa
         elif importlib.util.find_spec("litert_torch") is not None:
             files[name] = export_litert(model, path, input_size=size, dtype=args.litert_dtype, batch=args.batch)
         elif Path(args.litert_python).is_file():
-            files[name] = _litert_in_venv(model, task, size, args.litert_dtype, args.batch, path, args.litert_python)
+            files[name] = litert_in_venv(model, task, size, args.litert_dtype, args.batch, path, args.litert_python)
         else:
             left_out[name] = f"litert-torch not installed here nor at {args.litert_python}"
     return files, left_out
