@@ -150,6 +150,11 @@ def test_off_macos_a_package_is_refused_in_one_line_and_check_before_exporting(t
     package.mkdir()
     assert_refused_in_one_line({package: ("seg", "Core ML runs only on macOS"),
                                 tmp_path / "missing.mlpackage": ("seg", "no such Core ML package")})  # fmt: skip
+    assert cli.main(["predict", str(SAMPLE_IMAGE), "--task", "seg", "--model", f"seg={package}", "-o",
+                     str(tmp_path / "out")]) == 2  # fmt: skip
+    error = capsys.readouterr().err
+    assert error.startswith("sapiens2 predict: error: ") and "Core ML runs only on macOS" in error, error
+    assert error.count("\n") == 1, error
     output = tmp_path / "x.mlpackage"
     argv = ["export", str(tiny_checkpoints["seg"]), "--input-size", "64", "48", "-o", str(output)]
     assert cli.main([*argv, "--check", str(SAMPLE_IMAGE)]) == 2
