@@ -51,7 +51,8 @@ EXPORTED = {
 }
 
 
-def _model(task: str, arch: str, input_size: tuple[int, int]) -> torch.nn.Module:
+def task_model(task: str, arch: str, input_size: tuple[int, int]) -> torch.nn.Module:
+    """A ``task`` model of ``arch`` (or the tiny one) with random weights (seed 0) and LayerScale 1."""
     torch.manual_seed(0)
     model = build_model(task, TINY if arch == "tiny" else arch, input_size=input_size).eval()
     with torch.no_grad():
@@ -100,15 +101,15 @@ def export_all(model, task: str, size, args, folder: Path) -> tuple[dict[str, Pa
 
 def bench(task: str, args, folder: Path) -> tuple[dict, dict]:
     size = tuple(args.input_size)
-    model = _model(task, args.arch, size)
+    model = task_model(task, args.arch, size)
     files, left_out = export_all(model, task, size, args, folder)
     common = {"device": "cpu", "batch_size": args.batch, "flip_test": not args.no_flip_test, "detector": None}
     predictors = {
         "PyTorch": Predictor(
-            task, _model(task, args.arch, size), mode="reference", dtype="float32", input_size=size, **common
+            task, task_model(task, args.arch, size), mode="reference", dtype="float32", input_size=size, **common
         ),
         "ours fast": Predictor(
-            task, _model(task, args.arch, size), mode="fast", dtype="float32", input_size=size, **common
+            task, task_model(task, args.arch, size), mode="fast", dtype="float32", input_size=size, **common
         ),
     } | {name: Predictor(task, model=path, **common) for name, path in files.items()}
     image = read_image(SAMPLE_IMAGE)

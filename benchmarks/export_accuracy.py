@@ -23,15 +23,13 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from bench_runtimes import REPO, litert_in_venv
+from bench_runtimes import REPO, litert_in_venv, task_model
 
-from sapiens2 import build_model
 from sapiens2.data.io import read_image
 from sapiens2.export import export_litert, export_onnx, export_openvino, load_network
 from sapiens2.export.check import check_on_image
 from sapiens2.metadata import SAMPLE_IMAGE
 
-TINY = {"embed_dims": 32, "num_layers": 2, "num_heads": 2, "feedforward_channels": 64, "num_tokenizer_layers": 0}
 VARIANTS = {
     "OpenVINO fp32": (export_openvino, "fp32", ".xml"),
     "OpenVINO fp16": (export_openvino, "fp16", ".xml"),
@@ -46,15 +44,6 @@ TASK_FIGURES = {
     "normal": ("mean_angle_deg", "max_angle_deg"),
     "pose": ("max_keypoint_px", "undecidable_keypoints"),
 }
-
-
-def _model(task: str, arch: str, input_size: tuple[int, int]) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = build_model(task, TINY if arch == "tiny" else arch, input_size=input_size).eval()
-    with torch.no_grad():
-        for block in model.backbone.blocks:
-            block.attn.gamma.weight.fill_(1.0)
-    return model
 
 
 def _bytes(path: Path) -> int:
@@ -82,7 +71,7 @@ def main() -> None:
     print("| task | export | weights MB | max_rel | rms_rel | max abs | task figures | task tolerance |")
     print("|---|---|---|---|---|---|---|---|")
     for task in args.task or list(TASK_FIGURES):
-        model = _model(task, args.arch, size)
+        model = task_model(task, args.arch, size)
         with tempfile.TemporaryDirectory() as folder:
             for name in args.variant or VARIANTS:
                 export, dtype, suffix = VARIANTS[name]

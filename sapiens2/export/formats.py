@@ -335,6 +335,21 @@ def export_openvino(
     return _write_into_place(Path(path), write)
 
 
+def _fixed_batch_program(
+    model: nn.Module, input_size: Sequence[int] | None, dtype: str, batch: int, rounding: str = "cast"
+) -> tuple[tuple[int, int], torch.export.ExportedProgram, dict[str, str]]:
+    """The input size (H, W); the float32 program at a fixed ``batch`` (for runtimes that plan memory statically:
+    ExecuTorch, LiteRT, Core ML), its bf16 RoPE emulated with ``rounding`` (``emulate_bfloat16``); the file's
+    metadata (with ``sapiens2.batch``; ``dtype`` is the file's precision)."""
+    if int(batch) < 1:
+        raise ExportError(f"batch must be >= 1, got {batch}")
+    size = tuple(input_size or default_input_size(model))
+    program = export_program(model, size, "fp32", batch=int(batch))
+    if has_bfloat16(program):
+        program = emulate_bfloat16(program, rounding=rounding)
+    return size, program, network_metadata(model, size, dtype) | {"sapiens2.batch": str(int(batch))}
+
+
 EXECUTORCH_EXTRA = "install the executorch extra: pip install 'sapiens2[executorch]'"
 EXECUTORCH_METADATA = "sapiens2_metadata"  # the .pte's constant method holding network_metadata as UTF-8 JSON bytes
 
@@ -361,20 +376,14 @@ def export_executorch(
     _check_suffix(path, (".pte",), "an ExecuTorch program")
     if dtype != "fp32":
         raise ExportError(f"ExecuTorch export is float32 only, not {dtype!r}")
-    if int(batch) < 1:
-        raise ExportError(f"batch must be >= 1, got {batch}")
     try:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.exir import to_edge_transform_and_lower
     except ImportError:
         raise ExportError(f"ExecuTorch export needs the 'executorch' package, which is not installed; "
                           f"{EXECUTORCH_EXTRA}") from None  # fmt: skip
-    size = tuple(input_size or default_input_size(model))
-    program = export_program(model, size, dtype, batch=int(batch))
-    if has_bfloat16(program):
-        program = emulate_bfloat16(program)
-    metadata = json.dumps(network_metadata(model, size, dtype) | {"sapiens2.batch": str(int(batch))})
-    constants = {EXECUTORCH_METADATA: torch.tensor(list(metadata.encode()), dtype=torch.uint8)}
+    _, program, metadata = _fixed_batch_program(model, input_size, dtype, batch)
+    constants = {EXECUTORCH_METADATA: torch.tensor(list(json.dumps(metadata).encode()), dtype=torch.uint8)}
     lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()], constant_methods=constants)
     buffer = lowered.to_executorch().buffer
     return _write_into_place(Path(path), lambda staged: staged.write_bytes(buffer))
@@ -487,8 +496,6 @@ def export_litert(
     _check_suffix(path, (".tflite",), "a LiteRT model")
     if dtype not in LITERT_DTYPES:
         raise ExportError(f"LiteRT export is {', '.join(LITERT_DTYPES)}, not {dtype!r}")
-    if int(batch) < 1:
-        raise ExportError(f"batch must be >= 1, got {batch}")
     try:
         import litert_torch
         from litert_torch.generative.quantize import quant_recipes
@@ -496,9 +503,7 @@ def export_litert(
         raise ExportError(f"LiteRT export needs the 'litert-torch' package, which is not installed"
                           f"{'' if error.name and error.name.startswith('litert') else f' ({error})'}; "
                           f"{LITERT_EXTRA}") from None  # fmt: skip
-    size = tuple(input_size or default_input_size(model))
-    program = export_program(model, size, "fp32", batch=int(batch))
-    program = emulate_bfloat16(program, rounding="split")
+    size, program, metadata = _fixed_batch_program(model, input_size, dtype, batch, rounding="split")
     recipes = {"fp16": quant_recipes.full_fp16_recipe, "int8": quant_recipes.full_dynamic_recipe}
     example = torch.zeros(int(batch), 3, *size)
     converted = litert_torch.convert(
@@ -506,7 +511,6 @@ def export_litert(
         sample_kwargs={INPUT_NAME: example},  # a keyword argument names the signature's input
         quant_config=recipes[dtype]() if dtype in recipes else None,
     )
-    metadata = network_metadata(model, size, dtype) | {"sapiens2.batch": str(int(batch))}
     flatbuffer = _tflite_with_metadata(converted.model_content(), metadata)
     return _write_into_place(Path(path), lambda staged: staged.write_bytes(flatbuffer))
 
@@ -565,16 +569,13 @@ def export_coreml(
     _check_suffix(path, (".mlpackage",), "a Core ML ML Program")
     if dtype not in COREML_DTYPES:
         raise ExportError(f"Core ML export is {', '.join(COREML_DTYPES)}, not {dtype!r}")
-    if int(batch) < 1:
-        raise ExportError(f"batch must be >= 1, got {batch}")
     try:
         import coremltools
         from coremltools.optimize import coreml as optimize
     except ImportError:
         raise ExportError(f"Core ML export needs the 'coremltools' package, which is not installed; "
                           f"{COREML_EXTRA}") from None  # fmt: skip
-    size = tuple(input_size or default_input_size(model))
-    program = emulate_bfloat16(export_program(model, size, "fp32", batch=int(batch)), rounding="split")
+    size, program, metadata = _fixed_batch_program(model, input_size, dtype, batch, rounding="split")
     program = program.run_decompositions({})  # coremltools converts the ATen dialect
     precision = (
         coremltools.transform.FP16ComputePrecision(op_selector=lambda op: not _is_bf16_split(op))
@@ -594,7 +595,6 @@ def export_coreml(
         config = optimize.OptimizationConfig(global_config=optimize.OpLinearQuantizerConfig(
             mode="linear_symmetric", dtype="int8", granularity="per_channel"))  # fmt: skip
         converted = optimize.linear_quantize_weights(converted, config=config)
-    metadata = network_metadata(model, size, dtype) | {"sapiens2.batch": str(int(batch))}
     converted.user_defined_metadata.update(metadata)
     converted.short_description = f"Sapiens2 {metadata['sapiens2.task']} ({metadata['sapiens2.arch']}), {dtype}"
     return _write_into_place(Path(path), lambda staged: converted.save(str(staged)))
