@@ -26,7 +26,15 @@ from torch import nn
 
 from ..models.task_model import TaskModel
 from .bf16 import SPLIT_FACTOR, emulate_bfloat16, has_bfloat16
-from .program import INPUT_NAME, ExportError, backbone_of, default_input_size, export_program, output_names
+from .program import (
+    INPUT_NAME,
+    ExportError,
+    _first_line,
+    backbone_of,
+    default_input_size,
+    export_program,
+    output_names,
+)
 
 __all__ = [
     "EXTERNAL_DATA_BYTES",
@@ -506,11 +514,17 @@ def export_litert(
     size, program, metadata = _fixed_batch_program(model, input_size, dtype, batch, rounding="split")
     recipes = {"fp16": quant_recipes.full_fp16_recipe, "int8": quant_recipes.full_dynamic_recipe}
     example = torch.zeros(int(batch), 3, *size)
-    converted = litert_torch.convert(
-        _NamedOutputs(program.module(), output_names(model)),
-        sample_kwargs={INPUT_NAME: example},  # a keyword argument names the signature's input
-        quant_config=recipes[dtype]() if dtype in recipes else None,
-    )
+    try:
+        converted = litert_torch.convert(
+            _NamedOutputs(program.module(), output_names(model)),
+            sample_kwargs={INPUT_NAME: example},  # a keyword argument names the signature's input
+            quant_config=recipes[dtype]() if dtype in recipes else None,
+        )
+    except ValueError as error:  # ai-edge-quantizer refuses some weights (a tiny normal head's convolution, in int8)
+        if dtype == "fp32" or "quantization" not in str(error):
+            raise
+        raise ExportError(f"LiteRT's quantiser (ai-edge-quantizer) cannot make this network {dtype}: "
+                          f"{_first_line(error)}; export --dtype fp16 or fp32") from None  # fmt: skip
     flatbuffer = _tflite_with_metadata(converted.model_content(), metadata)
     return _write_into_place(Path(path), lambda staged: staged.write_bytes(flatbuffer))
 
