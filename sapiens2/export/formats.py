@@ -26,15 +26,7 @@ from torch import nn
 
 from ..models.task_model import TaskModel
 from .bf16 import SPLIT_FACTOR, emulate_bfloat16, has_bfloat16
-from .program import (
-    INPUT_NAME,
-    ExportError,
-    _first_line,
-    backbone_of,
-    default_input_size,
-    export_program,
-    output_names,
-)
+from .program import INPUT_NAME, ExportError, backbone_of, default_input_size, export_program, output_names
 
 __all__ = [
     "EXTERNAL_DATA_BYTES",
@@ -523,8 +515,9 @@ def export_litert(
     except ValueError as error:  # ai-edge-quantizer refuses some weights (a tiny normal head's convolution, in int8)
         if dtype == "fp32" or "quantization" not in str(error):
             raise
-        raise ExportError(f"LiteRT's quantiser (ai-edge-quantizer) cannot make this network {dtype}: "
-                          f"{_first_line(error)}; export --dtype fp16 or fp32") from None  # fmt: skip
+        reason = str(error).strip().splitlines()[0]
+        raise ExportError(f"LiteRT's quantiser (ai-edge-quantizer) cannot make this network {dtype}: {reason}; "
+                          "export --dtype fp16 or fp32") from None  # fmt: skip
     flatbuffer = _tflite_with_metadata(converted.model_content(), metadata)
     return _write_into_place(Path(path), lambda staged: staged.write_bytes(flatbuffer))
 
