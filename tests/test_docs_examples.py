@@ -125,6 +125,7 @@ def stand_ins(tmp_path, monkeypatch):
     torch.manual_seed(0)
     tiny = {
         "seg": build_model("seg", TINY_ARCH, **TINY_HEADS["seg"]),
+        "pose": build_model("pose", TINY_ARCH, **TINY_HEADS["pose"]),
         "normal": build_model("normal", TINY_ARCH, **TINY_UPSAMPLE),
         # a pointmap scale MLP for 1024x768, as the released models
         "pointmap": build_model("pointmap", TINY_ARCH, **TINY_UPSAMPLE, scale_conv_out_channels=(16, 8, 4),
