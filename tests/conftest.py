@@ -197,6 +197,16 @@ def label_studio_python() -> str:
     return candidate
 
 
+def litert_python() -> str:
+    """The Python that has litert-torch, for LiteRT conversion (a venv of its own: litert-torch pins pydantic and
+    anyio below what the demo and serving extras need, and brings JAX): ``$SAPIENS2_LITERT_PYTHON``, else
+    ``.venv-litert/bin/python`` (made by ``.ci/run``). Skips locally, fails under CI."""
+    candidate = os.environ.get("SAPIENS2_LITERT_PYTHON") or str(REPO / ".venv-litert" / "bin" / "python")
+    require(Path(candidate), f"litert-torch's Python is missing: {candidate} (python3 -m venv .venv-litert && "
+            ".venv-litert/bin/pip install torch==2.13.0 -e '.[litert]', or set SAPIENS2_LITERT_PYTHON)")  # fmt: skip
+    return candidate
+
+
 def run_blender(script: str, *args: str, folder: Path) -> dict:
     """Run ``script`` (Python for Blender's ``bpy``) with ``args`` and the path of a JSON file it must write (its
     last argument), in ``folder``; returns what it wrote. A failed run fails with Blender's last output."""

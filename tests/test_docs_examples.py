@@ -125,6 +125,7 @@ def stand_ins(tmp_path, monkeypatch):
     torch.manual_seed(0)
     tiny = {
         "seg": build_model("seg", TINY_ARCH, **TINY_HEADS["seg"]),
+        "pose": build_model("pose", TINY_ARCH, **TINY_HEADS["pose"]),
         "normal": build_model("normal", TINY_ARCH, **TINY_UPSAMPLE),
         # a pointmap scale MLP for 1024x768, as the released models
         "pointmap": build_model("pointmap", TINY_ARCH, **TINY_UPSAMPLE, scale_conv_out_channels=(16, 8, 4),
@@ -152,15 +153,17 @@ def stand_ins(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_the_export_section_runs_as_written(stand_ins, capsys):
     """README "Export and deployment": the commands write seg.onnx (checked on photo.jpg), pointmap.pt2, seg.xml
-    and seg_int8.xml (OpenVINO) and pose.pte (ExecuTorch) at the sizes the models take, then the Python block runs
-    them."""
+    and seg_int8.xml (OpenVINO), pose.pte (ExecuTorch) and seg.mlpackage (Core ML) at the sizes the models take,
+    then the Python block runs them."""
     pytest.importorskip("onnxruntime")
     from sapiens2.cli import main
 
     commands = [argv for where, argv in cli_examples() if where.startswith("README.md") and argv[0] == "export"]
-    # Not here: a training run's export (tests/test_export_cli.py) and AOTInductor (it compiles C++ for minutes).
+    # Not here: a training run's export (tests/test_export_cli.py), AOTInductor (it compiles C++ for minutes) and
+    # LiteRT (litert-torch lives in a venv of its own: tests/test_export_litert.py runs its export --check there).
     commands = [argv for argv in commands if "aoti" not in argv and argv[1] != "runs/seg"]
-    assert len(commands) == 5
+    commands = [argv for argv in commands if not any(word.endswith(".tflite") for word in argv)]
+    assert len(commands) == 6
     for argv in commands:
         assert main(argv) == 0, capsys.readouterr().err
     assert "passed" in capsys.readouterr().out

@@ -181,21 +181,43 @@ def test_onnx_fp16_meets_the_task_tolerances_on_a_photo(task, tiny_checkpoints, 
     assert check.figures["max_rel_diff"] > 1e-5  # it really computed in half precision
 
 
-def test_bf16_emulation_gives_the_eager_bits_in_pytorch():
-    """The export rewrite of the bf16 RoPE recipe (float32 ops + explicit bf16 rounding) is exact in PyTorch, on the
-    parity fixture's backbone (GQA blocks 8-9) and at batch sizes other than the traced one."""
+@pytest.mark.parametrize("rounding", ["cast", "split"])
+def test_bf16_emulation_gives_the_eager_bits_in_pytorch(rounding):
+    """The export rewrite of the bf16 RoPE recipe (float32 ops + explicit bf16 rounding: casts, or Veltkamp's
+    splitting with no bfloat16 anywhere, weights included) is exact in PyTorch, on the parity fixture's backbone
+    (GQA blocks 8-9) and at batch sizes other than the traced one."""
     from test_backbone_parity import build_from_case
+
+    from sapiens2.export.bf16 import has_bfloat16
 
     case, folder = load_case("A_backbone_bf16rope")
     model = build_from_case(case)
     model.load_state_dict(load_file(folder / "weights.safetensors"))
     x = load_file(folder / "inputs.safetensors")["x_96x80"]  # grid 6x5 (x_64x48 is checked by the slow test)
-    program = emulate_bfloat16(export_program(model, x.shape[2:]))
+    program = emulate_bfloat16(export_program(model, x.shape[2:]), rounding=rounding)
     assert not [n for n in program.graph.nodes if n.target is torch.ops.aten.sin.default
                 and n.meta["val"].dtype == torch.bfloat16]  # fmt: skip
+    if rounding == "split":
+        assert not has_bfloat16(program) and all(t.dtype != torch.bfloat16 for t in program.state_dict.values())
     for batch in (x, torch.cat([x, x, x])):
         with torch.inference_mode():
             assert torch.equal(program.module()(batch)[0], model(batch)[0])
+
+
+def test_veltkamp_split_rounds_every_float32_as_the_bf16_cast():
+    """The split rounding on every float32 of [1, 2) (all 2**23 significands, ties included), either sign, scaled
+    to tiny and large exponents, equals PyTorch's bf16 cast (round to nearest even); rounding by truncation (the
+    negative control) does not."""
+    from sapiens2.export.bf16 import SPLIT_FACTOR
+
+    x = (torch.arange(2**23, dtype=torch.int32) | (127 << 23)).view(torch.float32)
+    x = torch.cat([x, -x, x * 2.0**-60, x * 2.0**60])
+    scaled = x * SPLIT_FACTOR
+    split = scaled - (scaled - x)
+    expected = x.to(torch.bfloat16).float()
+    assert torch.equal(split, expected)
+    truncated = (x.view(torch.int32) & -(1 << 16)).view(torch.float32)
+    assert not torch.equal(truncated, expected)
 
 
 @pytest.mark.slow

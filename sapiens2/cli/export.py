@@ -1,10 +1,11 @@
 """``sapiens2 export MODEL -o PATH [--format FORMAT] [--check IMAGE]``.
 
-FORMAT: onnx, pt2, aoti, tensorrt, openvino, executorch, safetensors or transformers.
+FORMAT: onnx, pt2, aoti, tensorrt, openvino, executorch, litert, coreml, safetensors or transformers.
 
 MODEL is anything ``load_model`` accepts (a file, folder, repo id or size) or a training run folder / checkpoint.
-The name of PATH says the format (``.onnx``, ``.pt2``, ``.engine``/``.plan``, ``.xml``, ``.safetensors``; a folder:
-``transformers``); ``--format`` picks another of the same suffix (``aoti``: ``.pt2``), and a mismatch is refused.
+The name of PATH says the format (``.onnx``, ``.pt2``, ``.engine``/``.plan``, ``.xml``, ``.pte``, ``.tflite``,
+``.mlpackage``, ``.safetensors``; a folder: ``transformers``); ``--format`` picks another of the same suffix
+(``aoti``: ``.pt2``), and a mismatch is refused.
 Networks are exported at the size the model was built or trained for unless ``--input-size`` says otherwise.
 Network formats go through ``sapiens2.export``; ``safetensors`` (the default for a training run) through
 ``sapiens2.train.export_run``; ``transformers`` through ``sapiens2.save_transformers``. ``--check IMAGE`` runs the
@@ -14,16 +15,19 @@ written network and PyTorch on the image through the task's pre/post-processing 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
 from ..messages import report_error
 from .predict import add_input_size_flag
 
-FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "openvino", "executorch", "safetensors", "transformers")
-NETWORK_FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "openvino", "executorch")
-# Formats whose files Predictor (and so --check) runs here.
-RUNNABLE_FORMATS = ("onnx", "pt2", "aoti", "openvino", "executorch")
+NETWORK_FORMATS = ("onnx", "pt2", "aoti", "tensorrt", "openvino", "executorch", "litert", "coreml")
+FORMATS = (*NETWORK_FORMATS, "safetensors", "transformers")
+# Formats whose files Predictor (and so --check) runs here (Core ML: on macOS only).
+RUNNABLE_FORMATS = ("onnx", "pt2", "aoti", "openvino", "executorch", "litert") + (
+    ("coreml",) if sys.platform == "darwin" else ()
+)
 # The file name tells the format (the first one listed; --format picks another of the same suffix): ``Predictor``
 # and ``load_model`` read files by their suffix. transformers writes a folder.
 SUFFIX_FORMATS = {
@@ -33,6 +37,8 @@ SUFFIX_FORMATS = {
     ".plan": ("tensorrt",),
     ".xml": ("openvino",),
     ".pte": ("executorch",),
+    ".tflite": ("litert",),
+    ".mlpackage": ("coreml",),
     ".safetensors": ("safetensors",),
 }
 # User-input problems: one line on stderr and exit status 2, no traceback.
@@ -46,9 +52,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "export",
         help="write a model as ONNX, .pt2, an AOTInductor package, a TensorRT engine, OpenVINO IR, an ExecuTorch "
-        "program, safetensors or transformers",
+        "program, a LiteRT model, a Core ML package, safetensors or transformers",
         description="Export a model for deployment (or a training run's weights). Predictor runs .onnx, .pt2, "
-        "OpenVINO .xml and ExecuTorch .pte files: Predictor(task, model='model.onnx').",
+        "OpenVINO .xml, ExecuTorch .pte, LiteRT .tflite and (on macOS) Core ML .mlpackage files: "
+        "Predictor(task, model='model.onnx').",
     )
     parser.add_argument(
         "model",
@@ -63,7 +70,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         choices=FORMATS,
         default=None,
         help="default: from the -o name (.onnx, .pt2, .engine/.plan: tensorrt, .xml: openvino, .pte: executorch, "
-        ".safetensors); give it for aoti (a .pt2 name) and transformers (a folder)",
+        ".tflite: litert, .mlpackage: coreml, .safetensors); give it for aoti (a .pt2 name) and transformers "
+        "(a folder)",
     )
     parser.add_argument(
         "--task",
@@ -73,7 +81,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--dtype", choices=("fp32", "fp16", "bf16", "int8"), default=None, help="network precision "
                         "(default fp32; tensorrt: fp16; openvino: the weights' fp32, fp16 or int8, computing in "
-                        "float32); inputs and outputs stay float32")  # fmt: skip
+                        "float32; litert: fp16 weights or dynamic-range int8; coreml: fp16 compute or int8 weights); "
+                        "inputs and outputs stay float32")  # fmt: skip
     add_input_size_flag(parser)
     parser.add_argument("--opset", type=int, default=18, help="ONNX opset (>= 18)")
     parser.add_argument("--check", metavar="IMAGE", default=None,
@@ -164,7 +173,8 @@ def _run(args: argparse.Namespace) -> int:
     run = is_training_run(args.model)
     format_ = output_format(args.output, args.format)
     if args.check and format_ not in RUNNABLE_FORMATS:
-        raise ValueError(f"--check runs {', '.join(RUNNABLE_FORMATS)} files, not --format {format_}")
+        why = f" (Core ML runs only on macOS; this is {sys.platform})" if format_ == "coreml" else ""
+        raise ValueError(f"--check runs {', '.join(RUNNABLE_FORMATS)} files, not --format {format_}{why}")
     if format_ == "safetensors":
         if not run:
             raise ValueError(f"--format safetensors exports a training run folder or checkpoint, not '{args.model}'")

@@ -1,5 +1,6 @@
-"""Deployment: Sapiens2 networks as ONNX, torch.export ``.pt2``, AOTInductor, TensorRT, OpenVINO IR and ExecuTorch
-files, runtimes that run them under ``Predictor``, and the parity figures of an export against PyTorch on an image.
+"""Deployment: Sapiens2 networks as ONNX, torch.export ``.pt2``, AOTInductor, TensorRT, OpenVINO IR, ExecuTorch,
+LiteRT and Core ML files, runtimes that run them under ``Predictor``, and the parity figures of an export against
+PyTorch on an image.
 
 >>> from sapiens2.export import export_onnx
 >>> export_onnx(load_model("seg", "1b"), "seg.onnx")  # then Predictor("seg", model="seg.onnx")
@@ -7,10 +8,14 @@ files, runtimes that run them under ``Predictor``, and the parity figures of an 
 
 from .bf16 import emulate_bfloat16
 from .formats import (
+    COREML_DTYPES,
     FORMATS,
+    LITERT_DTYPES,
     OPENVINO_DTYPES,
     export_aoti,
+    export_coreml,
     export_executorch,
+    export_litert,
     export_onnx,
     export_openvino,
     export_pt2,
@@ -19,7 +24,9 @@ from .formats import (
 )
 from .program import EXPORT_DTYPES, OUTPUT_NAMES, ExportError, default_input_size, export_program
 from .runtime import (
+    CoreMLNetwork,
     ExecuTorchNetwork,
+    LiteRtNetwork,
     NetworkFileError,
     OnnxNetwork,
     OpenVinoNetwork,
@@ -29,10 +36,13 @@ from .runtime import (
 )
 
 __all__ = [
+    "COREML_DTYPES",
     "EXPORT_DTYPES",
     "FORMATS",
+    "LITERT_DTYPES",
     "OPENVINO_DTYPES",
     "OUTPUT_NAMES",
+    "CoreMLNetwork",
     "ExecuTorchNetwork",
     "ExportError",
     "NetworkFileError",
@@ -42,13 +52,16 @@ __all__ = [
     "default_input_size",
     "emulate_bfloat16",
     "export_aoti",
+    "export_coreml",
     "export_executorch",
+    "export_litert",
     "export_onnx",
     "export_openvino",
     "export_program",
     "export_pt2",
     "export_tensorrt",
     "is_network_file",
+    "LiteRtNetwork",
     "load_network",
     "tensorrt_problem",
 ]

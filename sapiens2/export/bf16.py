@@ -8,6 +8,13 @@ float32 and round the result to bf16 (round-to-nearest-even), with Python scalar
 float32 tensor holding a bf16 value, and every op that produced one is followed by ``Cast(bf16)`` -> ``Cast(fp32)``.
 Only casts touch bfloat16, which every ONNX runtime implements. In PyTorch the rewritten program gives the same
 bits as the eager model (``tests/test_export.py`` checks it on the parity fixture's backbone).
+
+Runtimes with no bfloat16 type at all (LiteRT, Core ML: not even a cast, nor a bf16 constant) get
+``rounding="split"``: the round to bf16 is Veltkamp's splitting in float32, ``c = x * (2**16 + 1)``,
+``x_bf16 = c - (c - x)``: in round-to-nearest-even float32 arithmetic it keeps the top 8 significand bits of ``x``,
+rounded to nearest even, which is exactly the bf16 cast (checked on every float32 of [1, 2), either sign, at several
+exponents; |x| below ~5e33, far above any RoPE or q/k value). The bf16 ``periods`` buffer is stored as float32 (its
+values are bf16 values, so exactly).
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ _EXACT_OPS = {
     operator.getitem,
 }
 _CASTS = (aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout)
+ROUNDINGS = ("cast", "split")
+# Veltkamp's splitting constant for float32 (24 significand bits) to bfloat16 (8): 2**(24 - 8) + 1.
+SPLIT_FACTOR = float(2**16 + 1)
 
 
 def _value(node: fx.Node):
@@ -93,21 +103,66 @@ def _insert_cast(graph: fx.Graph, after: fx.Node, dtype: torch.dtype, value) -> 
     return cast
 
 
-def _replace_uses(node: fx.Node, replacement: fx.Node, keep: fx.Node) -> None:
-    node.replace_all_uses_with(replacement, delete_user_cb=lambda user: user is not keep)
+def _replace_uses(node: fx.Node, replacement: fx.Node, keep: tuple[fx.Node, ...]) -> None:
+    node.replace_all_uses_with(replacement, delete_user_cb=lambda user: user not in keep)
 
 
-def emulate_bfloat16(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+def _round_after(graph: fx.Graph, node: fx.Node, value, rounding: str) -> None:
+    """Make every user of ``node`` (a float32 value) read it rounded to bf16 and widened back to float32."""
+    widened_value = _as_float32(value)
+    if rounding == "cast":
+        rounded = _insert_cast(graph, node, torch.bfloat16, value)
+        widened = _insert_cast(graph, rounded, torch.float32, widened_value)
+        _replace_uses(node, widened, keep=(rounded,))
+        return
+    with graph.inserting_after(node):
+        scaled = graph.call_function(aten.mul.Tensor, (node, SPLIT_FACTOR))
+    with graph.inserting_after(scaled):
+        low = graph.call_function(aten.sub.Tensor, (scaled, node))
+    with graph.inserting_after(low):
+        high = graph.call_function(aten.sub.Tensor, (scaled, low))
+    for made in (scaled, low, high):
+        made.meta["val"] = widened_value
+    _replace_uses(node, high, keep=(scaled, low))
+
+
+def _store_as_float32(program: torch.export.ExportedProgram, node: fx.Node) -> None:
+    """Store the bf16 parameter, buffer or constant a placeholder reads as float32 (exact), retyping the node."""
+    signature = program.graph_signature
+    for table, store in (
+        (signature.inputs_to_parameters, program.state_dict),
+        (signature.inputs_to_buffers, program.state_dict),
+        (signature.inputs_to_lifted_tensor_constants, program.constants),
+    ):
+        if node.name in table:
+            name = table[node.name]
+            tensor = store[name].float()
+            store[name] = torch.nn.Parameter(tensor, requires_grad=False) if name in signature.parameters else tensor
+            node.meta["val"] = _as_float32(_value(node))
+            return
+    raise NotImplementedError(f"bfloat16 emulation: a bfloat16 input {node.name} that is not a weight")
+
+
+def emulate_bfloat16(program: torch.export.ExportedProgram, rounding: str = "cast") -> torch.export.ExportedProgram:
     """Rewrite every bfloat16 computation of ``program`` as float32 ops each followed by a round to bf16, in place.
 
-    - a bf16 parameter or buffer (the RoPE ``periods``) is read through an exact cast to float32;
-    - a cast *to* bf16 (q/k entering the rotation) stays, followed by a cast back to float32: the rounding;
+    - a bf16 parameter or buffer (the RoPE ``periods``) is read through an exact cast to float32 (``split``: stored
+      as float32);
+    - a cast *to* bf16 (q/k entering the rotation) stays, followed by a cast back to float32: the rounding
+      (``split``: a float32 copy, then the rounding);
     - any other op with a bf16 result computes in float32 (bf16 ``dtype=`` arguments become float32), followed by
       the rounding unless it only moves values (``_EXACT_OPS``);
     - a cast *from* bf16 now reads float32 and returns the same values.
 
-    Returns the same ``program``, whose graph holds bfloat16 only between paired casts.
+    Args:
+        program: the exported program; rewritten in place.
+        rounding: ``"cast"`` (a cast to bf16 and back: the graph holds bfloat16 only between paired casts) or
+            ``"split"`` (Veltkamp's splitting in float32: no bfloat16 anywhere, for runtimes without the type).
+
+    Returns the same ``program``.
     """
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {rounding!r}")
     graph = program.graph
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target is aten._assert_tensor_metadata.default:
@@ -122,25 +177,31 @@ def emulate_bfloat16(program: torch.export.ExportedProgram) -> torch.export.Expo
         if not any(_is_bf16(item) for item in values):
             continue
         if node.op == "placeholder":
+            if rounding == "split":
+                _store_as_float32(program, node)
+                continue
             cast = _insert_cast(graph, node, torch.float32, _as_float32(value))
-            _replace_uses(node, cast, keep=cast)
+            _replace_uses(node, cast, keep=(cast,))
             continue
         if node.op != "call_function":
             raise NotImplementedError(f"bfloat16 emulation: unexpected {node.op} node {node.name}")
         source = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
         if node.target in _CASTS and source is not None and not _is_bf16(_value(source)):
-            # A cast into bf16 is the rounding itself: keep it and read the result back as float32.
-            cast = _insert_cast(graph, node, torch.float32, _as_float32(value))
-            _replace_uses(node, cast, keep=cast)
+            if rounding == "cast":  # a cast into bf16 is the rounding itself: keep it, read the result back as float32
+                cast = _insert_cast(graph, node, torch.float32, _as_float32(value))
+                _replace_uses(node, cast, keep=(cast,))
+                continue
+            node.args = _swap_dtype(node.args, torch.bfloat16, torch.float32)  # a float32 copy, then rounded
+            node.kwargs = _swap_dtype(node.kwargs, torch.bfloat16, torch.float32)
+            node.meta["val"] = _as_float32(value)
+            _round_after(graph, node, value, rounding)
             continue
         node.args = _swap_dtype(node.args, torch.bfloat16, torch.float32)
         node.kwargs = _swap_dtype(node.kwargs, torch.bfloat16, torch.float32)
         node.meta["val"] = _as_float32(value)
         if node.target in _EXACT_OPS or node.target in _CASTS or not isinstance(value, torch.Tensor):
             continue
-        rounded = _insert_cast(graph, node, torch.bfloat16, value)
-        widened = _insert_cast(graph, rounded, torch.float32, _as_float32(value))
-        _replace_uses(node, widened, keep=rounded)
+        _round_after(graph, node, value, rounding)
     graph.lint()
     program.graph_module.recompile()
     return program

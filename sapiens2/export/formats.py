@@ -1,10 +1,11 @@
 """Deployable files of a Sapiens2 network: ONNX, torch.export ``.pt2``, AOTInductor package, TensorRT engine,
-OpenVINO IR (``.xml`` + ``.bin``).
+OpenVINO IR (``.xml`` + ``.bin``), ExecuTorch ``.pte``, LiteRT ``.tflite`` and Core ML ``.mlpackage``.
 
 Every format starts from the same ``export_program`` (dynamic batch, float32 in and out, MODEL.md §4 for what the
 official deployment scripts did). Each file carries the task, arch, input size and dtype (ONNX metadata properties,
-``.pt2`` extra file ``sapiens2.json``, OpenVINO ``rt_info`` under ``sapiens2``), which ``sapiens2.export.runtime``
-reads back.
+``.pt2`` extra file ``sapiens2.json``, OpenVINO ``rt_info`` under ``sapiens2``, the ``.pte`` constant method
+``sapiens2_metadata``, the ``.tflite`` metadata entry ``sapiens2``, Core ML user-defined metadata), which
+``sapiens2.export.runtime`` reads back.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from ..labels import METADATA_KEY, is_released_set
 from ..models.task_model import TaskModel
-from .bf16 import emulate_bfloat16, has_bfloat16
-from .program import ExportError, backbone_of, default_input_size, export_program, output_names
+from .bf16 import SPLIT_FACTOR, emulate_bfloat16, has_bfloat16
+from .program import INPUT_NAME, ExportError, backbone_of, default_input_size, export_program, output_names
 
 __all__ = [
     "EXTERNAL_DATA_BYTES",
@@ -34,7 +36,9 @@ __all__ = [
     "MIN_OPSET",
     "OPENVINO_DTYPES",
     "export_aoti",
+    "export_coreml",
     "export_executorch",
+    "export_litert",
     "export_onnx",
     "export_openvino",
     "export_pt2",
@@ -97,6 +101,8 @@ def _write_into_place(path: Path, write) -> Path:
         staged = Path(folder) / path.name
         write(staged)
         for made in sorted(Path(folder).iterdir(), key=lambda item: item == staged):
+            if made.is_dir() and (path.parent / made.name).is_dir():  # a package folder (.mlpackage) replaced whole
+                shutil.rmtree(path.parent / made.name)
             os.replace(made, path.parent / made.name)
     return path
 
@@ -334,6 +340,21 @@ def export_openvino(
     return _write_into_place(Path(path), write)
 
 
+def _fixed_batch_program(
+    model: nn.Module, input_size: Sequence[int] | None, dtype: str, batch: int, rounding: str = "cast"
+) -> tuple[tuple[int, int], torch.export.ExportedProgram, dict[str, str]]:
+    """The input size (H, W); the float32 program at a fixed ``batch`` (for runtimes that plan memory statically:
+    ExecuTorch, LiteRT, Core ML), its bf16 RoPE emulated with ``rounding`` (``emulate_bfloat16``); the file's
+    metadata (with ``sapiens2.batch``; ``dtype`` is the file's precision)."""
+    if int(batch) < 1:
+        raise ExportError(f"batch must be >= 1, got {batch}")
+    size = tuple(input_size or default_input_size(model))
+    program = export_program(model, size, "fp32", batch=int(batch))
+    if has_bfloat16(program):
+        program = emulate_bfloat16(program, rounding=rounding)
+    return size, program, network_metadata(model, size, dtype) | {"sapiens2.batch": str(int(batch))}
+
+
 EXECUTORCH_EXTRA = "install the executorch extra: pip install 'sapiens2[executorch]'"
 EXECUTORCH_METADATA = "sapiens2_metadata"  # the .pte's constant method holding network_metadata as UTF-8 JSON bytes
 
@@ -360,23 +381,235 @@ def export_executorch(
     _check_suffix(path, (".pte",), "an ExecuTorch program")
     if dtype != "fp32":
         raise ExportError(f"ExecuTorch export is float32 only, not {dtype!r}")
-    if int(batch) < 1:
-        raise ExportError(f"batch must be >= 1, got {batch}")
     try:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.exir import to_edge_transform_and_lower
     except ImportError:
         raise ExportError(f"ExecuTorch export needs the 'executorch' package, which is not installed; "
                           f"{EXECUTORCH_EXTRA}") from None  # fmt: skip
-    size = tuple(input_size or default_input_size(model))
-    program = export_program(model, size, dtype, batch=int(batch))
-    if has_bfloat16(program):
-        program = emulate_bfloat16(program)
-    metadata = json.dumps(network_metadata(model, size, dtype) | {"sapiens2.batch": str(int(batch))})
-    constants = {EXECUTORCH_METADATA: torch.tensor(list(metadata.encode()), dtype=torch.uint8)}
+    _, program, metadata = _fixed_batch_program(model, input_size, dtype, batch)
+    constants = {EXECUTORCH_METADATA: torch.tensor(list(json.dumps(metadata).encode()), dtype=torch.uint8)}
     lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()], constant_methods=constants)
     buffer = lowered.to_executorch().buffer
     return _write_into_place(Path(path), lambda staged: staged.write_bytes(buffer))
+
+
+LITERT_EXTRA = (
+    "install the litert extra, in an environment of its own (litert-torch pins packages that other extras need "
+    "newer): pip install 'sapiens2[litert]'"
+)
+LITERT_RUNTIME_EXTRA = "install the litert-runtime extra: pip install 'sapiens2[litert-runtime]'"
+LITERT_METADATA = "sapiens2"  # the .tflite metadata entry holding network_metadata as UTF-8 JSON
+# LiteRT precisions: float32; float16 weights (expanded when loaded); dynamic-range int8 (int8 weights per output
+# channel, activations quantised on the fly around each int8 matmul/convolution).
+LITERT_DTYPES = ("fp32", "fp16", "int8")
+# The alignment LiteRT wants of weight buffers in a .tflite flatbuffer (its converter's ``force_align: 16``).
+TFLITE_BUFFER_ALIGNMENT = 16
+FLATBUFFER_BYTES = 2**31 - 2**20  # what one flatbuffer can address, less room for the metadata
+
+
+class _NamedOutputs(nn.Module):
+    """A float32 network as LiteRT converts it: the input ``images``, the outputs a dict named as the task's."""
+
+    def __init__(self, network: nn.Module, names: Sequence[str]) -> None:
+        super().__init__()
+        self.network = network
+        self.names = tuple(names)
+        self.training = False  # an exported program's module cannot be switched with .eval(); it is inference-only
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        return dict(zip(self.names, self.network(images), strict=True))
+
+
+def _tflite_with_metadata(flatbuffer: bytes, metadata: dict[str, str]) -> bytes:
+    """``flatbuffer`` (a .tflite model) with ``metadata`` added as the metadata entry ``LITERT_METADATA``.
+
+    Repacked through the schema's object API, every weight buffer inside the flatbuffer and 16-byte aligned as the
+    converter writes them.
+    """
+    try:  # both come with litert-torch
+        import flatbuffers
+        from ai_edge_litert import schema_py_generated as schema
+    except ImportError as error:
+        raise ExportError(f"LiteRT export needs the '{error.name}' package, which is not installed; "
+                          f"{LITERT_EXTRA}") from None  # fmt: skip
+
+    class AlignedBuffer(schema.BufferT):
+        def Pack(self, builder):  # noqa: N802 (the schema's method name)
+            data = None
+            if self.data is not None and len(self.data):
+                payload = np.asarray(self.data, dtype=np.uint8).tobytes()
+                builder.StartVector(1, len(payload), TFLITE_BUFFER_ALIGNMENT)
+                builder.head -= len(payload)
+                builder.Bytes[builder.head : builder.head + len(payload)] = payload
+                data = builder.EndVector(len(payload))
+            schema.BufferStart(builder)
+            if data is not None:
+                schema.BufferAddData(builder, data)
+            schema.BufferAddOffset(builder, self.offset)
+            schema.BufferAddSize(builder, self.size)
+            return schema.BufferEnd(builder)
+
+    model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
+    if len(flatbuffer) > FLATBUFFER_BYTES:
+        raise ExportError(f"the LiteRT model is {len(flatbuffer) / 2**30:.1f} GB, over the 2 GB one flatbuffer "
+                          "holds; export --dtype int8, or a smaller model")  # fmt: skip
+    buffers = []
+    for buffer in model.buffers or ():
+        aligned = AlignedBuffer()
+        aligned.data = buffer.data
+        if buffer.offset > 1:  # stored past the flatbuffer (as LiteRT's quantizer writes them): moved inside
+            aligned.data = np.frombuffer(flatbuffer, dtype=np.uint8, count=buffer.size, offset=buffer.offset)
+        buffers.append(aligned)
+    payload = AlignedBuffer()
+    payload.data = np.frombuffer(json.dumps(metadata).encode(), dtype=np.uint8)
+    entry = schema.MetadataT()
+    entry.name, entry.buffer = LITERT_METADATA, len(buffers)
+    model.buffers = [*buffers, payload]
+    model.metadata = [item for item in model.metadata or () if item.name != LITERT_METADATA.encode()] + [entry]
+    builder = flatbuffers.Builder(len(flatbuffer) + 4096)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
+def export_litert(
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    input_size: Sequence[int] | None = None,
+    dtype: str = "fp32",
+    batch: int = 1,
+) -> Path:
+    """Write ``model`` as a LiteRT (TensorFlow Lite) flatbuffer (``.tflite``) through litert-torch, for phones.
+
+    The ``torch.export`` program of every format at a fixed ``batch`` (the runtime splits and pads other batches),
+    with the bf16 RoPE rounded by Veltkamp's splitting in float32 (``emulate_bfloat16(rounding="split")``: LiteRT has
+    no bfloat16 type, not even for a constant). One signature ``serving_default``: input ``images``, the outputs by
+    the task's names (``OUTPUT_NAMES``). The metadata is the flatbuffer metadata entry ``sapiens2`` (UTF-8 JSON).
+
+    - ``fp32``: the reference numerics;
+    - ``fp16``: float16 weights, expanded to float32 when loaded;
+    - ``int8``: dynamic-range int8 (int8 weights per output channel, activations quantised on the fly).
+
+    Needs litert-torch (``pip install 'sapiens2[litert]'``, best in an environment of its own); running the file
+    needs only ai-edge-litert.
+
+    Example:
+        >>> export_litert(load_model("pose", "0.4b"), "pose.tflite", input_size=(256, 192))
+        >>> Predictor("pose", model="pose.tflite")("photo.jpg")  # the LiteRT interpreter, XNNPACK on the CPU
+    """
+    _check_suffix(path, (".tflite",), "a LiteRT model")
+    if dtype not in LITERT_DTYPES:
+        raise ExportError(f"LiteRT export is {', '.join(LITERT_DTYPES)}, not {dtype!r}")
+    try:
+        import litert_torch
+        from litert_torch.generative.quantize import quant_recipes
+    except ImportError as error:
+        raise ExportError(f"LiteRT export needs the 'litert-torch' package, which is not installed"
+                          f"{'' if error.name and error.name.startswith('litert') else f' ({error})'}; "
+                          f"{LITERT_EXTRA}") from None  # fmt: skip
+    size, program, metadata = _fixed_batch_program(model, input_size, dtype, batch, rounding="split")
+    recipes = {"fp16": quant_recipes.full_fp16_recipe, "int8": quant_recipes.full_dynamic_recipe}
+    example = torch.zeros(int(batch), 3, *size)
+    try:
+        converted = litert_torch.convert(
+            _NamedOutputs(program.module(), output_names(model)),
+            sample_kwargs={INPUT_NAME: example},  # a keyword argument names the signature's input
+            quant_config=recipes[dtype]() if dtype in recipes else None,
+        )
+    except ValueError as error:  # ai-edge-quantizer refuses some weights (a tiny normal head's convolution, in int8)
+        if dtype == "fp32" or "quantization" not in str(error):
+            raise
+        reason = str(error).strip().splitlines()[0]
+        raise ExportError(f"LiteRT's quantiser (ai-edge-quantizer) cannot make this network {dtype}: {reason}; "
+                          "export --dtype fp16 or fp32") from None  # fmt: skip
+    flatbuffer = _tflite_with_metadata(converted.model_content(), metadata)
+    return _write_into_place(Path(path), lambda staged: staged.write_bytes(flatbuffer))
+
+
+COREML_EXTRA = "install the coreml extra: pip install 'sapiens2[coreml]'"
+# Core ML ML Program precisions: float32; float16 compute (weights and activations; the bf16 RoPE rounding stays
+# float32); int8 weights (linear, symmetric, per output channel) with float32 compute.
+COREML_DTYPES = ("fp32", "fp16", "int8")
+
+
+def _is_bf16_split(op: Any) -> bool:
+    """Whether a MIL op is part of the bf16 rounding by Veltkamp's splitting (``emulate_bfloat16(rounding="split")``):
+    the product by ``SPLIT_FACTOR`` or one of the two differences reading it. It must compute in float32: in
+    float16 the factor overflows."""
+
+    def is_scaled(var: Any) -> bool:
+        producer = var.op
+        if producer is None or producer.op_type != "mul":
+            return False
+        return any(
+            operand is not None and operand.val is not None and float(np.asarray(operand.val).max()) == SPLIT_FACTOR
+            and float(np.asarray(operand.val).min()) == SPLIT_FACTOR
+            for operand in (producer.inputs.get("x"), producer.inputs.get("y"))
+        )  # fmt: skip
+
+    if op.op_type == "mul":
+        return is_scaled(op.outputs[0])
+    return op.op_type == "sub" and is_scaled(op.inputs["x"])
+
+
+def export_coreml(
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    input_size: Sequence[int] | None = None,
+    dtype: str = "fp32",
+    batch: int = 1,
+) -> Path:
+    """Write ``model`` as a Core ML ML Program (``.mlpackage``, a folder) through coremltools, for Apple devices.
+
+    The ``torch.export`` program of every format at a fixed ``batch``, with the bf16 RoPE rounded by Veltkamp's
+    splitting in float32 (Core ML has no bfloat16 type). Input ``images`` (batch, 3, H, W) float32, outputs by the
+    task's names (``OUTPUT_NAMES``) float32; the metadata in the model's user-defined metadata (``sapiens2.*``).
+
+    - ``fp32``: float32 weights and compute, the reference numerics;
+    - ``fp16``: float16 weights and compute (the GPU and Neural Engine compute in float16), except the bf16
+      rounding ops, which stay float32;
+    - ``int8``: weights quantised to int8 (linear, symmetric, per output channel), float32 compute.
+
+    Converting works on any OS; running the file takes macOS (``Predictor`` says so elsewhere).
+
+    Example:
+        >>> export_coreml(load_model("seg", "0.4b"), "seg.mlpackage", input_size=(512, 384), dtype="fp16")
+        >>> Predictor("seg", model="seg.mlpackage")("photo.jpg")  # on macOS
+    """
+    _check_suffix(path, (".mlpackage",), "a Core ML ML Program")
+    if dtype not in COREML_DTYPES:
+        raise ExportError(f"Core ML export is {', '.join(COREML_DTYPES)}, not {dtype!r}")
+    try:
+        import coremltools
+        from coremltools.optimize import coreml as optimize
+    except ImportError:
+        raise ExportError(f"Core ML export needs the 'coremltools' package, which is not installed; "
+                          f"{COREML_EXTRA}") from None  # fmt: skip
+    size, program, metadata = _fixed_batch_program(model, input_size, dtype, batch, rounding="split")
+    program = program.run_decompositions({})  # coremltools converts the ATen dialect
+    precision = (
+        coremltools.transform.FP16ComputePrecision(op_selector=lambda op: not _is_bf16_split(op))
+        if dtype == "fp16"
+        else coremltools.precision.FLOAT32
+    )
+    names = output_names(model)
+    converted = coremltools.convert(
+        program,
+        inputs=[coremltools.TensorType(name=INPUT_NAME, shape=(int(batch), 3, *size), dtype=np.float32)],
+        outputs=[coremltools.TensorType(name=name, dtype=np.float32) for name in names],
+        convert_to="mlprogram",
+        compute_precision=precision,
+        minimum_deployment_target=coremltools.target.iOS17,
+    )
+    if dtype == "int8":
+        config = optimize.OptimizationConfig(global_config=optimize.OpLinearQuantizerConfig(
+            mode="linear_symmetric", dtype="int8", granularity="per_channel"))  # fmt: skip
+        converted = optimize.linear_quantize_weights(converted, config=config)
+    converted.user_defined_metadata.update(metadata)
+    converted.short_description = f"Sapiens2 {metadata['sapiens2.task']} ({metadata['sapiens2.arch']}), {dtype}"
+    return _write_into_place(Path(path), lambda staged: converted.save(str(staged)))
 
 
 FORMATS = {
@@ -386,5 +619,7 @@ FORMATS = {
     "tensorrt": export_tensorrt,
     "openvino": export_openvino,
     "executorch": export_executorch,
+    "litert": export_litert,
+    "coreml": export_coreml,
 }
 """Network formats of ``sapiens2 export`` (``safetensors`` and ``transformers`` write weights, not networks)."""

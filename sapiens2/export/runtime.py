@@ -1,16 +1,19 @@
 """Exported networks as callables for ``Predictor``: an ONNX file through onnxruntime, a ``.pt2`` through torch, an
-OpenVINO IR ``.xml`` through OpenVINO's CPU plugin, an ExecuTorch ``.pte`` through ExecuTorch's runtime.
+OpenVINO IR ``.xml`` through OpenVINO's CPU plugin, an ExecuTorch ``.pte`` through ExecuTorch's runtime, a LiteRT
+``.tflite`` through the LiteRT interpreter, a Core ML ``.mlpackage`` through Core ML (macOS only).
 
 Each adapter maps float32 images (B, 3, H, W) to the network's raw outputs as float32 tensors on the images' device
 (one tensor, or a tuple for pointmap), and tells its ``task`` and fixed ``input_size`` read from the file. The
 sapiens2 model code is not involved, so the pre/post-processing of ``Predictor`` runs unchanged on top. onnxruntime,
-OpenVINO and ExecuTorch are imported only when a file of theirs is opened.
+OpenVINO, ExecuTorch, LiteRT and coremltools are imported only when a file of theirs is opened.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import sys
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,13 +23,24 @@ import numpy as np
 import torch
 
 from ..labels import METADATA_KEY, LabelSet, label_set_from_json
-from .formats import EXECUTORCH_EXTRA, EXECUTORCH_METADATA, EXPORT_EXTRA, METADATA_FILE, OPENVINO_EXTRA
+from .formats import (
+    COREML_EXTRA,
+    EXECUTORCH_EXTRA,
+    EXECUTORCH_METADATA,
+    EXPORT_EXTRA,
+    LITERT_METADATA,
+    LITERT_RUNTIME_EXTRA,
+    METADATA_FILE,
+    OPENVINO_EXTRA,
+)
 from .program import OUTPUT_NAMES
 
 __all__ = [
     "NETWORK_SUFFIXES",
     "InputSizeError",
+    "CoreMLNetwork",
     "ExecuTorchNetwork",
+    "LiteRtNetwork",
     "NetworkFileError",
     "OnnxNetwork",
     "OpenVinoNetwork",
@@ -48,7 +62,8 @@ class InputSizeError(ValueError):
 
 
 def is_network_file(source: Any) -> bool:
-    """Whether ``source`` names an exported network (``.onnx``, ``.pt2``, ``.xml``, ``.pte``) rather than weights."""
+    """Whether ``source`` names an exported network (``.onnx``, ``.pt2``, ``.xml``, ``.pte``, ``.tflite``,
+    ``.mlpackage``) rather than weights."""
     return isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() in NETWORK_SUFFIXES
 
 
@@ -106,6 +121,29 @@ class _Network:
     @staticmethod
     def _pack(outputs: Sequence[torch.Tensor]) -> torch.Tensor | tuple[torch.Tensor, ...]:
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _read_metadata(self, metadata: dict[str, str]) -> None:
+        """The fields of ``network_metadata`` (and ``sapiens2.batch`` of fixed-batch programs); an input size
+        found in the file before is kept when the metadata has none."""
+        self.task = metadata.get("sapiens2.task")
+        self.dtype = metadata.get("sapiens2.dtype", "fp32")
+        self.labels = network_labels(metadata.get(f"sapiens2.{METADATA_KEY}"), self.path)
+        self.output_names = tuple(filter(None, metadata.get("sapiens2.outputs", "").split(",")))
+        self.input_size = _parse_size(metadata.get("sapiens2.input_size")) or getattr(self, "input_size", (0, 0))
+        self.batch = int(metadata.get("sapiens2.batch", "1"))
+
+    def _in_batches(self, images: torch.Tensor, run) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Run a fixed-batch program (``self.batch``) on any batch: in chunks of it, the last one padded with zero
+        images (each image is computed on its own). ``run`` maps a float32 chunk to a sequence of output tensors."""
+        x = images.detach().to("cpu", torch.float32).contiguous()
+        chunks = []
+        for start in range(0, len(x), self.batch):
+            chunk = x[start : start + self.batch]
+            count = len(chunk)
+            if count < self.batch:
+                chunk = torch.cat([chunk, chunk.new_zeros(self.batch - count, *chunk.shape[1:])])
+            chunks.append([torch.as_tensor(output)[:count].clone() for output in run(chunk)])
+        return self._pack([torch.cat(parts).to(images.device) for parts in zip(*chunks, strict=True)])
 
     def __repr__(self) -> str:
         size = f"{self.input_size[0]}x{self.input_size[1]}"
@@ -197,15 +235,6 @@ class Pt2Network(_Network):
         except (zipfile.BadZipFile, RuntimeError, ValueError, KeyError, OSError) as error:
             raise NetworkFileError(f"{self.path}: not a usable .pt2 archive: {_first_line(error)}") from None
         self._check_task(task)
-
-    def _read_metadata(self, metadata: dict[str, str]) -> None:
-        self.task = metadata.get("sapiens2.task")
-        self.dtype = metadata.get("sapiens2.dtype", "fp32")
-        self.labels = network_labels(metadata.get(f"sapiens2.{METADATA_KEY}"), self.path)
-        self.output_names = tuple(filter(None, metadata.get("sapiens2.outputs", "").split(",")))
-        size = _parse_size(metadata.get("sapiens2.input_size"))
-        if size is not None:
-            self.input_size = size
 
     def _load_program(self) -> None:
         extra = {METADATA_FILE: ""}
@@ -352,34 +381,122 @@ class ExecuTorchNetwork(_Network):
             self.method = program.load_method("forward")
         except Exception as error:  # the runtime raises RuntimeError for any bad file, without naming it
             raise NetworkFileError(f"{self.path}: not a usable ExecuTorch program: {_first_line(error)}") from None
-        self.task = metadata.get("sapiens2.task")
-        self.dtype = metadata.get("sapiens2.dtype", "fp32")
-        self.labels = network_labels(metadata.get(f"sapiens2.{METADATA_KEY}"), self.path)
-        self.output_names = tuple(filter(None, metadata.get("sapiens2.outputs", "").split(",")))
-        self.input_size = _parse_size(metadata.get("sapiens2.input_size")) or (0, 0)
-        self.batch = int(metadata.get("sapiens2.batch", "1"))
+        self._read_metadata(metadata)
         self._check_task(task)
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        x = images.detach().to("cpu", torch.float32).contiguous()
-        chunks = []
-        for start in range(0, len(x), self.batch):
-            chunk = x[start : start + self.batch]
-            count = len(chunk)
-            if count < self.batch:
-                chunk = torch.cat([chunk, chunk.new_zeros(self.batch - count, *chunk.shape[1:])])
-            chunks.append([output[:count].clone() for output in self.method.execute([chunk])])
-        return self._pack([torch.cat(parts).to(images.device) for parts in zip(*chunks, strict=True)])
+        return self._in_batches(images, lambda chunk: self.method.execute([chunk]))
+
+
+def _tflite_metadata(path: Path, schema: Any) -> dict[str, str]:
+    """The ``sapiens2`` metadata entry of a .tflite file (``export_litert``), read through LiteRT's flatbuffer
+    ``schema`` module without loading the weights; empty when the file has none."""
+    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if not schema.Model.ModelBufferHasIdentifier(data, 0):
+            raise ValueError("not a LiteRT flatbuffer (no TFL3 identifier)")
+        model = schema.Model.GetRootAs(data, 0)
+        for index in range(model.MetadataLength()):
+            entry = model.Metadata(index)
+            if entry.Name() == LITERT_METADATA.encode():
+                return json.loads(model.Buffers(entry.Buffer()).DataAsNumpy().tobytes().decode())
+    return {}
+
+
+class LiteRtNetwork(_Network):
+    """A LiteRT model (``export_litert``: ``.tflite``) run by the LiteRT interpreter (XNNPACK on the CPU) with as
+    many threads as torch uses.
+
+    The model has a fixed batch: a batch is run in chunks of it, the last one padded with zero images. Outputs come
+    back on the images' device.
+
+    Raises:
+        NetworkFileError: a missing or unreadable file, one without sapiens2 metadata, another task's network, or
+            no ai-edge-litert.
+    """
+
+    def __init__(self, path: str | os.PathLike, task: str | None = None):
+        self.path = _existing_file(path)
+        try:
+            from ai_edge_litert import schema_py_generated as schema
+            from ai_edge_litert.interpreter import Interpreter
+        except ImportError:
+            raise NetworkFileError(
+                f"{self.path}: running a LiteRT model needs ai-edge-litert; {LITERT_RUNTIME_EXTRA}"
+            ) from None
+        try:
+            metadata = _tflite_metadata(self.path, schema)
+            if not metadata:
+                raise ValueError("it holds no sapiens2 metadata (not made by sapiens2 export)")
+            interpreter = Interpreter(model_path=str(self.path), num_threads=torch.get_num_threads())
+            [signature] = interpreter.get_signature_list().values()
+            [self.input_name] = signature["inputs"]
+            self.runner = interpreter.get_signature_runner()
+        except Exception as error:  # the interpreter raises ValueError/RuntimeError for any bad file
+            raise NetworkFileError(f"{self.path}: not a usable LiteRT model: {_first_line(error)}") from None
+        self._read_metadata(metadata)
+        self._check_task(task)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        def run(chunk: torch.Tensor) -> list[np.ndarray]:
+            outputs = self.runner(**{self.input_name: chunk.numpy()})
+            return [outputs[name] for name in self.output_names]
+
+        return self._in_batches(images, run)
+
+
+class CoreMLNetwork(_Network):
+    """A Core ML ML Program (``export_coreml``: ``.mlpackage``) run by Core ML through coremltools, on macOS only.
+
+    Core ML picks the compute units (CPU, GPU, Neural Engine) itself. The model has a fixed batch: a batch is run in
+    chunks of it, the last one padded with zero images. Outputs come back on the images' device. Elsewhere opening
+    one is a ``NetworkFileError`` saying so (coremltools converts and reads the spec on any OS, but runs models
+    only on macOS). Untested here: the project's machines run Linux.
+
+    Raises:
+        NetworkFileError: a missing or unreadable package, another task's network, no coremltools, not macOS.
+    """
+
+    def __init__(self, path: str | os.PathLike, task: str | None = None):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise NetworkFileError(f"{self.path}: no such Core ML package (a .mlpackage folder)")
+        if sys.platform != "darwin":
+            raise NetworkFileError(f"{self.path}: Core ML runs only on macOS (this is {sys.platform}); run a .tflite, "
+                                   ".pte, .xml or .onnx export here")  # fmt: skip
+        try:
+            import coremltools
+        except ImportError:
+            raise NetworkFileError(f"{self.path}: running a Core ML model needs coremltools; {COREML_EXTRA}") from None
+        try:
+            self.model = coremltools.models.MLModel(str(self.path))
+        except Exception as error:  # coremltools raises its own and Core ML's errors for any bad package
+            raise NetworkFileError(f"{self.path}: not a usable Core ML model: {_first_line(error)}") from None
+        self._read_metadata(dict(self.model.user_defined_metadata))
+        self._check_task(task)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        def run(chunk: torch.Tensor) -> list[np.ndarray]:
+            outputs = self.model.predict({"images": chunk.numpy()})
+            return [np.asarray(outputs[name], dtype=np.float32) for name in self.output_names]
+
+        return self._in_batches(images, run)
 
 
 # Exported network files by suffix, and the runtime each opens with.
-RUNTIMES = {".onnx": OnnxNetwork, ".pt2": Pt2Network, ".xml": OpenVinoNetwork, ".pte": ExecuTorchNetwork}
+RUNTIMES = {
+    ".onnx": OnnxNetwork,
+    ".pt2": Pt2Network,
+    ".xml": OpenVinoNetwork,
+    ".pte": ExecuTorchNetwork,
+    ".tflite": LiteRtNetwork,
+    ".mlpackage": CoreMLNetwork,
+}
 NETWORK_SUFFIXES = tuple(RUNTIMES)
 
 
 def load_network(path: str | os.PathLike, task: str | None = None) -> Any:
     """Open an exported network file by its suffix (``.onnx``: onnxruntime; ``.pt2``: torch; ``.xml``: OpenVINO;
-    ``.pte``: ExecuTorch), checked for ``task``.
+    ``.pte``: ExecuTorch; ``.tflite``: LiteRT; ``.mlpackage``: Core ML, macOS only), checked for ``task``.
 
     Example:
         >>> network = load_network("seg.onnx", "seg")

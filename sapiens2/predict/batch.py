@@ -32,6 +32,7 @@ def resolve_sources(
     """
     from ..checkpoints import MissingFilesError, find_download, locate_checkpoint
     from ..checkpoints import download as fetch
+    from ..export.runtime import is_network_file
     from ..pose.detector import DETECTOR_FILENAME, DETECTOR_REPO_ID
 
     for task, source in options.models.items():
@@ -45,6 +46,9 @@ def resolve_sources(
     found: dict[str, Any] = {}
     problems = []
     for task in tasks:
+        if is_network_file(models[task]) and Path(models[task]).expanduser().is_dir():  # a Core ML .mlpackage folder
+            found[task] = Path(models[task]).expanduser()
+            continue
         try:
             found[task] = locate_checkpoint(models[task], task, local_hint=hints[task])
         except FileNotFoundError as error:  # no such file, no released weights: named with the option

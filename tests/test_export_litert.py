@@ -1,0 +1,186 @@
+"""LiteRT models (``.tflite``) converted by litert-torch, run by the LiteRT interpreter against PyTorch.
+
+litert-torch cannot share the test venv (it pins pydantic and anyio below what the demo and serving extras need, and
+brings JAX), so the conversion runs in a venv of its own (``conftest.litert_python``: ``.venv-litert``, made by
+``.ci/run``) through the real ``export_litert`` and ``sapiens2 export``; the files are run here by ai-edge-litert
+(a [dev] dependency, which installs cleanly) through ``load_network`` and ``Predictor``. The same tiny random models as
+``test_export.py`` (LayerScale 1). fp32 models are held to the loose tier of the task's C parity case; the negative
+controls: the same weights with a float32 RoPE land over 10x further from PyTorch, and dynamic-range int8 misses the
+tier. Converting takes 15-40 s per model on 2 cores, so those tests are slow; refusals are in the default suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, litert_python, require_module
+from parity import case_tolerance, tensor_rule
+from test_export import _as_tuple, _input_size, _tiny_model, _within_tier, assert_refused_in_one_line
+
+from sapiens2 import Predictor, cli
+from sapiens2.data.io import read_image
+from sapiens2.export import load_network
+from sapiens2.metadata import SAMPLE_IMAGE
+
+require_module("ai_edge_litert")
+
+# Runs in litert-torch's venv: the tiny checkpoints as test_export's _tiny_model makes them, through export_litert.
+CONVERT = textwrap.dedent("""
+    import json, sys, torch
+    from sapiens2 import load_model
+    from sapiens2.export import export_litert
+    for job in json.loads(sys.argv[1]):
+        model = load_model(job["task"], job["checkpoint"])
+        with torch.no_grad():
+            for block in model.backbone.blocks:
+                block.attn.gamma.weight.fill_(1.0)
+        if job["fp32_rope"]:  # the bug the bf16 recipe exists for
+            model.backbone.rope_embed.dtype = torch.float32
+        export_litert(model, job["path"], input_size=job["input_size"], dtype=job["dtype"], batch=2)
+""")
+# (task, variant): a dtype, or fp32 with a float32 RoPE
+JOBS = (("seg", "fp32"), ("pose", "fp32"), ("pointmap", "fp32"), ("seg", "int8"), ("seg", "fp32_rope"))
+
+
+def _in_litert_venv(*args: str, cwd) -> subprocess.CompletedProcess:
+    """Run ``python args`` in litert-torch's venv with this checkout's sapiens2 first on the path."""
+    env = os.environ | {"PYTHONPATH": str(REPO)}
+    return subprocess.run([litert_python(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def tflite_files(tiny_checkpoints, tmp_path_factory) -> dict[tuple[str, str], object]:
+    """(task, variant) -> a batch-2 .tflite, all converted in one run of litert-torch's venv."""
+    folder = tmp_path_factory.mktemp("litert")
+    files = {job: folder / f"{job[0]}_{job[1]}.tflite" for job in JOBS}
+    jobs = [
+        {
+            "task": task,
+            "checkpoint": str(tiny_checkpoints[task]),
+            "path": str(path),
+            "input_size": list(_input_size(task)),
+            "dtype": "fp32" if variant == "fp32_rope" else variant,
+            "fp32_rope": variant == "fp32_rope",
+        }
+        for (task, variant), path in files.items()
+    ]
+    run = _in_litert_venv("-c", CONVERT, json.dumps(jobs), cwd=folder)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return files
+
+
+@pytest.fixture(scope="module")
+def models(tiny_checkpoints) -> dict[str, torch.nn.Module]:
+    return {task: _tiny_model(task, tiny_checkpoints[task]) for task in ("seg", "pose", "pointmap")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["seg", "pose", "pointmap"])
+def test_litert_fp32_matches_pytorch_within_the_loose_tier_at_any_batch(task, models, tflite_files):
+    """A batch-2 model run on batches 1 (padded), 2 and 3 (a chunk and a padded one); the metadata read back;
+    pointmap's two outputs by name."""
+    network = load_network(tflite_files[task, "fp32"], task)
+    assert (network.task, network.input_size, network.dtype, network.batch) == (task, _input_size(task), "fp32", 2)
+    generator = torch.Generator().manual_seed(1)
+    for batch in (1, 2, 3):
+        x = torch.randn(batch, 3, *_input_size(task), generator=generator)
+        with torch.no_grad():
+            expected = models[task](x)
+        got = network(x)
+        assert [g.shape for g in _as_tuple(got)] == [e.shape for e in _as_tuple(expected)]
+        within, figures = _within_tier(task, got, expected)
+        assert within, (batch, figures)
+
+
+@pytest.mark.slow
+def test_fp32_rope_model_and_int8_are_told_apart(models, tflite_files):
+    """Negative controls: the float32-RoPE model lands over 10x further from PyTorch than the bf16 recipe's (whose
+    rounding LiteRT computes by Veltkamp's splitting); dynamic-range int8 misses the fp32 tier by over 10x, from
+    less than half the bytes, while computing the same network (labels mostly equal)."""
+    x = torch.randn(2, 3, *_input_size("seg"), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = models["seg"](x)
+    right_max, _ = tensor_rule(load_network(tflite_files["seg", "fp32"], "seg")(x).numpy(), expected.numpy())
+    wrong_max, _ = tensor_rule(load_network(tflite_files["seg", "fp32_rope"], "seg")(x).numpy(), expected.numpy())
+    assert wrong_max > 10 * right_max, (wrong_max, right_max)
+
+    int8 = load_network(tflite_files["seg", "int8"], "seg")
+    assert int8.dtype == "int8"
+    got = int8(x)
+    within, figures = _within_tier("seg", got, expected)
+    assert not within and figures[0][0] > 10 * case_tolerance("C_seg")["loose"]["max_rel"], figures
+    assert np.mean(got.argmax(1).numpy() == expected.argmax(1).numpy()) > 0.9
+    sizes = {variant: tflite_files["seg", variant].stat().st_size for variant in ("fp32", "int8")}
+    assert sizes["int8"] / sizes["fp32"] < 0.5, sizes  # small tensors (norms, biases) of this tiny model stay float
+
+
+@pytest.mark.slow
+def test_cli_writes_fp16_checks_it_and_predictor_runs_it(models, tflite_files, tiny_checkpoints, tmp_path):
+    """``sapiens2 export -o x.tflite --dtype fp16 --check`` in litert-torch's venv (the task tolerance through the
+    post-processing), then ``Predictor`` here on the file, with the same labels as PyTorch."""
+    output = tmp_path / "seg16.tflite"
+    argv = ["-m", "sapiens2", "export", str(tiny_checkpoints["seg"]), "-o", str(output), "--input-size", "64", "48"]
+    run = _in_litert_venv(*argv, "--dtype", "fp16", "--check", str(SAMPLE_IMAGE), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert f"wrote {output} (seg, 64x48, fp16, litert)" in run.stdout and "passed: label_agreement" in run.stdout
+    half = output.stat().st_size / tflite_files["seg", "fp32"].stat().st_size
+    assert 0.45 < half < 0.65, half  # small tensors of this tiny model stay float32
+
+    image = read_image(SAMPLE_IMAGE)
+    reference = Predictor("seg", str(tiny_checkpoints["seg"]), device="cpu", input_size=(64, 48))(image)
+    predictor = Predictor("seg", model=output, device="cpu")
+    assert predictor.input_size == (64, 48)  # read from the file
+    assert all(np.mean(result.labels == reference.labels) >= 0.999 for result in predictor([image, image, image]))
+
+
+@pytest.mark.slow
+def test_bad_tflite_files_say_why(tflite_files, tmp_path):
+    seg = tflite_files["seg", "fp32"]
+    corrupt = tmp_path / "broken.tflite"
+    corrupt.write_bytes(seg.read_bytes()[:4000])
+    cases = {
+        corrupt: ("seg", "not a usable LiteRT model"),
+        seg: ("normal", "holds a 'seg' network, not 'normal'"),
+        tflite_files["pointmap", "fp32"]: ("seg", "holds a 'pointmap' network, not 'seg'"),
+    }
+    assert_refused_in_one_line(cases)
+
+
+def test_litert_files_and_exports_that_cannot_work_say_why(tiny_checkpoints, tmp_path, capsys):
+    """Without litert-torch (here: hidden, as where it is not installed) export says which extra to install, in one
+    line; without ai-edge-litert the runtime says so; a file that is not a LiteRT model or is missing is named."""
+    not_tflite = tmp_path / "noise.tflite"
+    not_tflite.write_bytes(bytes(range(256)) * 64)
+    assert_refused_in_one_line({not_tflite: ("seg", "not a usable LiteRT model: not a LiteRT flatbuffer"),
+                                tmp_path / "missing.tflite": ("seg", "no such file")})  # fmt: skip
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["litert_torch"] = None  # as if not installed (it is not in this venv; here in any case)
+        sys.modules["ai_edge_litert"] = None
+        from sapiens2 import cli
+        from sapiens2.export import load_network
+        argv = ["export", {str(tiny_checkpoints["seg"])!r}, "--input-size", "64", "48", "-o", {str(tmp_path / "x.tflite")!r}]
+        print("exit", cli.main(argv), file=sys.stderr)
+        try:
+            load_network({str(not_tflite)!r}, "seg")
+        except ValueError as error:
+            print(error)
+    """)  # noqa: E501
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    errors = [line for line in run.stderr.splitlines() if line.startswith(("sapiens2 export", "exit"))]
+    assert errors[1] == "exit 2", run.stderr
+    assert errors[0].startswith("sapiens2 export: error: LiteRT export needs the 'litert-torch' package") and (
+        "pip install 'sapiens2[litert]'" in errors[0]
+    ), errors
+    assert run.stdout.strip().endswith("needs ai-edge-litert; install the litert-runtime extra: pip install "
+                                       "'sapiens2[litert-runtime]'"), run.stdout  # fmt: skip
+    assert not (tmp_path / "x.tflite").exists()
+    assert cli.main(["export", str(tiny_checkpoints["seg"]), "-o", str(tmp_path / "y.tflite"), "--dtype", "bf16"]) == 2
+    assert "LiteRT export is fp32, fp16, int8, not 'bf16'" in capsys.readouterr().err
