@@ -8,7 +8,8 @@ so the attention and its bf16 RoPE move the output) of ``--task`` at ``--input-s
 decoded once, then preprocess + network + postprocess per call (pose: the whole-image person box, no detector; flip
 test unless ``--no-flip-test``). The runtimes alternate, ``--repeats`` rounds of one timed call each after
 ``--warmup`` rounds, so drifting machine load hits all alike; every runtime gets ``--threads``, all compute in
-float32. Prints a Markdown
+float32, and where fast mode picks another dtype on this CPU (``fast_precision``: bf16 where it is native) its row
+is added. Prints a Markdown
 table: median ms per image, images/s, speed-up over PyTorch reference, and the parity of the raw outputs against
 PyTorch float32 by the fixtures' tensor rule, with the task figure (``sapiens2.export.check.check_on_image``).
 
@@ -39,6 +40,7 @@ from sapiens2.data.io import read_image
 from sapiens2.export import export_executorch, export_litert, export_onnx, export_openvino
 from sapiens2.export.check import TASK_TOLERANCES, check_on_image
 from sapiens2.metadata import SAMPLE_IMAGE
+from sapiens2.models.fast import fast_precision
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"embed_dims": 32, "num_layers": 2, "num_heads": 2, "feedforward_channels": 64, "num_tokenizer_layers": 0}
@@ -59,6 +61,19 @@ def task_model(task: str, arch: str, input_size: tuple[int, int]) -> torch.nn.Mo
         for block in model.backbone.blocks:
             block.attn.gamma.weight.fill_(1.0)
     return model
+
+
+def _in_float32(network):
+    """``network`` taking and giving float32 (a bf16 fast model casts its input and outputs) for the parity check."""
+    dtype = next((p.dtype for p in network.parameters()), torch.float32) if hasattr(network, "parameters") else None
+    if dtype in (None, torch.float32):
+        return network
+
+    def run(x: torch.Tensor):
+        out = network(x.to(dtype))
+        return tuple(t.float() for t in out) if isinstance(out, tuple) else out.float()
+
+    return run
 
 
 def litert_in_venv(model, task: str, size, dtype: str, batch: int, path: Path, python: str) -> Path:
@@ -99,19 +114,24 @@ def export_all(model, task: str, size, args, folder: Path) -> tuple[dict[str, Pa
     return files, left_out
 
 
-def bench(task: str, args, folder: Path) -> tuple[dict, dict]:
+def bench(task: str, arch: str, args, folder: Path) -> tuple[dict, dict]:
     size = tuple(args.input_size)
-    model = task_model(task, args.arch, size)
+    model = task_model(task, arch, size)
     files, left_out = export_all(model, task, size, args, folder)
     common = {"device": "cpu", "batch_size": args.batch, "flip_test": not args.no_flip_test, "detector": None}
     predictors = {
         "PyTorch": Predictor(
-            task, task_model(task, args.arch, size), mode="reference", dtype="float32", input_size=size, **common
+            task, task_model(task, arch, size), mode="reference", dtype="float32", input_size=size, **common
         ),
         "ours fast": Predictor(
-            task, task_model(task, args.arch, size), mode="fast", dtype="float32", input_size=size, **common
+            task, task_model(task, arch, size), mode="fast", dtype="float32", input_size=size, **common
         ),
-    } | {name: Predictor(task, model=path, **common) for name, path in files.items()}
+    }
+    picked = fast_precision("cpu").dtype
+    if picked != torch.float32:  # fast mode's own pick on this CPU (bf16 where it is native): its row too
+        name = f"ours fast {str(picked).removeprefix('torch.')}"
+        predictors[name] = Predictor(task, task_model(task, arch, size), mode="fast", input_size=size, **common)
+    predictors |= {name: Predictor(task, model=path, **common) for name, path in files.items()}
     image = read_image(SAMPLE_IMAGE)
     images = [image] * args.batch
     height, width = image.shape[:2]
@@ -132,7 +152,7 @@ def bench(task: str, args, folder: Path) -> tuple[dict, dict]:
     rows = {}
     figure = next(iter(TASK_TOLERANCES.get(task, {})), None)
     for name, predictor in predictors.items():
-        check = check_on_image(task, model, predictor.model, image, size, flip_test=not args.no_flip_test)
+        check = check_on_image(task, model, _in_float32(predictor.model), image, size, flip_test=not args.no_flip_test)
         milliseconds = 1000 * sorted(times[name])[args.repeats // 2] / args.batch
         rows[name] = {
             "ms": milliseconds,
@@ -147,7 +167,8 @@ def bench(task: str, args, folder: Path) -> tuple[dict, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", action="append", default=None, help="a task (repeatable; default pose and seg)")
-    parser.add_argument("--arch", default="tiny", help="tiny, an arch name or a student of the arch table")
+    parser.add_argument("--arch", action="append", default=None,
+                        help="tiny, an arch name or a student (repeatable; default tiny)")  # fmt: skip
     parser.add_argument("--input-size", nargs=2, type=int, default=(256, 192), metavar=("H", "W"))
     parser.add_argument("--batch", type=int, default=1, help="images per call (and the fixed batch of .pte/.tflite)")
     parser.add_argument("--repeats", type=int, default=10)
@@ -162,20 +183,22 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), {args.arch}, input "
+    archs = args.arch or ["tiny"]
+    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), {', '.join(archs)}, input "
           f"{args.input_size[0]}x{args.input_size[1]}, batch {args.batch}, end to end through Predictor on "
           f"{Path(SAMPLE_IMAGE).name} (decode excluded), median of {args.repeats}")  # fmt: skip
     print()
-    print("| task | runtime | ms/img | img/s | speed-up over PyTorch | max_rel | task figure |")
-    print("|---|---|---|---|---|---|---|")
+    print("| task | arch | runtime | ms/img | img/s | speed-up over PyTorch | max_rel | task figure |")
+    print("|---|---|---|---|---|---|---|---|")
     notes = {}
     with tempfile.TemporaryDirectory() as folder:
-        for task in args.task or ["pose", "seg"]:
-            rows, left_out = bench(task, args, Path(folder))
-            notes |= left_out
-            for name, row in rows.items():
-                print(f"| {task} | {name} | {row['ms']:.2f} | {1000 / row['ms']:.1f} | {row['speedup']:.2f}x | "
-                      f"{row['max_rel']:.1e} | {row['figure']} |")  # fmt: skip
+        for arch in archs:
+            for task in args.task or ["pose", "seg"]:
+                rows, left_out = bench(task, arch, args, Path(folder))
+                notes |= left_out
+                for name, row in rows.items():
+                    print(f"| {task} | {arch} | {name} | {row['ms']:.2f} | {1000 / row['ms']:.1f} | "
+                          f"{row['speedup']:.2f}x | {row['max_rel']:.1e} | {row['figure']} |", flush=True)  # fmt: skip
     for name, why in notes.items():
         print(f"\n{name} left out: {why}")
 

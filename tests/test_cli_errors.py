@@ -92,6 +92,13 @@ CASES = {
         "value": (["clip_mocap", "-o", "out", "--mass", "0"], 2, ["--mass must be > 0"]),
         "flag": (["clip_mocap", "-o", "out", "--mss", "70"], 2, ["did you mean --mass?"]),
     },
+    "distill": {
+        "path": (["photos", "-o", "out", "--task", "seg", "--teacher", "missing.safetensors", "--student", "student_5m",
+                  "--steps", "1000"], 2, ["'missing.safetensors' not found"]),
+        "value": (["photos", "-o", "out", "--task", "seg", "--teacher", "1b", "--student", "student_5m",
+                   "--steps", "1000", "--holdout", "2"], 2, ["distill.holdout must lie in (0, 1), got 2.0"]),
+        "flag": (["photos", "-o", "out", "--stpes", "1000"], 2, ["did you mean --steps?"]),
+    },
     "labels": {
         "path": (["import", "missing.xml", "-o", "out"], 1, ["missing.xml: no such file or folder"]),
         "value": (["import", "cfg.yaml", "-o", "out"], 1, ["cfg.yaml: not valid JSON"]),

@@ -179,13 +179,22 @@ class Motion:
         return np.arange(self.num_frames) / self.fps
 
 
-def rotation_class() -> type:
-    """SciPy's ``Rotation`` (every rotation here goes through it), or one ImportError line naming the extra."""
+def _transform(name: str) -> type:
     try:
-        from scipy.spatial.transform import Rotation
+        from scipy.spatial import transform
     except ImportError:
         raise ImportError("motion capture needs SciPy: pip install 'sapiens2[mocap]'") from None
-    return Rotation
+    return getattr(transform, name)
+
+
+def rotation_class() -> type:
+    """SciPy's ``Rotation`` (every rotation here goes through it), or one ImportError line naming the extra."""
+    return _transform("Rotation")
+
+
+def slerp_class() -> type:
+    """SciPy's ``Slerp`` (rotations interpolated between keys), or one ImportError line naming the extra."""
+    return _transform("Slerp")
 
 
 def _flat(array: np.ndarray, width: int) -> np.ndarray:

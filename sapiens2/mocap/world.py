@@ -396,8 +396,7 @@ def _interpolate(poses: np.ndarray, posed: np.ndarray) -> np.ndarray:
         return poses
     out = poses.copy()
     t = np.arange(len(poses))
-    from scipy.spatial.transform import Slerp
-
+    Slerp = rig.slerp_class()
     if len(known) == 1:
         out[:] = poses[known[0]]
         return out
