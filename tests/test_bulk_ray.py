@@ -38,6 +38,7 @@ def test_a_local_ray_instance_listens_on_loopback_only(ray_instance):
     assert exposed == [], f"listening beyond loopback: {exposed}"
 
 
+@pytest.mark.slow  # 20+ s on 2 cores; the default suite keeps the Ray rows-equal and loopback tests
 def test_ray_pipeline_writes_the_single_process_files_and_resumes(ray_instance, tiny_checkpoints, tmp_path, capsys,
                                                                    caplog):  # fmt: skip
     inputs = photos(tmp_path / "in")
