@@ -69,6 +69,20 @@ def _within_tier(task: str, got, expected) -> tuple[bool, list]:
     return all(m <= tier["max_rel"] and r <= tier["rms_rel"] for m, r in figures), figures
 
 
+def assert_runs_within_tier(network, model: torch.nn.Module, task: str, batches) -> None:
+    """``network`` on random batches of each size in ``batches`` gives ``model``'s output shapes, within the task's
+    loose tier (the runtimes' parity check)."""
+    generator = torch.Generator().manual_seed(1)
+    for batch in batches:
+        x = torch.randn(batch, 3, *_input_size(task), generator=generator)
+        with torch.no_grad():
+            expected = model(x)
+        got = network(x)
+        assert [g.shape for g in _as_tuple(got)] == [e.shape for e in _as_tuple(expected)]
+        within, figures = _within_tier(task, got, expected)
+        assert within, (batch, figures)
+
+
 @pytest.fixture(scope="module")
 def models(tiny_checkpoints) -> dict[str, torch.nn.Module]:
     return {task: _tiny_model(task, tiny_checkpoints[task]) for task in TASK_NAMES}

@@ -16,7 +16,13 @@ import pytest
 import torch
 from conftest import require_module
 from parity import tensor_rule
-from test_export import TASK_NAMES, _input_size, _tiny_model, _within_tier, assert_refused_in_one_line
+from test_export import (
+    TASK_NAMES,
+    _input_size,
+    _tiny_model,
+    assert_refused_in_one_line,
+    assert_runs_within_tier,
+)
 
 from sapiens2 import Predictor, cli
 from sapiens2.data.io import read_image
@@ -50,13 +56,7 @@ def test_executorch_matches_pytorch_within_the_loose_tier_at_any_batch(task, mod
     """A batch-2 program run on batches 1 (padded), 2 and 3 (a chunk and a padded one)."""
     network = load_network(pte_files[task], task)
     assert (network.task, network.input_size, network.batch) == (task, _input_size(task), 2)
-    generator = torch.Generator().manual_seed(1)
-    for batch in (1, 2, 3):
-        x = torch.randn(batch, 3, *_input_size(task), generator=generator)
-        with torch.no_grad():
-            expected = models[task](x)
-        within, figures = _within_tier(task, network(x), expected)
-        assert within, (batch, figures)
+    assert_runs_within_tier(network, models[task], task, (1, 2, 3))
 
 
 @pytest.mark.slow

@@ -22,7 +22,13 @@ import pytest
 import torch
 from conftest import REPO, litert_python, require_module
 from parity import case_tolerance, tensor_rule
-from test_export import _as_tuple, _input_size, _tiny_model, _within_tier, assert_refused_in_one_line
+from test_export import (
+    _input_size,
+    _tiny_model,
+    _within_tier,
+    assert_refused_in_one_line,
+    assert_runs_within_tier,
+)
 
 from sapiens2 import Predictor, cli
 from sapiens2.data.io import read_image
@@ -88,15 +94,7 @@ def test_litert_fp32_matches_pytorch_within_the_loose_tier_at_any_batch(task, mo
     pointmap's two outputs by name."""
     network = load_network(tflite_files[task, "fp32"], task)
     assert (network.task, network.input_size, network.dtype, network.batch) == (task, _input_size(task), "fp32", 2)
-    generator = torch.Generator().manual_seed(1)
-    for batch in (1, 2, 3):
-        x = torch.randn(batch, 3, *_input_size(task), generator=generator)
-        with torch.no_grad():
-            expected = models[task](x)
-        got = network(x)
-        assert [g.shape for g in _as_tuple(got)] == [e.shape for e in _as_tuple(expected)]
-        within, figures = _within_tier(task, got, expected)
-        assert within, (batch, figures)
+    assert_runs_within_tier(network, models[task], task, (1, 2, 3))
 
 
 @pytest.mark.slow

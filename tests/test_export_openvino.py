@@ -21,13 +21,13 @@ from parity import assert_parity, case_tolerance, misses_parity
 from safetensors.torch import load_file
 from test_export import (
     TASK_NAMES,
-    _as_tuple,
     _input_size,
     _peaked_pose_model,
     _task_params,
     _tiny_model,
     _within_tier,
     assert_refused_in_one_line,
+    assert_runs_within_tier,
 )
 
 from sapiens2 import Predictor, cli
@@ -69,15 +69,7 @@ def test_openvino_fp32_matches_pytorch_within_the_loose_tier_at_any_batch(task, 
     assert path.with_suffix(".bin").is_file()
     network = load_network(path, task)
     assert (network.task, network.input_size, network.dtype) == (task, _input_size(task), "fp32")
-    generator = torch.Generator().manual_seed(1)
-    for batch in (1, 3, 2):
-        x = torch.randn(batch, 3, *_input_size(task), generator=generator)
-        with torch.no_grad():
-            expected = models[task](x)
-        got = network(x)
-        assert [g.shape for g in _as_tuple(got)] == [e.shape for e in _as_tuple(expected)]
-        within, figures = _within_tier(task, got, expected)
-        assert within, (batch, figures)
+    assert_runs_within_tier(network, models[task], task, (1, 3, 2))
     assert network.batch == 3
 
 
