@@ -4,6 +4,7 @@ service is told to stop are answered, new ones get 503 + Retry-After and ``/read
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -20,12 +21,13 @@ def test_stopping_drains_the_requests_in_flight(tiny_checkpoints, tmp_path_facto
     from sapiens2.serve.app import stop
 
     body = photos(tmp_path, 1)[0].read_bytes()
-    # batches wait up to 3 s to fill: requests are reliably in flight when stop() starts
-    for url in start_service(tiny_checkpoints, tmp_path_factory, **{"--task": "seg", "--max-wait-ms": 3000}):
+    # batches wait up to 6 s to fill: the four requests are still inside when stop() starts, which waits until the
+    # gateway counts them (a busy 2-core machine may take over a second to admit them; an idle service stops at once)
+    for url in start_service(tiny_checkpoints, tmp_path_factory, **{"--task": "seg", "--max-wait-ms": 6000}):
         assert call(url, "/v1/seg", body)[0] == 200
         with ThreadPoolExecutor(4) as pool:
             in_flight = [pool.submit(call, url, "/v1/seg", body) for _ in range(4)]
-            time.sleep(1.0)
+            wait_until_inside(url, 4)
             stopper = threading.Thread(target=stop, args=(60.0,))
             stopper.start()
             time.sleep(0.5)
@@ -38,6 +40,19 @@ def test_stopping_drains_the_requests_in_flight(tiny_checkpoints, tmp_path_facto
         retry_after = {key.lower(): value for key, value in headers.items()}.get("retry-after", "")
         assert status == 503 and "shutting down" in answer["error"] and retry_after.isdigit()
         assert ready[0] == 503 and ready[2]["status"] == "draining"
+
+
+def wait_until_inside(url: str, count: int, timeout: float = 30.0) -> None:
+    """Until the gateway's /metrics count ``count`` requests in flight."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, _, text = call(url, "/metrics")
+        assert status == 200, text
+        inside = re.search(r"^sapiens2_requests_in_flight ([0-9.]+)$", str(text), re.MULTILINE)
+        if inside and float(inside.group(1)) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the gateway never counted {count} requests in flight")
 
 
 def test_sigterm_stops_a_busy_server_within_its_drain(tiny_checkpoints, tmp_path_factory, tmp_path):
