@@ -578,3 +578,56 @@ def test_blender_imports_a_scene_with_each_track_at_its_time(tmp_path):
             theirs = np.stack([world[:, 0], -world[:, 2], world[:, 1]], -1)  # Blender's Z up -> camera axes
             own = frame - round(track.start * track.motion.fps)
             np.testing.assert_allclose(theirs, ours[own], atol=1e-5, err_msg=track.name)
+
+
+BLENDER_CAMERA_SCRIPT = """
+import json, sys
+import bpy
+path, frames, output = sys.argv[-3:]
+bpy.ops.wm.read_factory_settings(use_empty=True)
+scene = bpy.context.scene
+bpy.ops.import_scene.fbx(filepath=path)
+(camera,) = [o for o in scene.objects if o.type == "CAMERA"]
+lens = camera.data
+result = {"name": camera.name, "lens": lens.lens, "sensor": [lens.sensor_width, lens.sensor_height],
+          "angle_x": lens.angle_x, "matrices": {}}
+for frame in map(int, frames.split(",")):
+    scene.frame_set(frame)
+    result["matrices"][frame] = [list(row) for row in camera.matrix_world]
+with open(output, "w") as handle:
+    json.dump(result, handle)
+"""
+
+
+@pytest.mark.slow
+def test_blender_looks_through_our_camera(tmp_path, monkeypatch):
+    """Blender's FBX importer makes the scene's camera a camera object looking down its -Z with +Y up (its own
+    convention, the FBX's +X turned by the importer): at its first, a middle and its last frame (the camera's first
+    frame 0.25 s into a two-track scene) its ``matrix_world`` puts it at our centre with our view and up, and its lens
+    and sensor are our focal length and film back. Written without the quarter turn (USD's -Z taken for FBX's +X),
+    Blender's camera looks 90° away."""
+    from conftest import run_blender
+
+    camera, turns, centres = moving_camera(12, start=0.25)
+    path = write_fbx_scene(two_tracks(), tmp_path / "scene.fbx", camera)
+    frames = {6 + own: own for own in (0, 5, 11)}  # the clip's frame (Blender's is one more) -> the camera's
+    blender_frames = ",".join(str(1 + f) for f in frames)
+    with monkeypatch.context() as patched:
+        patched.setattr(fbx, "_CAMERA_AXES", (0.0, 0.0, 0.0, 1.0))
+        minus_z = write_fbx_scene(two_tracks(), tmp_path / "minus_z" / "scene.fbx", camera)
+    wrong = run_blender(BLENDER_CAMERA_SCRIPT, minus_z, blender_frames, folder=minus_z.parent)
+    result = run_blender(BLENDER_CAMERA_SCRIPT, path, blender_frames, folder=tmp_path)
+    assert result["name"] == "camera" and result["lens"] == pytest.approx(36.0 * 560 / 640, abs=1e-5)
+    assert result["sensor"] == pytest.approx([36.0, 27.0], abs=1e-5)
+    assert math.degrees(result["angle_x"]) == pytest.approx(FIELD_OF_VIEW[0], abs=1e-4)
+    to_ours = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, -1.0], [0.0, 1.0, 0.0]])  # Blender's Z up -> camera axes
+    for frame, own in frames.items():
+        matrix = np.array(result["matrices"][str(1 + frame)])
+        axes = matrix[:3, :3] / np.linalg.norm(matrix[:3, :3], axis=0)  # the importer's unit scale taken out
+        np.testing.assert_allclose(to_ours @ matrix[:3, 3], centres[own], atol=1e-5)
+        # its +X right, +Y up, -Z the view: OpenCV's +x, -y, +z
+        seen = to_ours @ axes @ np.diag([1.0, -1.0, -1.0])
+        assert degrees_between(seen[None], turns[own][None])[0] < 1e-3, frame
+        matrix = np.array(wrong["matrices"][str(1 + frame)])
+        seen = to_ours @ (matrix[:3, :3] / np.linalg.norm(matrix[:3, :3], axis=0)) @ np.diag([1.0, -1.0, -1.0])
+        assert degrees_between(seen[None], turns[own][None])[0] > 89.0, frame
