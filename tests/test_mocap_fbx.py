@@ -1,7 +1,9 @@
 """FBX exports (sapiens2.mocap.fbx): the node encoder read back through ufbx's document tree, the Euler angles, and
 the files opened by three independent readers, ufbx, assimp (its command-line tool) and Blender's importer (slow),
 each giving our forward kinematics at every frame within 1 mm (in practice micrometres); the same files with a wrong
-rotation order fail that check. Per track and as one scene of several tracks (``write_fbx_scene``, ``--scene``)."""
+rotation order fail that check. Per track and as one scene of several tracks (``write_fbx_scene``, ``--scene``).
+The shot's camera: each reader puts it at our centre looking down our view (FBX's cameras look down +X), with our
+lens; written without the quarter turn to FBX's +X, or transposed, it looks elsewhere."""
 
 from __future__ import annotations
 
