@@ -496,14 +496,18 @@ def test_ufbx_and_assimp_see_our_camera_at_every_frame(tmp_path):
 
 
 def test_a_still_camera_is_set_once(tmp_path):
-    """A camera that does not move (every frame the same pose) has no curves: its model stands at the pose."""
+    """A camera that does not move (every frame the same pose) has no curves: its model stands at the pose. Without
+    a resolution its aspect is the film's (a ratio, not pixels)."""
     motion = random_motion(frames=8, seed=23, fps=24.0)
     moving, turns, centres = moving_camera(8)
     still = dataclasses.replace(moving, positions=np.repeat(moving.positions[3:4], 8, 0),
-                                rotations=np.repeat(moving.rotations[3:4], 8, 0))  # fmt: skip
+                                rotations=np.repeat(moving.rotations[3:4], 8, 0), resolution=None)  # fmt: skip
     path = write_fbx(motion, tmp_path / "still.fbx", camera=still)
     read = ufbx_read(path, {"camera": (("camera",), _times(motion))})
-    assert read["curves"] == 3 * (motion.skeleton.num_joints + 1) and len(read["cameras"]) == 1
+    assert read["curves"] == 3 * (motion.skeleton.num_joints + 1)
+    (lens,) = read["cameras"]
+    assert not lens["pixels"] and lens["aspect"] == pytest.approx(4 / 3)
+    np.testing.assert_allclose(lens["fov"], FIELD_OF_VIEW, atol=1e-9)
     np.testing.assert_allclose(read["positions"]["camera"][:, 0], np.repeat(centres[3:4], 8, 0), atol=1e-5)
     assert degrees_between(read["rotations"]["camera"][:, 0], view_axes(turns[[3] * 8])).max() < 1e-3
 
