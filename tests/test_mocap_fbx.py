@@ -1,10 +1,13 @@
 """FBX exports (sapiens2.mocap.fbx): the node encoder read back through ufbx's document tree, the Euler angles, and
 the files opened by three independent readers, ufbx, assimp (its command-line tool) and Blender's importer (slow),
 each giving our forward kinematics at every frame within 1 mm (in practice micrometres); the same files with a wrong
-rotation order fail that check. Per track and as one scene of several tracks (``write_fbx_scene``, ``--scene``)."""
+rotation order fail that check. Per track and as one scene of several tracks (``write_fbx_scene``, ``--scene``).
+The shot's camera: each reader puts it at our centre looking down our view (FBX's cameras look down +X), with our
+lens; written without the quarter turn to FBX's +X, or transposed, it looks elsewhere."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
@@ -19,12 +22,15 @@ from test_mocap_export import blender_joint_positions, random_motion
 import sapiens2.mocap.fbx as fbx
 from sapiens2.mocap.fbx import FbxNode, FbxTrack, Int64, encode_fbx, euler_xyz_degrees, write_fbx, write_fbx_scene
 from sapiens2.mocap.rig import (
+    CameraAnimation,
     Motion,
     forward_kinematics,
     quat_from_axis_angle,
     quat_multiply,
     quat_to_matrix,
     quat_to_y_up,
+    rotation_class,
+    to_y_up,
 )
 
 BAR = 1e-3  # the issue's bar: 1 mm
@@ -67,12 +73,20 @@ result = {
     "time": [anim.time_begin, anim.time_end], "stacks": len(scene.anim_stacks), "bones": len(scene.bones),
     "empties": len(scene.empties), "bind_poses": [len(listed(p.bone_poses)) for p in poses if p.is_bind_pose],
     "names": names, "parents": parents, "curves": len(curves), "keys": len(keyframes),
-    "linear": all(k.interpolation == ufbx.Interpolation.LINEAR for k in keyframes), "positions": {},
+    "linear": all(k.interpolation == ufbx.Interpolation.LINEAR for k in keyframes), "positions": {}, "cameras": [],
 }
 keep.append((settings, anim, axes))
+for camera in listed(scene.cameras):
+    fov, film, pixels = camera.field_of_view_deg, camera.film_size_inch, camera.resolution
+    keep.append((fov, film, pixels))
+    result["cameras"].append({
+        "name": camera.name, "focal_length": camera.focal_length_mm, "fov": [fov.x, fov.y], "film": [film.x, film.y],
+        "resolution": [pixels.x, pixels.y], "pixels": camera.resolution_is_pixels, "aspect": camera.aspect_ratio,
+        "near": camera.near_plane, "far": camera.far_plane,
+    })
 for track, (joints, times) in request.items():
     (top,) = [i for i, name in enumerate(names) if name == track and parents[i] == 0]
-    below, order = {top}, []
+    below, order = {top}, [top]
     for i in range(len(names)):  # a parent comes before its children in scene.nodes
         if parents[i] in below:
             below.add(i)
@@ -111,8 +125,16 @@ def ufbx_read(path, tracks: dict[str, tuple[tuple[str, ...], np.ndarray]]) -> di
 
 
 def assimp_positions(path, tmp_path) -> tuple[dict, dict[str, np.ndarray]]:
-    """assimp's scene as JSON (``assimp export -fassjson``) and the world joint positions (camera axes, metres) at
-    each of its animation's keys, by node name: static node transforms, animated ones where a channel has keys.
+    """assimp's scene as JSON and the world joint positions (camera axes, metres) at each of its animation's keys, by
+    node name (``assimp_worlds``)."""
+    scene, worlds = assimp_worlds(path, tmp_path)
+    return scene, {name: world[:, :3, 3] * Y_UP_CM for name, world in worlds.items()}
+
+
+def assimp_worlds(path, tmp_path) -> tuple[dict, dict[str, np.ndarray]]:
+    """assimp's scene as JSON (``assimp export -fassjson``) and the (T, 4, 4) world matrices of its nodes (the file's
+    axes and centimetres) at each of its animation's keys, by node name: static node transforms, animated ones where a
+    channel has keys.
 
     A joint with a ``PreRotation`` becomes a chain of helper nodes (``<joint>_$AssimpFbx$_Translation``,
     ``..._PreRotation``) above the joint's own node, and assimp before 6.0 bakes the whole chain (translation,
@@ -129,7 +151,7 @@ def assimp_positions(path, tmp_path) -> tuple[dict, dict[str, np.ndarray]]:
     frames = {len(c["rotationkeys"]) for c in channels.values()} | {len(c["positionkeys"]) for c in channels.values()}
     assert len(frames) == 1, frames
     (count,) = frames
-    positions: dict[str, np.ndarray] = {}
+    worlds: dict[str, np.ndarray] = {}
 
     def local(node: dict) -> np.ndarray:
         static = np.array(node["transformation"], np.float64).reshape(4, 4)  # row-major, translation in column 3
@@ -146,12 +168,12 @@ def assimp_positions(path, tmp_path) -> tuple[dict, dict[str, np.ndarray]]:
 
     def walk(node: dict, parent: np.ndarray) -> None:
         world = parent @ local(node)
-        positions[node["name"]] = world[:, :3, 3] * Y_UP_CM
+        worlds[node["name"]] = world
         for child in node.get("children", ()):
             walk(child, world)
 
     walk(scene["rootnode"], np.eye(4)[None])
-    return scene, positions
+    return scene, worlds
 
 
 # ------------------------------------------------------------------------------------------------- the encoder
@@ -400,6 +422,9 @@ def test_the_scene_refuses_bad_tracks(tmp_path):
     slower = Motion(other.skeleton, 30.0, other.root_translation, other.rotations)
     with pytest.raises(ValueError, match="one frame rate, got \\[24.0, 30.0\\]"):
         write_fbx_scene([first, FbxTrack("track_2", slower)], path)
+    camera = dataclasses.replace(moving_camera(3)[0], fps=30.0)
+    with pytest.raises(ValueError, match="one frame rate, got \\[24.0, 30.0\\]"):
+        write_fbx_scene([first], path, camera)
     with pytest.raises(ValueError, match="scene.fbx: track_4: orientations must be \\(J=21, 4\\), got \\(3, 4\\)"):
         write_fbx_scene([first, FbxTrack("track_4", other, orientations=np.zeros((3, 4)))], path)
     assert not path.exists()
@@ -412,6 +437,95 @@ def test_rewriting_gives_the_same_bytes(tmp_path):
         write_fbx(tracks[0].motion, tmp_path / folder / "track_1.fbx")
     for name in ("scene.fbx", "track_1.fbx"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+# ------------------------------------------------------------------------------------------------ the camera
+
+
+def moving_camera(frames: int, start: float = 0.0) -> tuple[CameraAnimation, np.ndarray, np.ndarray]:
+    """A camera path as ``world.CameraPath`` holds it, OpenCV axes: (T, 3, 3) camera -> world rotations turning 115°
+    about a tilted axis and (T, 3) centres walking 2 m; with the ``CameraAnimation`` the exports take (24 fps, from
+    ``start`` s, a 640 x 480 pinhole with f = 560 px)."""
+    turns = quat_to_matrix(quat_from_axis_angle(np.array([0.2, 1.0, -0.3]), np.linspace(0.0, 2.0, frames)))
+    centres = np.linspace([0.0, -1.6, 0.0], [0.5, -1.4, -2.0], frames)
+    intrinsics = np.array([[560.0, 0.0, 319.5], [0.0, 560.0, 239.5], [0.0, 0.0, 1.0]])
+    return CameraAnimation.from_camera(turns, centres, 24.0, start, intrinsics), turns, centres
+
+
+FIELD_OF_VIEW = np.degrees(2 * np.arctan([320 / 560, 240 / 560]))  # (horizontal, vertical) of moving_camera's pinhole
+
+
+def view_axes(turns: np.ndarray) -> np.ndarray:
+    """(T, 3, 3) the axes an FBX camera's node must have, in the file's Y-up axes, for OpenCV camera -> world
+    ``turns``: its +X the view (OpenCV's +z), +Y up (-y), +Z right (+x)."""
+    return to_y_up(np.stack([turns[..., 2], -turns[..., 1], turns[..., 0]], -2)).swapaxes(-1, -2)
+
+
+def degrees_between(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(T,) the angle in degrees between (T, 3, 3) rotations."""
+    return np.degrees(rotation_class().from_matrix(np.einsum("tba,tbc->tac", a, b)).magnitude())
+
+
+def test_ufbx_and_assimp_see_our_camera_at_every_frame(tmp_path):
+    """The camera of a moving shot (``write_fbx(camera=...)``): ufbx and assimp put it at our centre, looking down
+    our view with our up, at every frame (FBX's cameras look down their +X, +Y up: assimp says so, ``lookat`` and
+    ``up``), with our focal length, film back, field of view and resolution."""
+    motion = random_motion(frames=12, seed=21, fps=24.0)
+    camera, turns, centres = moving_camera(12)
+    path = write_fbx(motion, tmp_path / "shot.fbx", name="track_1", camera=camera)
+    read = ufbx_read(path, {"camera": (("camera",), _times(motion)), "track_1": (("pelvis",), _times(motion))})
+    np.testing.assert_allclose(read["positions"]["camera"][:, 0], centres, atol=1e-5)
+    assert degrees_between(read["rotations"]["camera"][:, 0], view_axes(turns)).max() < 1e-3
+    ours, _ = forward_kinematics(motion)
+    np.testing.assert_allclose(read["positions"]["track_1"][:, 0], ours[:, 0], atol=1e-5)  # the body as before
+    (lens,) = read["cameras"]
+    assert lens["name"] == "camera" and lens["focal_length"] == pytest.approx(36.0 * 560 / 640)
+    np.testing.assert_allclose(lens["fov"], FIELD_OF_VIEW, atol=1e-9)
+    assert lens["film"] == pytest.approx([36 / 25.4, 27 / 25.4]) and lens["aspect"] == pytest.approx(640 / 480)
+    assert lens["resolution"] == [640, 480] and lens["pixels"] and [lens["near"], lens["far"]] == [1.0, 1e5]
+    joints = motion.skeleton.num_joints
+    assert read["curves"] == 3 * (joints + 1) + 6 and read["time"] == pytest.approx([0.0, 11 / 24])
+    scene, worlds = assimp_worlds(path, tmp_path)
+    (info,) = scene["cameras"]
+    assert info["name"] == "camera" and info["lookat"] == [1, 0, 0] and info["up"] == [0, 1, 0]
+    assert info["aspect"] == pytest.approx(640 / 480, abs=1e-5)
+    # the whole angle: assimp 5.2.5's FBX importer fills aiCamera::mHorizontalFOV so (aiCamera documents the half)
+    assert info["horizontalfov"] == pytest.approx(math.radians(FIELD_OF_VIEW[0]), abs=1e-5)
+    np.testing.assert_allclose(worlds["camera"][:, :3, 3] * Y_UP_CM, centres, atol=5e-5)  # its JSON keeps 6 digits
+    assert degrees_between(worlds["camera"][:, :3, :3], view_axes(turns)).max() < 1e-3
+
+
+def test_a_still_camera_is_set_once(tmp_path):
+    """A camera that does not move (every frame the same pose) has no curves: its model stands at the pose. Without
+    a resolution its aspect is the film's (a ratio, not pixels)."""
+    motion = random_motion(frames=8, seed=23, fps=24.0)
+    moving, turns, centres = moving_camera(8)
+    still = dataclasses.replace(moving, positions=np.repeat(moving.positions[3:4], 8, 0),
+                                rotations=np.repeat(moving.rotations[3:4], 8, 0), resolution=None)  # fmt: skip
+    path = write_fbx(motion, tmp_path / "still.fbx", camera=still)
+    read = ufbx_read(path, {"camera": (("camera",), _times(motion))})
+    assert read["curves"] == 3 * (motion.skeleton.num_joints + 1)
+    (lens,) = read["cameras"]
+    assert not lens["pixels"] and lens["aspect"] == pytest.approx(4 / 3)
+    np.testing.assert_allclose(lens["fov"], FIELD_OF_VIEW, atol=1e-9)
+    np.testing.assert_allclose(read["positions"]["camera"][:, 0], np.repeat(centres[3:4], 8, 0), atol=1e-5)
+    assert degrees_between(read["rotations"]["camera"][:, 0], view_axes(turns[[3] * 8])).max() < 1e-3
+
+
+def test_the_camera_check_fails_on_the_wrong_axes(tmp_path, monkeypatch):
+    """The negative controls: USD's camera written as it is (looking down -Z, no quarter turn to FBX's +X) looks 90°
+    away in ufbx; the rotation transposed (world -> camera) misses by tens of degrees."""
+    motion = random_motion(frames=6, seed=22, fps=24.0)
+    camera, turns, _ = moving_camera(6)
+    with monkeypatch.context() as patched:
+        patched.setattr(fbx, "_CAMERA_AXES", (0.0, 0.0, 0.0, 1.0))
+        path = write_fbx(motion, tmp_path / "minus_z.fbx", camera=camera)
+    minus_z = ufbx_read(path, {"camera": (("camera",), _times(motion))})["rotations"]["camera"][:, 0]
+    assert degrees_between(minus_z, view_axes(turns)).min() > 89.0
+    transposed = dataclasses.replace(camera, rotations=camera.rotations * [-1.0, -1.0, -1.0, 1.0])
+    path = write_fbx(motion, tmp_path / "transposed.fbx", camera=transposed)
+    turned = ufbx_read(path, {"camera": (("camera",), _times(motion))})["rotations"]["camera"][:, 0]
+    assert degrees_between(turned, view_axes(turns))[1:].min() > 10.0  # frame 0 turns by 0° either way
 
 
 # ---------------------------------------------------------------------------------------------- Blender (slow)
@@ -470,3 +584,56 @@ def test_blender_imports_a_scene_with_each_track_at_its_time(tmp_path):
             theirs = np.stack([world[:, 0], -world[:, 2], world[:, 1]], -1)  # Blender's Z up -> camera axes
             own = frame - round(track.start * track.motion.fps)
             np.testing.assert_allclose(theirs, ours[own], atol=1e-5, err_msg=track.name)
+
+
+BLENDER_CAMERA_SCRIPT = """
+import json, sys
+import bpy
+path, frames, output = sys.argv[-3:]
+bpy.ops.wm.read_factory_settings(use_empty=True)
+scene = bpy.context.scene
+bpy.ops.import_scene.fbx(filepath=path)
+(camera,) = [o for o in scene.objects if o.type == "CAMERA"]
+lens = camera.data
+result = {"name": camera.name, "lens": lens.lens, "sensor": [lens.sensor_width, lens.sensor_height],
+          "angle_x": lens.angle_x, "matrices": {}}
+for frame in map(int, frames.split(",")):
+    scene.frame_set(frame)
+    result["matrices"][frame] = [list(row) for row in camera.matrix_world]
+with open(output, "w") as handle:
+    json.dump(result, handle)
+"""
+
+
+@pytest.mark.slow
+def test_blender_looks_through_our_camera(tmp_path, monkeypatch):
+    """Blender's FBX importer makes the scene's camera a camera object looking down its -Z with +Y up (its own
+    convention, the FBX's +X turned by the importer): at its first, a middle and its last frame (the camera's first
+    frame 0.25 s into a two-track scene) its ``matrix_world`` puts it at our centre with our view and up, and its lens
+    and sensor are our focal length and film back. Written without the quarter turn (USD's -Z taken for FBX's +X),
+    Blender's camera looks 90° away."""
+    from conftest import run_blender
+
+    camera, turns, centres = moving_camera(12, start=0.25)
+    path = write_fbx_scene(two_tracks(), tmp_path / "scene.fbx", camera)
+    frames = {6 + own: own for own in (0, 5, 11)}  # the clip's frame (Blender's is one more) -> the camera's
+    blender_frames = ",".join(str(1 + f) for f in frames)
+    with monkeypatch.context() as patched:
+        patched.setattr(fbx, "_CAMERA_AXES", (0.0, 0.0, 0.0, 1.0))
+        minus_z = write_fbx_scene(two_tracks(), tmp_path / "minus_z" / "scene.fbx", camera)
+    wrong = run_blender(BLENDER_CAMERA_SCRIPT, minus_z, blender_frames, folder=minus_z.parent)
+    result = run_blender(BLENDER_CAMERA_SCRIPT, path, blender_frames, folder=tmp_path)
+    assert result["name"] == "camera" and result["lens"] == pytest.approx(36.0 * 560 / 640, abs=1e-5)
+    assert result["sensor"] == pytest.approx([36.0, 27.0], abs=1e-5)
+    assert math.degrees(result["angle_x"]) == pytest.approx(FIELD_OF_VIEW[0], abs=1e-4)
+    to_ours = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, -1.0], [0.0, 1.0, 0.0]])  # Blender's Z up -> camera axes
+    for frame, own in frames.items():
+        matrix = np.array(result["matrices"][str(1 + frame)])
+        axes = matrix[:3, :3] / np.linalg.norm(matrix[:3, :3], axis=0)  # the importer's unit scale taken out
+        np.testing.assert_allclose(to_ours @ matrix[:3, 3], centres[own], atol=1e-5)
+        # its +X right, +Y up, -Z the view: OpenCV's +x, -y, +z
+        seen = to_ours @ axes @ np.diag([1.0, -1.0, -1.0])
+        assert degrees_between(seen[None], turns[own][None])[0] < 1e-3, frame
+        matrix = np.array(wrong["matrices"][str(1 + frame)])
+        seen = to_ours @ (matrix[:3, :3] / np.linalg.norm(matrix[:3, :3], axis=0)) @ np.diag([1.0, -1.0, -1.0])
+        assert degrees_between(seen[None], turns[own][None])[0] > 89.0, frame

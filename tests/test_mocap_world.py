@@ -162,10 +162,11 @@ def test_ten_seconds_of_a_moving_camera_in_the_world(tmp_path):
     """The issue's case end to end (``run_mocap`` on the encoded clip, the networks' outputs from the truth): 10 s of
     a walk filmed by a camera walking backwards ahead of it. ``auto`` decides moving; the root's world trajectory
     (the CSV's pelvis) is within 5 cm RMSE of the truth and the camera's rotation (``camera.csv``) within 1 degree
-    at every frame. Negative controls: ``--camera static`` (the camera's motion ignored) misses the root's bar, and
-    the path from the same records left in the first camera's frame misses the rotation's."""
+    at every frame; the USD's, glTF's and FBX's camera (ufbx: its centre and view) are that path. Negative controls:
+    ``--camera static`` (the camera's motion ignored) misses the root's bar, and the path from the same records left
+    in the first camera's frame misses the rotation's."""
     truth = moving_camera_clip(seconds=10.0)
-    report, summary = _oracle_run(tmp_path, truth.clip, "walk", "auto", formats=("csv", "bvh", "usd", "glb"))
+    report, summary = _oracle_run(tmp_path, truth.clip, "walk", "auto", formats=("csv", "bvh", "usd", "glb", "fbx"))
     assert report.error is None and len(report.tracks) == 1
     assert summary["camera"]["moving"] is True and summary["camera"]["found_moving"] is True
     track = next(iter(report.tracks))
@@ -195,9 +196,14 @@ def test_ten_seconds_of_a_moving_camera_in_the_world(tmp_path):
     glb = glb_camera(folder / f"track_{track}.glb")  # and in the glTF, which Khronos' validator passes
     np.testing.assert_allclose(glb["translation"], rig.to_y_up(centres), atol=1e-5)
     assert khronos_issues(folder / f"track_{track}.glb", tmp_path)["numErrors"] == 0
+    from test_mocap_fbx import degrees_between, ufbx_read, view_axes
+
+    read = ufbx_read(folder / f"track_{track}.fbx", {"camera": (("camera",), camera["time"])})  # and in the FBX
+    np.testing.assert_allclose(read["positions"]["camera"][:, 0], centres, atol=1e-5)
+    assert degrees_between(read["rotations"]["camera"][:, 0], view_axes(rotations)).max() < 1e-3
     # a rerun (what a run killed after its video part does) finds the same path from the records: the same bytes
     written = {f: (tmp_path / f).read_bytes() for f in ["auto/" + p for p in summary["tracks"][str(track)]]}
-    again, _ = _oracle_run(tmp_path, truth.clip, "walk", "auto", formats=("csv", "bvh", "usd", "glb"))
+    again, _ = _oracle_run(tmp_path, truth.clip, "walk", "auto", formats=("csv", "bvh", "usd", "glb", "fbx"))
     assert again.video.resumed_frames == 240 and {f: (tmp_path / f).read_bytes() for f in written} == written
     # negative controls
     frames, features, _ = read_background(tmp_path / "auto" / "walk_frames.jsonl")

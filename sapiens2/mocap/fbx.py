@@ -12,6 +12,13 @@ transform of a joint is ``T(offset) @ R`` and forward kinematics equals ``rig.fo
 frame / fps from the track's start (``start`` seconds later in a scene). ``GlobalSettings`` carries the frame rate
 (``TimeMode`` custom, ``CustomFrameRate``).
 
+A camera (``rig.CameraAnimation``, the solved path of a moving camera) is a ``Camera`` model ``camera`` at the
+scene's root with its ``NodeAttribute`` (focal length, film back, field of view, resolution). FBX's cameras look down
+their local +X with +Y up (the FBX SDK's convention, which Blender's exporter and importer, ufbx and assimp follow),
+where USD's and glTF's look down -Z: the model's ``Lcl Rotation`` is the camera's rotation times a quarter turn
+about Y (``_CAMERA_AXES``: +X to -Z), with no post-rotation, so every reader puts the view the same way. Its
+``Lcl Translation`` and ``Lcl Rotation`` are keyed at every frame like the joints' when it moves, set once otherwise.
+
 A rig whose joints carry axes of their own in the rest pose (bone axes: Maya's joint orient, Mixamo's) gives them as
 ``FbxTrack.orientations``, each joint's rest orientation W in the world; the joint then turns in its own axes: its
 ``PreRotation`` is ``W_parent^-1 W`` (its rest orientation in its parent's axes; ``RotationActive`` on), its offset
@@ -37,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from sapiens2.data.io import atomic_write
-from sapiens2.mocap.rig import Motion, quat_to_y_up, to_y_up
+from sapiens2.mocap.rig import CameraAnimation, Motion, quat_to_y_up, to_y_up
 
 __all__ = [
     "FBX_VERSION", "FbxNode", "FbxTrack", "Int64", "encode_fbx", "euler_xyz_degrees", "write_fbx", "write_fbx_scene",
@@ -61,6 +68,9 @@ _CONSTANT = 0x2  # KeyAttrFlags: constant (a step: user curves such as the conta
 _TIME_MODE_CUSTOM = 14
 _TAKE = "Take 001"  # the one animation stack
 _CREATOR = "sapiens2 mocap"
+_MM_PER_INCH = 25.4  # FBX's film back is in inches
+_CAMERA_AXES = (0.0, math.sqrt(0.5), 0.0, math.sqrt(0.5))
+"""(x, y, z, w) a quarter turn about Y: FBX's camera axes (looking down +X, +Y up) in USD's and glTF's (-Z, +Y up)."""
 
 
 class Int64(int):
@@ -277,10 +287,13 @@ def _model(
     translation: np.ndarray,
     pre_rotation: np.ndarray | None = None,
     user: Mapping[str, float] | None = None,
+    rotation: np.ndarray | None = None,
+    attribute: list[FbxNode] | None = None,
 ) -> Int64:
-    """A ``Model`` (``Null`` or ``LimbNode``) at ``translation`` from its parent, not turned but for its
-    ``pre_rotation`` (XYZ degrees), with its attribute and the animatable ``Number`` user properties ``user`` (name
-    -> value)."""
+    """A ``Model`` (``Null``, ``LimbNode`` or ``Camera``) at ``translation`` from its parent, turned by ``rotation``
+    (``Lcl Rotation``, XYZ degrees; None: not turned) after its ``pre_rotation`` (XYZ degrees), with the animatable
+    ``Number`` user properties ``user`` (name -> value) and its attribute: the children of its ``NodeAttribute``
+    (``attribute``, or a ``Null``'s or a bone's)."""
     turned = []
     if pre_rotation is not None:
         turned = [
@@ -293,15 +306,15 @@ def _model(
         ("InheritType", "enum", "", "", 1),  # RSrs: the parent's scale does not shear the child
         ("DefaultAttributeIndex", "int", "Integer", "", 0),
         _vector("Lcl Translation", translation),
-        _vector("Lcl Rotation", np.zeros(3)),
+        _vector("Lcl Rotation", np.zeros(3) if rotation is None else rotation),
         _vector("Lcl Scaling", np.ones(3)),
         *((key, "Number", "", "A+U", float(value)) for key, value in (user or {}).items()),
     )
     children = [_leaf("Version", 232), properties, _leaf("Shading", True), _leaf("Culling", "CullingOff")]
     model = scene.new("Model", name, kind, children)
-    if kind == "Null":
+    if attribute is None and kind == "Null":
         attribute = [_leaf("TypeFlags", "Null")]
-    else:  # the bone's display size: its length from the parent, at least 1 cm
+    elif attribute is None:  # the bone's display size: its length from the parent, at least 1 cm
         size = max(float(np.linalg.norm(translation)), 1.0)
         attribute = [_properties(("Size", "double", "Number", "", size)), _leaf("TypeFlags", "Skeleton")]
     scene.connect(scene.new("NodeAttribute", name, kind, attribute), model)
@@ -398,32 +411,72 @@ def _add_track(scene: _Scene, layer: int, track: FbxTrack) -> None:
             _animate(scene, layer, models[skeleton.index(name)], key, times, value[:, None], user=True)
 
 
+def _add_camera(scene: _Scene, layer: int, camera: CameraAnimation) -> None:
+    """The ``camera`` model at the scene's root (the module docstring) and its ``Camera`` attribute: the focal length
+    and film back (inches) of ``camera``, the horizontal field of view, the resolution (or, unknown, the film's
+    aspect); its translation and rotation keyed at every frame when it moves."""
+    Rotation = _import_rotation()
+    positions = camera.positions * CENTIMETRES
+    turned = Rotation.from_quat(camera.rotations) * Rotation.from_quat(_CAMERA_AXES)
+    euler = euler_xyz_degrees(turned.as_quat()[:, None])[:, 0]
+    width, height = camera.aperture
+    fov = [math.degrees(2.0 * math.atan(size / (2.0 * camera.focal_length))) for size in camera.aperture]
+    pixels = camera.resolution or camera.aperture
+    attribute = [_properties(
+        ("AspectRatioMode", "enum", "", "", 2 if camera.resolution else 1),  # a fixed resolution, or ratio
+        ("AspectWidth", "double", "Number", "", float(pixels[0])),
+        ("AspectHeight", "double", "Number", "", float(pixels[1])),
+        ("PixelAspectRatio", "double", "Number", "", 1.0),
+        ("FilmWidth", "double", "Number", "", width / _MM_PER_INCH),
+        ("FilmHeight", "double", "Number", "", height / _MM_PER_INCH),
+        ("FilmAspectRatio", "double", "Number", "", width / height),
+        ("ApertureMode", "enum", "", "", 3),  # the focal length sets the view
+        ("GateFit", "enum", "", "", 2),  # the film's width fits the frame's
+        ("FieldOfView", "FieldOfView", "", "A", fov[0]),
+        ("FieldOfViewX", "FieldOfViewX", "", "A", fov[0]),
+        ("FieldOfViewY", "FieldOfViewY", "", "A", fov[1]),
+        ("FocalLength", "Number", "", "A", float(camera.focal_length)),
+        ("NearPlane", "double", "Number", "", 1.0),  # 1 cm, the glTF's znear
+        ("FarPlane", "double", "Number", "", 100_000.0),  # 1 km
+    ), _leaf("TypeFlags", "Camera"), _leaf("GeometryVersion", 124)]  # fmt: skip
+    model = _model(scene, "camera", "Camera", positions[0], rotation=euler[0], attribute=attribute)
+    scene.connect(model, 0)
+    if np.ptp(positions, 0).any() or np.ptp(euler, 0).any():
+        times = _ktime(camera.start + np.arange(len(positions)) / camera.fps)
+        _animate(scene, layer, model, "T", times, positions)
+        _animate(scene, layer, model, "R", times, euler)
+
+
 def write_fbx(motion: Motion, path: str | os.PathLike, *, name: str = "track",
-              curves: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> Path:  # fmt: skip
+              curves: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+              camera: CameraAnimation | None = None) -> Path:  # fmt: skip
     """Write ``motion`` as a binary FBX file (atomically): a ``Null`` named ``name`` holding the skeleton, its bind
-    pose and animation, a key per frame from time 0, and the animated user properties ``curves`` (``FbxTrack``).
-    Frames with ``valid`` False hold the filled motion.
+    pose and animation, a key per frame from time 0, the animated user properties ``curves`` (``FbxTrack``) and
+    the ``camera``. Frames with ``valid`` False hold the filled motion.
 
     Returns:
         ``path`` as a ``Path``.
     """
-    return write_fbx_scene([FbxTrack(name, motion, curves=curves)], path)
+    return write_fbx_scene([FbxTrack(name, motion, curves=curves)], path, camera)
 
 
-def write_fbx_scene(tracks: Sequence[FbxTrack], path: str | os.PathLike) -> Path:
+def write_fbx_scene(tracks: Sequence[FbxTrack], path: str | os.PathLike,
+                    camera: CameraAnimation | None = None) -> Path:  # fmt: skip
     """Write several tracks into one binary FBX file (atomically), each as ``write_fbx`` does, its keys ``start``
     seconds after the scene's time 0, all in one animation stack.
 
     Args:
         tracks: ``FbxTrack`` per skeleton; names unique, every motion at the same frame rate.
         path: the ``.fbx`` file.
+        camera: the camera (``rig.CameraAnimation``) at the tracks' frame rate, its first frame ``start`` seconds
+            after time 0: a ``camera`` model keyed at every frame when it moves (the module docstring).
 
     Returns:
         ``path`` as a ``Path``.
 
     Raises:
-        ValueError: naming the file: no tracks, names that repeat, frame rates that differ, orientations of
-            another shape than (J, 4).
+        ValueError: naming the file: no tracks, names that repeat, frame rates that differ (the camera's too),
+            orientations of another shape than (J, 4).
     """
     tracks = list(tracks)
     if not tracks:
@@ -432,12 +485,14 @@ def write_fbx_scene(tracks: Sequence[FbxTrack], path: str | os.PathLike) -> Path
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: track names repeat: {sorted({n for n in names if names.count(n) > 1})}")
     fps = tracks[0].motion.fps
-    if any(abs(track.motion.fps - fps) > 1e-9 * fps for track in tracks):
-        rates = sorted({track.motion.fps for track in tracks})
-        raise ValueError(f"{path}: the tracks of one FBX scene need one frame rate, got {rates}")
+    spans = [(track.start, track.motion.num_frames, track.motion.fps) for track in tracks]
+    spans += [] if camera is None else [(camera.start, len(camera.positions), camera.fps)]
+    if any(abs(rate - fps) > 1e-9 * fps for _, _, rate in spans):
+        rates = sorted({rate for _, _, rate in spans})
+        raise ValueError(f"{path}: the tracks (and camera) of one FBX scene need one frame rate, got {rates}")
     _import_rotation()
-    first = min(track.start for track in tracks)
-    last = max(track.start + (track.motion.num_frames - 1) / fps for track in tracks)
+    first = min(start for start, _, _ in spans)
+    last = max(start + (frames - 1) / fps for start, frames, _ in spans)
     span = [Int64(v) for v in _ktime([first, last]).tolist()]
     scene = _Scene()
     times = _properties(*((f"{which}{end}", "KTime", "Time", "", span[i]) for which in ("Local", "Reference")
@@ -450,6 +505,8 @@ def write_fbx_scene(tracks: Sequence[FbxTrack], path: str | os.PathLike) -> Path
             _add_track(scene, layer, track)
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
+    if camera is not None:
+        _add_camera(scene, layer, camera)
     return atomic_write(path, encode_fbx(_document(scene, fps, span)))
 
 

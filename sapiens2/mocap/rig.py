@@ -258,10 +258,11 @@ def quat_from_axis_angle(axis: np.ndarray, angle: np.ndarray | float) -> np.ndar
 
 @dataclass(frozen=True, eq=False)
 class CameraAnimation:
-    """A moving camera as the exporters write it (USD's ``/camera``, glTF's ``camera`` node): ``positions`` (T, 3)
-    metres and ``rotations`` (T, 4) camera -> world (x, y, z, w), in the files' axes (Y up; the camera looking down
-    its -Z with its +Y up, as USD's and glTF's cameras do), a frame every 1 / ``fps`` s from ``start`` s;
-    ``focal_length`` and ``aperture`` (horizontal, vertical) in millimetres."""
+    """A moving camera as the exporters write it (USD's ``/camera``, glTF's and FBX's ``camera`` node):
+    ``positions`` (T, 3) metres and ``rotations`` (T, 4) camera -> world (x, y, z, w), in the files' axes (Y up; the
+    camera looking down its -Z with its +Y up, as USD's and glTF's cameras do), a frame every 1 / ``fps`` s from
+    ``start`` s; ``focal_length`` and ``aperture`` (horizontal, vertical) in millimetres; ``resolution`` the frame's
+    (width, height) in pixels where known."""
 
     positions: np.ndarray
     rotations: np.ndarray
@@ -269,6 +270,7 @@ class CameraAnimation:
     start: float = 0.0
     focal_length: float = 36.0
     aperture: tuple[float, float] = (36.0, 27.0)
+    resolution: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         positions, rotations = np.array(self.positions, np.float64), np.array(self.rotations, np.float64)
@@ -287,14 +289,15 @@ class CameraAnimation:
         itself, as ``world.CameraPath`` holds it): (T, 3, 3) camera -> world ``rotations`` and (T, 3) centres.
         The half turn about x goes on both sides (``C R C``: the world to Y up, the camera's own axes to the files'),
         the centres as every point (x, -y, -z). With the pinhole ``intrinsics`` (3, 3) the film back is 36 mm wide
-        (the frame taken as 2 cx + 1 by 2 cy + 1 pixels) and the focal length fx of it."""
+        (the frame taken as 2 cx + 1 by 2 cy + 1 pixels, its ``resolution``) and the focal length fx of it."""
         quats = quat_to_y_up(quat_from_matrix(np.asarray(rotations, np.float64)))
-        focal, aperture = 36.0, (36.0, 27.0)
+        focal, aperture, resolution = 36.0, (36.0, 27.0), None
         if intrinsics is not None:
             k = np.asarray(intrinsics, np.float64)
             width, height = 2 * k[0, 2] + 1, 2 * k[1, 2] + 1
             focal, aperture = float(36.0 * k[0, 0] / width), (36.0, float(36.0 * height / width))
-        return cls(to_y_up(positions), quats, fps, start, focal, aperture)
+            resolution = (round(width), round(height))
+        return cls(to_y_up(positions), quats, fps, start, focal, aperture, resolution)
 
 
 def to_y_up(points: np.ndarray) -> np.ndarray:

@@ -448,10 +448,10 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
 
 def _camera_animation(camera: Any, frames: np.ndarray, formats: Sequence[str], fps: float,
                       in_clip: bool = False) -> Any:  # fmt: skip
-    """The moving ``camera`` (a grounded ``world.CameraPath``) over ``frames`` as the USD and glTF exports take it
-    (``rig.CameraAnimation``), from 0 s, or ``in_clip`` from its first frame's time (a scene); None without either
-    format in ``formats``."""
-    if not {"usd", "glb"} & set(formats):
+    """The moving ``camera`` (a grounded ``world.CameraPath``) over ``frames`` as the USD, glTF and FBX exports take
+    it (``rig.CameraAnimation``), from 0 s, or ``in_clip`` from its first frame's time (a scene); None without any of
+    them in ``formats``."""
+    if not {"usd", "glb", "fbx"} & set(formats):
         return None
     from .rig import CameraAnimation
 
@@ -467,7 +467,7 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any =
     The foot ``contacts`` (``mocap.contacts.FootContacts``) go with CSV / Parquet into ``<stem>_contacts.<suffix>``,
     into the FBX as an animated ``contact`` user property of each ankle joint (on a rig: the joint that follows
     our ankle) and into the USD as time-sampled attributes ``sapiens2:contact:<foot>`` of the Skeleton prim. A moving
-    ``camera`` (``rig.CameraAnimation``) goes into the USD and the glTF."""
+    ``camera`` (``rig.CameraAnimation``) goes into the USD, the glTF and the FBX."""
     written: list[Path] = []
     animated = motion if rigged is None else rigged.motion
     axes = None if rigged is None else rigged.orientations
@@ -483,7 +483,7 @@ def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any =
         from .fbx import FbxTrack, write_fbx_scene
 
         track = FbxTrack(stem.name, animated, orientations=axes, curves=_contact_curves(contacts, rigged))
-        written.append(Path(write_fbx_scene([track], stem.with_name(stem.name + ".fbx"))))
+        written.append(Path(write_fbx_scene([track], stem.with_name(stem.name + ".fbx"), camera)))
     if "c3d" in formats:
         from .c3d import write_c3d
 
@@ -549,7 +549,7 @@ def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: 
         scene = [FbxTrack(f"track_{track}", motion, start, axes, curves=_contact_curves(contacts.get(track),
                                                                                          rigs[track]))
                  for track, (motion, axes), start in rigged]  # fmt: skip
-        written.append(Path(write_fbx_scene(scene, stem.with_name(stem.name + ".fbx"))))
+        written.append(Path(write_fbx_scene(scene, stem.with_name(stem.name + ".fbx"), camera)))
     if "glb" in formats:
         from .gltf import write_glb_scene
 
