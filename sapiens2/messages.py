@@ -3,7 +3,8 @@
 argparse already words its usage errors that way (``sapiens2 predict: error: unrecognized arguments: ...``); the
 lines the runs print themselves (a missing file, a bad value, a failed item) take the same form through
 ``report_error`` and ``report_warning``, and the log's warnings through ``LogFormatter``. The CLI names the running
-command (``set_command``); a run started from Python prints ``sapiens2: error: ...``. Imports nothing from sapiens2.
+command (``set_command``); a run started from Python prints ``sapiens2: error: ...``. What libraries print that is
+not the user's concern is muted where it arises (``library_noise_muted``). Imports nothing from sapiens2.
 
 Exit statuses that go with them: 2 for a usage error (nothing was run), 1 for a run in which items failed.
 """
@@ -12,10 +13,14 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 __all__ = [
     "LogFormatter",
     "command_name",
+    "library_noise_muted",
     "log_to_stderr",
     "report_error",
     "report_note",
@@ -24,6 +29,15 @@ __all__ = [
 ]
 
 _command = ""  # the running command (one per process: the CLI runs one)
+
+# Lines other libraries print on every run that say nothing to a sapiens2 user, by the logger that prints them: the
+# ONNX exporter's registry names each torchvision op it skips (torchvision is not a dependency); torchao, imported
+# by ExecuTorch and the low-precision modes, names each CUDA library a CPU build of PyTorch cannot load, and
+# registers an Enum that PyTorch's pytree says it no longer needs.
+_NOISY_LOGGERS = ("torch.onnx._internal.exporter._registration", "torchao", "torch.utils._pytree")
+# And a warning: ``ExportedProgram.run_decompositions`` deep-copies tree specs through PyTorch's own deprecated
+# ``LeafSpec`` check (a FutureWarning about PyTorch's code, not the user's).
+_NOISY_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
 
 def set_command(name: str) -> str:
@@ -76,3 +90,20 @@ def log_to_stderr(fmt: str | None = None) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(LogFormatter(fmt))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
+
+
+@contextmanager
+def library_noise_muted() -> Iterator[None]:
+    """Within: the lines of ``_NOISY_LOGGERS`` below errors and the ``_NOISY_WARNING``, not shown (every other
+    warning, and the libraries' errors, still are)."""
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NOISY_WARNING, category=FutureWarning)
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)

@@ -138,3 +138,26 @@ def test_the_output_name_decides_the_format(tiny_checkpoints, tmp_path, capsys):
         from sapiens2.export import export_onnx
 
         export_onnx(load_model("seg", tiny_checkpoints["seg"]), tmp_path / "seg.pt2", input_size=(64, 48))
+
+
+@pytest.mark.slow
+def test_export_and_an_exported_program_print_only_their_own_lines(tiny_checkpoints, tmp_path):
+    """A new user's `sapiens2 export` (ONNX, ExecuTorch) and `sapiens2 predict` of the .pte, as processes: stderr holds
+    no line from PyTorch's exporters, torchao or the XNNPACK delegate's CPU probe (each printed one on every run:
+    skipped torchvision ops, a LeafSpec FutureWarning, CUDA libraries a CPU build cannot load, ARM CPU files)."""
+    import subprocess
+    import sys
+
+    require_module("onnxruntime")
+    require_module("executorch")
+    seg = str(tiny_checkpoints["seg"])
+    runs = [["export", seg, "--task", "seg", "-o", str(tmp_path / "seg.onnx"), *SIZE],
+            ["export", seg, "--task", "seg", "-o", str(tmp_path / "seg.pte"), *SIZE],
+            ["predict", "--task", "seg", "--model", f"seg={tmp_path / 'seg.pte'}", str(DATA / "astronaut.png"),
+             "-o", str(tmp_path / "out")]]  # fmt: skip
+    for argv in runs:
+        done = subprocess.run([sys.executable, "-m", "sapiens2", *argv], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        foreign = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("  seg: ")
+                   and "images," not in line]  # fmt: skip
+        assert not foreign, f"sapiens2 {argv[0]} {argv[-1]}: {foreign}"

@@ -10,13 +10,14 @@ official deployment scripts did). Each file carries the task, arch, input size a
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from ..labels import METADATA_KEY, is_released_set
+from ..messages import library_noise_muted
 from ..models.task_model import TaskModel
 from .bf16 import SPLIT_FACTOR, emulate_bfloat16, has_bfloat16
 from .program import INPUT_NAME, ExportError, backbone_of, default_input_size, export_program, output_names
@@ -77,6 +79,17 @@ def network_metadata(model: nn.Module, input_size: Sequence[int], dtype: str) ->
     return metadata
 
 
+def _quiet(export: Callable) -> Callable:
+    """``export`` without the exporters' lines that are not the user's concern (``messages.library_noise_muted``)."""
+
+    @functools.wraps(export)
+    def quietly(*args: Any, **kwargs: Any) -> Any:
+        with library_noise_muted():
+            return export(*args, **kwargs)
+
+    return quietly
+
+
 def _check_suffix(path: str | os.PathLike, suffixes: tuple[str, ...], what: str) -> Path:
     """Refuse a file name whose suffix names another format: files are read back by their suffix."""
     path = Path(path)
@@ -112,6 +125,7 @@ def _weight_bytes(model: nn.Module, dtype: str) -> int:
     return sum(tensor.numel() * itemsize for tensor in model.state_dict().values() if tensor.is_floating_point())
 
 
+@_quiet
 def export_onnx(
     model: nn.Module,
     path: str | os.PathLike,
@@ -167,6 +181,7 @@ def export_onnx(
     return _write_into_place(Path(path), lambda staged: onnx_program.save(staged, external_data=bool(external_data)))
 
 
+@_quiet
 def export_pt2(
     model: nn.Module,
     path: str | os.PathLike,
@@ -194,6 +209,7 @@ def _compiler() -> str | None:
     return next((name for name in ("c++", "g++", "clang++") if shutil.which(name)), None)
 
 
+@_quiet
 def export_aoti(
     model: nn.Module,
     path: str | os.PathLike,
@@ -237,6 +253,7 @@ def tensorrt_problem() -> str | None:
     return " and ".join(missing) or None
 
 
+@_quiet
 def export_tensorrt(
     model: nn.Module,
     path: str | os.PathLike,
@@ -288,6 +305,7 @@ def export_tensorrt(
     return _write_into_place(Path(path), lambda staged: staged.write_bytes(bytes(engine)))
 
 
+@_quiet
 def export_openvino(
     model: nn.Module,
     path: str | os.PathLike,
@@ -359,6 +377,7 @@ EXECUTORCH_EXTRA = "install the executorch extra: pip install 'sapiens2[executor
 EXECUTORCH_METADATA = "sapiens2_metadata"  # the .pte's constant method holding network_metadata as UTF-8 JSON bytes
 
 
+@_quiet
 def export_executorch(
     model: nn.Module,
     path: str | os.PathLike,
@@ -472,6 +491,7 @@ def _tflite_with_metadata(flatbuffer: bytes, metadata: dict[str, str]) -> bytes:
     return bytes(builder.Output())
 
 
+@_quiet
 def export_litert(
     model: nn.Module,
     path: str | os.PathLike,
@@ -553,6 +573,7 @@ def _is_bf16_split(op: Any) -> bool:
     return op.op_type == "sub" and is_scaled(op.inputs["x"])
 
 
+@_quiet
 def export_coreml(
     model: nn.Module,
     path: str | os.PathLike,

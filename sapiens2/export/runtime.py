@@ -14,8 +14,10 @@ import json
 import mmap
 import os
 import sys
+import tempfile
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import numpy as np
 import torch
 
 from ..labels import METADATA_KEY, LabelSet, label_set_from_json
+from ..messages import library_noise_muted
 from .formats import (
     COREML_EXTRA,
     EXECUTORCH_EXTRA,
@@ -367,7 +370,8 @@ class ExecuTorchNetwork(_Network):
     def __init__(self, path: str | os.PathLike, task: str | None = None):
         self.path = _existing_file(path)
         try:
-            from executorch.runtime import Runtime
+            with library_noise_muted():  # its import brings torchao's
+                from executorch.runtime import Runtime
         except ImportError:
             raise NetworkFileError(
                 f"{self.path}: running an ExecuTorch program needs executorch; {EXECUTORCH_EXTRA}"
@@ -378,7 +382,8 @@ class ExecuTorchNetwork(_Network):
                 raise ValueError("it holds no sapiens2 metadata (not made by sapiens2 export)")
             [raw] = program.load_method(EXECUTORCH_METADATA).execute([])
             metadata = json.loads(bytes(raw.tolist()).decode())
-            self.method = program.load_method("forward")
+            with _native_lines_dropped(_CPUINFO_LINE):
+                self.method = program.load_method("forward")
         except Exception as error:  # the runtime raises RuntimeError for any bad file, without naming it
             raise NetworkFileError(f"{self.path}: not a usable ExecuTorch program: {_first_line(error)}") from None
         self._read_metadata(metadata)
@@ -386,6 +391,29 @@ class ExecuTorchNetwork(_Network):
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         return self._in_batches(images, lambda chunk: self.method.execute([chunk]))
+
+
+# The XNNPACK delegate's first load in a process reports, from C++ and on stderr, each ARM CPU file it looks for.
+_CPUINFO_LINE = b"[cpuinfo_utils.cpp:"
+
+
+@contextmanager
+def _native_lines_dropped(prefix: bytes) -> Iterator[None]:
+    """Within: what native code writes on stderr (file descriptor 2) is held, then written out but for the lines
+    that start with ``prefix``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().splitlines(keepends=True) if not line.startswith(prefix)]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def _tflite_metadata(path: Path, schema: Any) -> dict[str, str]:

@@ -20,6 +20,8 @@ import functools
 
 from torch import nn
 
+from ..messages import library_noise_muted
+
 __all__ = ["QUANTIZATIONS", "int8_activations_exact", "quantize"]
 
 QUANTIZATIONS = ("fp8", "int8", "int8-weight")
@@ -27,7 +29,8 @@ QUANTIZATIONS = ("fp8", "int8", "int8-weight")
 
 def _torchao():
     try:
-        import torchao.quantization as quantization
+        with library_noise_muted():  # torchao's import names each CUDA library a CPU build cannot load
+            import torchao.quantization as quantization
     except ImportError as error:
         raise ImportError("quantization needs torchao, which is not installed: pip install 'sapiens2[lowp]'") from error
     return quantization
