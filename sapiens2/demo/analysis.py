@@ -94,7 +94,7 @@ class TaskOutcome:
     load_seconds: float | None = None
     milliseconds: dict[str, float] = field(default_factory=dict)
     error: str | None = None
-    labels: LabelSet | None = None
+    labels: LabelSet | None = field(default=None, metadata={"shared": True})  # the model's: not this request's bytes
 
 
 @dataclass
