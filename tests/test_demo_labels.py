@@ -31,7 +31,7 @@ CALL_TIMEOUT = 120  # seconds for one served request, on a busy machine
 def label_models(tmp_path_factory) -> dict[str, Path]:
     """Tiny random models of a 5-class list (with a palette colour of its own) and a 4-keypoint set (with its own
     skeleton), each carrying its set in the safetensors metadata as ``sapiens2 export`` writes it; and the same
-    seg model as a ``.pth`` file, which cannot say its names."""
+    models as ``.pth`` files (``seg_pth``, ``pose_pth``), which cannot say their names."""
     from safetensors.torch import save_file
 
     from sapiens2 import build_model
@@ -49,9 +49,8 @@ def label_models(tmp_path_factory) -> dict[str, Path]:
         state = {key: value.contiguous() for key, value in model.state_dict().items()}
         paths[task] = folder / f"my_{task}.safetensors"
         save_file(state, str(paths[task]), metadata={METADATA_KEY: labels.to_json()})
-        if task == "seg":
-            paths["seg_pth"] = folder / "my_seg.pth"
-            torch.save(state, paths["seg_pth"])
+        paths[f"{task}_pth"] = folder / f"my_{task}.pth"
+        torch.save(state, paths[f"{task}_pth"])
     return paths
 
 
@@ -251,4 +250,75 @@ def test_a_model_named_only_once_loaded_gives_the_toggles_its_names_after_the_ru
         np.testing.assert_array_equal(_read_rgb(hidden)[labels == 0], _read_rgb(PHOTO)[labels == 0])
     finally:
         client.close()
+        app.close()
+
+
+# ------------------------------------------------------------------------------------------ in a browser
+
+
+def _picture(page, view: str) -> np.ndarray:
+    """The RGB picture a result view shows, fetched as the browser received it."""
+    source = page.get_attribute(f"#{view} img", "src")
+    data = np.frombuffer(page.request.get(source).body(), np.uint8)
+    return cv2.cvtColor(cv2.imdecode(data, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+
+
+def _toggle_names(page) -> list[str]:
+    return [label.inner_text().strip() for label in page.locator("#seg-classes label").all()]
+
+
+@pytest.mark.slow  # a Gradio server and headless Chromium: ~25 s on a busy machine
+def test_in_a_browser_the_toggles_and_keypoint_set_are_the_models(label_models, tmp_path):
+    """Headless Chromium on the page (``test_demo_browser``'s setup) with the 5-class seg model and a ``.pth`` pose
+    model of 4 keypoints (which cannot say its names before it loads: the page offers the 308 until then): the seg
+    toggles list the model's classes and unticking one shows the photo there; after the run the keypoint set is the
+    model's own, fixed, saying why, and a page opened afterwards shows it at once."""
+    require_module("gradio")
+    sync_api = require_module("playwright.sync_api")
+    from test_demo_browser import CHROMIUM_ARGS, WAIT_MS, require_chromium, run_and_wait, set_tasks, upload
+
+    from sapiens2.demo import launch
+
+    chromium = require_chromium()
+    models = {"seg": label_models["seg"], "pose": label_models["pose_pth"]}
+    options = demo_options(models, port=_free_port(), tasks=("seg", "pose"))
+    app = launch(options, block=False)
+    own = "The model's own 4 keypoints (keypoint_0, keypoint_1"  # numbered: the .pth names none
+    try:
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(WAIT_MS)
+            url = f"http://127.0.0.1:{options.port}/"
+            page.goto(url)
+            page.wait_for_selector("#run")
+            radio = page.locator("#keypoint-set")
+            assert "COCO 17" in radio.inner_text() and own not in radio.inner_text()
+
+            upload(page, PHOTO)
+            page.wait_for_selector("#view-photo img")
+            set_tasks(page, ("seg", "pose"))
+            run_and_wait(page)
+            assert _toggle_names(page) == list(CLASSES)
+            assert "right_sleeve" in page.inner_text("#seg-legend")
+            page.wait_for_function("t => document.querySelector('#keypoint-set').innerText.includes(t)", arg=own)
+            assert "do not apply" in radio.inner_text()
+            assert radio.locator("input").count() == 1 and radio.locator("input").first.is_disabled()  # one choice
+            shown, photo = _picture(page, "view-seg"), _read_rgb(PHOTO)
+            before = page.get_attribute("#view-seg img", "src")
+            page.locator("#seg-classes").get_by_label("shirt", exact=True).uncheck()
+            page.wait_for_function("s => document.querySelector('#view-seg img').src !== s", arg=before)
+            hidden = _picture(page, "view-seg")
+            changed = (hidden != shown).any(axis=2)
+            assert changed.any() and (hidden[changed] == photo[changed]).all()  # the photo where the shirt was
+
+            second = browser.new_page(viewport={"width": 1400, "height": 1000})
+            second.set_default_timeout(WAIT_MS)
+            second.goto(url)
+            second.wait_for_selector("#keypoint-set")
+            second.wait_for_function("t => document.querySelector('#keypoint-set').innerText.includes(t)", arg=own)
+            second.get_by_role("tab", name="Short video").click()
+            assert own in second.locator("#video-keypoints").inner_text()  # the video tab's control too
+            browser.close()
+    finally:
         app.close()
