@@ -89,6 +89,7 @@ def test_the_page_offers_the_models_own_classes_and_keypoints_before_any_model_l
     assert not app.sapiens2_cache.is_loaded("seg") and not app.sapiens2_cache.is_loaded("pose")  # the header only
     classes = component(app, "seg-classes")
     assert values(classes.choices) == list(CLASSES) and classes.value == list(CLASSES)
+    assert component(app, "view-seg").label == "Classes (seg)"  # not "Body parts": a list of one's own
     legend = component(app, "seg-legend").value
     assert legend.count('class="seg-class"') == len(CLASSES) and "right_sleeve" in legend
     assert f"background:rgb{SHIRT_RGB}".replace(" ", "") in legend.replace(" ", "")  # the file's own colour
@@ -100,6 +101,7 @@ def test_the_page_offers_the_models_own_classes_and_keypoints_before_any_model_l
 
     released = build_app(demo_options({task: tiny_checkpoints[task] for task in ("seg", "pose")}))
     assert values(component(released, "seg-classes").choices) == list(seg_metadata().class_names)
+    assert component(released, "view-seg").label == "Body parts (seg)"
     control = component(released, "keypoint-set")
     assert control.choices == KEYPOINT_SETS and control.value == "sapiens308" and control.interactive is not False
 

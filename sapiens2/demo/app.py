@@ -78,6 +78,7 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
     folders = RequestFolders(_KEPT_REQUESTS, _KEPT_FILE_BYTES)  # removed when the server stops (launch) or at exit
     kept = ResultStore(options.max_kept_results, int(options.max_kept_mb * 1e6))
     page_classes, page_keypoints = cache.labels("seg"), cache.labels("pose")  # the models' files say, or the released
+    body_parts = is_released_set(page_classes)  # the 29 are body parts; a list of one's own may be anything
     gr.set_static_paths([str(path.parent) for path in options.samples])  # packaged samples, wherever installed
 
     with gr.Blocks(title="Sapiens2 demo", analytics_enabled=False, delete_cache=(1800, 3600)) as app:
@@ -100,7 +101,7 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
                     with gr.Row():
                         views = {
                             "photo": _image(gr, "Photo", "view-photo"),
-                            "seg": _image(gr, "Body parts (seg)", "view-seg"),
+                            "seg": _image(gr, "Body parts (seg)" if body_parts else "Classes (seg)", "view-seg"),
                             "pose": _image(gr, "Pose", "view-pose"),
                             "normal": _image(gr, "Surface normals", "view-normal"),
                             "depth": _image(gr, "Depth (pointmap)", "view-depth"),
@@ -115,7 +116,8 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
                             min_width=260,
                             elem_id="view-mesh",
                         )
-                    with gr.Accordion("Body-part classes (seg)", open=True, visible=False) as seg_panel:
+                    panel = "Body-part classes (seg)" if body_parts else "Classes (seg)"
+                    with gr.Accordion(panel, open=True, visible=False) as seg_panel:
                         legend = gr.HTML(render.seg_legend(None, page_classes), elem_id="seg-legend")
                         names = list(page_classes.class_names)
                         classes = gr.CheckboxGroup(names, value=names, label="Shown", elem_id="seg-classes")
