@@ -727,12 +727,12 @@ def file_metadata(path: str | os.PathLike) -> dict[str, str]:
     """The string metadata of a ``.safetensors`` file (``{}`` for other files or none)."""
     if Path(path).suffix != ".safetensors":
         return {}
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), "pt") as handle:
             return dict(handle.metadata() or {})
-    except (OSError, ValueError):
+    except (OSError, ValueError, SafetensorError):  # not readable as safetensors: no metadata to give
         return {}
 
 
@@ -768,6 +768,42 @@ def file_label_set(path: str | os.PathLike, task: str, head_config: Mapping[str,
             f"its head has {outputs} outputs"
         )
     return labels
+
+
+def source_label_set(source: str | os.PathLike, task: str) -> LabelSet | None:
+    """The label set of ``task``'s model at ``source``, known before it loads, reading only a file's header (no
+    tensor, no download, no network): a local or already downloaded ``.safetensors`` file's carried set
+    (``file_label_set``), else the released set or numbered names by its head's number of outputs
+    (``labels.outputs_label_set``, as ``labels_of`` names a loaded model); the released set for a released model
+    still to download. None when it cannot be known without loading: an exported network, a ``.pth`` file, a source
+    that is not found, or a file whose set does not fit its head (loading it then says why).
+
+    Example:
+        >>> source_label_set("my_seg.safetensors", "seg").classes.class_names
+        ('background', 'shirt', 'trousers', 'left_sleeve', 'right_sleeve')
+    """
+    from .labels import default_label_set, outputs_label_set
+
+    try:
+        found = locate_checkpoint(source, task)
+    except (CheckpointNotFoundError, ValueError, OSError):
+        return None
+    if isinstance(found, tuple):  # not downloaded yet: only the zoo's released models are found this way
+        return default_label_set(task) if _zoo_entry(str(source), task) is not None else None
+    if found.suffix != ".safetensors":
+        return None
+    from safetensors import SafetensorError, safe_open
+
+    key = f"decode_head.{OUTPUT_LAYERS.get(task)}.weight"
+    try:
+        with safe_open(str(found), "pt") as handle:
+            outputs = handle.get_slice(key).get_shape()[0] if key in handle.keys() else None
+        carried = file_label_set(found, task, {"out_channels" if task == "pose" else "num_classes": outputs})
+    except (CheckpointMismatchError, OSError, ValueError, SafetensorError):  # the load says what is wrong
+        return None
+    if carried is not None and carried.for_task(task) is not None:
+        return carried
+    return outputs_label_set(task, outputs)
 
 
 def task_checkpoint_spec(state_dict: Mapping[str, torch.Tensor], task: str) -> tuple[Arch, dict[str, Any]]:
@@ -848,6 +884,7 @@ __all__ = [
     "detect_task",
     "download",
     "file_label_set",
+    "source_label_set",
     "file_metadata",
     "find_download",
     "infer_arch",

@@ -58,6 +58,7 @@ __all__ = [
     "matching_ids",
     "names_of",
     "output_count",
+    "outputs_label_set",
     "read_label_set",
     "write_label_set",
 ]
@@ -524,13 +525,15 @@ def labels_of(model: Any, task: str | None = None) -> LabelSet:
     task = task or getattr(model, "task", None)
     if isinstance(carried, LabelSet) and carried.for_task(task) is not None:
         return carried
+    return outputs_label_set(task, output_count(model, task))
+
+
+def outputs_label_set(task: str | None, count: int | None) -> LabelSet:
+    """The label set of a ``task`` head of ``count`` outputs whose file names none: the released set when the head
+    has its size (or ``count`` is None: not known), else numbered names (``keypoint_0`` ..., ``class_0`` ...)."""
     released = default_label_set(task)
-    count = output_count(model, task)
     part = released.for_task(task)
-    if part is None or count is None:
-        return released
-    size = len(part.names) if isinstance(part, KeypointMetadata) else len(part.class_names)
-    if count == size:
+    if part is None or count is None or count == len(names_of(part)):
         return released
     if task == "pose":
         return LabelSet(keypoints=keypoint_set([f"keypoint_{i}" for i in range(count)], flip_pairs=()))

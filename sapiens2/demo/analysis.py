@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from ..data.io import ImageReadError, ImageTooLargeError, read_image
+from ..labels import LabelSet
+from ..metadata import KeypointMetadata, SegMetadata
 from ..predict.writers import WriteOptions, write_result
 from ..tasks import TASKS, check_task
 from .models import ModelCache
@@ -82,6 +84,8 @@ class TaskOutcome:
         load_seconds: the model's load time when this request loaded it, else None (already loaded).
         milliseconds: per-stage times of this request (detection, preprocess, inference, postprocess).
         error: what went wrong, in one message, or None.
+        labels: the model's label set (``Predictor.labels``): the names, skeleton and palette its result is drawn
+            and written with (a model of its own keypoints or classes, ``sapiens2.labels``).
     """
 
     task: str
@@ -90,6 +94,7 @@ class TaskOutcome:
     load_seconds: float | None = None
     milliseconds: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    labels: LabelSet | None = field(default=None, metadata={"shared": True})  # the model's: not this request's bytes
 
 
 @dataclass
@@ -107,6 +112,11 @@ class Analysis:
 
     def files(self) -> list[Path]:
         return [path for outcome in self.outcomes.values() for path in outcome.files]
+
+    def labels(self, task: str) -> KeypointMetadata | SegMetadata | None:
+        """The keypoints (pose) or classes (seg) of the model that made ``task``'s result; None when it did not run."""
+        outcome = self.outcomes.get(task)
+        return None if outcome is None or outcome.labels is None else outcome.labels.for_task(task)
 
 
 def _safe_stem(name: str) -> str:
@@ -153,6 +163,7 @@ def analyse(
             fresh = not cache.is_loaded(task)
             predictor = cache.get(task)
             outcome.load_seconds = cache.load_seconds[task] if fresh else None
+            outcome.labels = predictor.labels
         except Exception as error:  # one task's missing or bad model must not stop the others
             outcome.error = f"cannot load the {task} model: {error}"
             continue
@@ -165,9 +176,8 @@ def analyse(
                 stage: 1000.0 * (getattr(predictor.timings, stage) - before[stage]) for stage in _STAGES
             }
             outcome.result = dataclasses.replace(result, path=name)  # the JSON files name the upload, as predict
-            outcome.files = write_result(
-                task, outcome.result, folder / _safe_stem(name), image, WriteOptions(keypoint_format=keypoint_format)
-            )
+            options = WriteOptions(keypoint_format=keypoint_format, labels=predictor.labels)  # as predict writes
+            outcome.files = write_result(task, outcome.result, folder / _safe_stem(name), image, options)
         except Exception as error:  # e.g. out of memory on a huge image: this request fails, the server goes on
             outcome.error = f"{task} failed: {type(error).__name__}: {error}"
     if progress is not None:
@@ -176,10 +186,11 @@ def analyse(
 
 
 def rewrite_pose(analysis: Analysis, keypoint_format: str) -> None:
-    """Write the pose files again in another keypoint set (the page's keypoint-set choice)."""
+    """Write the pose files again in another keypoint set (the page's keypoint-set choice; a model of its own
+    keypoints writes them as they are, whatever the choice)."""
     outcome = analysis.outcomes.get("pose")
     if outcome is None or outcome.result is None:
         return
     stem = analysis.folder / _safe_stem(analysis.name)
-    options = WriteOptions(keypoint_format=keypoint_format)
+    options = WriteOptions(keypoint_format=keypoint_format, labels=outcome.labels)
     outcome.files = write_result("pose", outcome.result, stem, analysis.image, options)

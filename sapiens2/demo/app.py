@@ -18,9 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..labels import is_released_set, names_of
 from ..memory import release_free_memory
-from ..metadata import seg_metadata
+from ..metadata import KeypointMetadata, SegMetadata
 from ..predict.options import OptionText, python_option
+from ..predict.writers import LABELS_FORMAT
 from ..tasks import TASKS
 from . import render
 from .analysis import Analysis, UploadError, analyse, read_upload, rewrite_pose
@@ -33,6 +35,9 @@ __all__ = ["build_app", "launch"]
 logger = logging.getLogger(__name__)
 
 KEYPOINT_SETS = [("Sapiens 308", "sapiens308"), ("COCO-WholeBody 133", "coco_wholebody133"), ("COCO 17", "coco17")]
+"""The keypoint-set choices of a model of the 308 keypoints: the 308 and its conversions (``pose.keypoints``)."""
+OWN_KEYPOINTS = LABELS_FORMAT
+"""The keypoint-set value of a model of its own keypoints (``sapiens2.labels``): its set as it is, the only choice."""
 _KEPT_REQUESTS = 64  # the newest requests' files stay on disk for download; older folders are removed
 _KEPT_FILE_BYTES = 4 << 30  # ... and at most 4 GB of them (a 12-megapixel photo's files with every task: ~1 GB)
 _RETAINED = ("seg", "pose")  # results the page still needs after a run (class toggles, keypoint-set choice)
@@ -72,7 +77,8 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
     cache = ModelCache(options, option)
     folders = RequestFolders(_KEPT_REQUESTS, _KEPT_FILE_BYTES)  # removed when the server stops (launch) or at exit
     kept = ResultStore(options.max_kept_results, int(options.max_kept_mb * 1e6))
-    class_names = list(seg_metadata().class_names)
+    page_classes, page_keypoints = cache.labels("seg"), cache.labels("pose")  # the models' files say, or the released
+    body_parts = is_released_set(page_classes)  # the 29 are body parts; a list of one's own may be anything
     gr.set_static_paths([str(path.parent) for path in options.samples])  # packaged samples, wherever installed
 
     with gr.Blocks(title="Sapiens2 demo", analytics_enabled=False, delete_cache=(1800, 3600)) as app:
@@ -87,7 +93,7 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
                     tasks = gr.CheckboxGroup(list(TASKS), value=list(options.tasks), label="Tasks", elem_id="tasks")
                     run = gr.Button("Run", variant="primary", elem_id="run")
                     keypoints = gr.Radio(
-                        KEYPOINT_SETS, value="sapiens308", label="Keypoint set", elem_id="keypoint-set"
+                        label="Keypoint set", elem_id="keypoint-set", **keypoint_choices(page_keypoints)
                     )
                     boxes = gr.Checkbox(True, label="Person boxes", elem_id="person-boxes")
                 with gr.Column(scale=3):
@@ -95,7 +101,7 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
                     with gr.Row():
                         views = {
                             "photo": _image(gr, "Photo", "view-photo"),
-                            "seg": _image(gr, "Body parts (seg)", "view-seg"),
+                            "seg": _image(gr, "Body parts (seg)" if body_parts else "Classes (seg)", "view-seg"),
                             "pose": _image(gr, "Pose", "view-pose"),
                             "normal": _image(gr, "Surface normals", "view-normal"),
                             "depth": _image(gr, "Depth (pointmap)", "view-depth"),
@@ -110,9 +116,11 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
                             min_width=260,
                             elem_id="view-mesh",
                         )
-                    with gr.Accordion("Body-part classes (seg)", open=True, visible=False) as seg_panel:
-                        legend = gr.HTML(render.seg_legend(None), elem_id="seg-legend")
-                        classes = gr.CheckboxGroup(class_names, value=class_names, label="Shown", elem_id="seg-classes")
+                    panel = "Body-part classes (seg)" if body_parts else "Classes (seg)"
+                    with gr.Accordion(panel, open=True, visible=False) as seg_panel:
+                        legend = gr.HTML(render.seg_legend(None, page_classes), elem_id="seg-legend")
+                        names = list(page_classes.class_names)
+                        classes = gr.CheckboxGroup(names, value=names, label="Shown", elem_id="seg-classes")
                     files = gr.File(
                         label="Downloads: the files sapiens2 predict writes",
                         file_count="multiple",
@@ -121,9 +129,10 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
                     )
 
         with gr.Tab("Short video", elem_id="video-tab"):
-            _video_tab(gr, options, cache, folders)
+            video_keypoints = _video_tab(gr, options, cache, folders)
 
         view_outputs = [*views.values(), mesh, seg_panel, legend]
+        label_controls = [classes, keypoints] + ([] if video_keypoints is None else [video_keypoints])
         progress_tracker = gr.Progress(track_tqdm=True)  # Gradio fills in the request's tracker (downloads too)
 
         def on_upload(path: str | None):
@@ -145,6 +154,7 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
             kept.drop(previous)  # this page's earlier results are replaced whatever happens now
             hidden = [gr.update(value=None, visible=False)] * len(views)
             hidden += [gr.update(value=None, visible="hidden"), gr.update(visible=False), render.seg_legend(None)]
+            hidden += [gr.update(), gr.update()]  # the class toggles and the keypoint set as they are
             if path is None:
                 return [None, render.error_markdown("drop a photo or pick a sample first"), None, *hidden]
             if not ticked:
@@ -164,16 +174,21 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
                     ticked,
                     cache,
                     folders.new(),
-                    keypoint_format=keypoint_format,
+                    keypoint_format=written_format(keypoint_format),
                     progress=lambda fraction, what: progress(fraction, desc=what),
                 )
+                # The controls follow the models that ran (a model of its own set whose file did not say so).
+                seg_classes, pose_keypoints = analysis.labels("seg"), analysis.labels("pose")
+                class_update, shown = _class_update(gr, seg_classes, shown)
+                keypoint_update, keypoint_format = _keypoint_update(gr, pose_keypoints, keypoint_format)
                 shown_views = _views(gr, analysis, keypoint_format, draw_boxes, shown)
             except Exception as error:  # whatever happens, the page says so and the server goes on
                 logger.exception("demo request failed")
                 return [None, _failed(None, error), None, *hidden]
             files_out = [str(p) for p in analysis.files()] or None
             key = kept.put(_retained(analysis))  # only what the toggles need: the photo, seg and pose
-            return [key, render.status_markdown(analysis, cache), files_out, *shown_views]
+            status_text = render.status_markdown(analysis, cache)
+            return [key, status_text, files_out, *shown_views, class_update, keypoint_update]
 
         def on_classes(key: str | None, shown):
             analysis = kept.get(key)
@@ -181,7 +196,7 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
             if seg is None:
                 return gr.update()
             try:
-                return render.seg_picture(analysis.image, seg.labels, shown, seg.class_names)
+                return render.seg_picture(analysis.image, seg.labels, shown, analysis.labels("seg") or seg.class_names)
             except Exception:  # the picture stays as it was; the server goes on
                 logger.exception("demo seg redraw failed")
                 return gr.update()
@@ -193,8 +208,10 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
                 return gr.update(), gr.update()
             try:
                 analysis.folder.mkdir(parents=True, exist_ok=True)  # an old request's folder may have gone
+                keypoint_format = written_format(keypoint_format)
                 rewrite_pose(analysis, keypoint_format)
-                picture = render.pose_picture(analysis.image, pose, keypoint_format, draw_boxes)
+                points = analysis.labels("pose")
+                picture = render.pose_picture(analysis.image, pose, keypoint_format, draw_boxes, points)
             except Exception:  # the picture stays as it was; the server goes on
                 logger.exception("demo pose redraw failed")
                 return gr.update(), gr.update()
@@ -205,7 +222,7 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
         run.click(
             _trimmed(on_run),
             [state, upload, tasks, keypoints, boxes, classes],
-            [state, status, files, *view_outputs],
+            [state, status, files, *view_outputs, classes, keypoints],
             concurrency_id="models",
             concurrency_limit=1,
         )
@@ -219,6 +236,19 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
                 concurrency_id="render",
                 concurrency_limit=4,
             )
+
+        def on_load():
+            """A page opened after a model loaded shows its names (an exported network or a .pth file names them only
+            once loaded)."""
+            seg_now, pose_now = cache.labels("seg"), cache.labels("pose")
+            same_points = names_of(pose_now) == names_of(page_keypoints)
+            return [
+                gr.update() if names_of(seg_now) == names_of(page_classes) else gr.update(**class_choices(seg_now)),
+                *[gr.update() if same_points else gr.update(**keypoint_choices(pose_now))] * (len(label_controls) - 1),
+            ]
+
+        app.load(_trimmed(on_load), None, label_controls, concurrency_id="render", concurrency_limit=4,
+                 api_visibility="private", show_progress="hidden")  # fmt: skip
     app.queue(max_size=options.queue_size, default_concurrency_limit=1)
     app.sapiens2_cache = cache  # for notebooks and tests: which models are loaded, and their load times
     app.sapiens2_kept = kept  # ... the results kept for the pages (bounded)
@@ -235,13 +265,14 @@ def build_app(options: DemoOptions | None = None, *, option: OptionText = python
     return app
 
 
-def _video_tab(gr, options: DemoOptions, cache: ModelCache, folders: RequestFolders) -> None:
-    """The short-video tab (inside the app's Blocks): a clip through ``sapiens2.video`` with the cached models."""
+def _video_tab(gr, options: DemoOptions, cache: ModelCache, folders: RequestFolders) -> Any:
+    """The short-video tab (inside the app's Blocks): a clip through ``sapiens2.video`` with the cached models.
+    Returns its keypoint-set control (None without PyAV)."""
     import importlib.util
 
     if importlib.util.find_spec("av") is None:
         gr.Markdown("Video needs PyAV: `pip install 'sapiens2[video]'`, then restart the demo.")
-        return
+        return None
     from .video import analyse_video
 
     with gr.Row():
@@ -249,7 +280,8 @@ def _video_tab(gr, options: DemoOptions, cache: ModelCache, folders: RequestFold
             clip = gr.File(label="Short clip (mp4, mov, webm, ...)", type="filepath", elem_id="clip-upload")
             tasks = gr.CheckboxGroup(list(TASKS), value=["pose"], label="Tasks", elem_id="video-tasks")
             run = gr.Button("Run on the clip", variant="primary", elem_id="video-run")
-            keypoints = gr.Radio(KEYPOINT_SETS, value="sapiens308", label="Keypoint set", elem_id="video-keypoints")
+            points = keypoint_choices(cache.labels("pose"))
+            keypoints = gr.Radio(label="Keypoint set", elem_id="video-keypoints", **points)
         with gr.Column(scale=3):
             status = gr.Markdown(
                 f"People are tracked across frames and their results smoothed, as `sapiens2 predict clip.mp4` does; "
@@ -267,27 +299,78 @@ def _video_tab(gr, options: DemoOptions, cache: ModelCache, folders: RequestFold
 
     def on_video(path, ticked, keypoint_format, progress=progress_tracker):
         if path is None:
-            return render.error_markdown("drop a clip first"), None, None
+            return render.error_markdown("drop a clip first"), None, None, gr.update()
         if not ticked:
-            return render.error_markdown("tick at least one task"), None, None
+            return render.error_markdown("tick at least one task"), None, None, gr.update()
         try:
             folder = folders.new()
             outcome = analyse_video(path, ticked, cache, folder, max_frames=options.max_video_frames,
-                                    max_file_mb=options.max_file_mb, keypoint_format=keypoint_format)  # fmt: skip
+                                    max_file_mb=options.max_file_mb,
+                                    keypoint_format=written_format(keypoint_format))  # fmt: skip
         except Exception as error:  # whatever happens, the page says so and the server goes on
             logger.exception("demo video request failed")
-            return _failed(None, error), None, None
+            return _failed(None, error), None, None, gr.update()
+        ran_pose = "pose" in ticked and cache.is_loaded("pose")  # the control follows the pose model that ran
+        keypoint_update = _keypoint_update(gr, cache.labels("pose") if ran_pose else None, keypoint_format)[0]
         try:
             downloads = download_files(outcome.files, folder)  # one distinct name each (chunks of several tasks)
         except OSError as error:
             logger.exception("demo video downloads failed")
-            return _failed(None, error), None, None
+            return _failed(None, error), None, None, keypoint_update
         overlay_path = None if outcome.overlay is None else str(outcome.overlay)
-        return render.video_markdown(outcome, options.max_video_frames), overlay_path, downloads or None
+        status_text = render.video_markdown(outcome, options.max_video_frames)
+        return status_text, overlay_path, downloads or None, keypoint_update
 
-    run.click(_trimmed(on_video), [clip, tasks, keypoints], [status, overlay, files], concurrency_id="models",
-              concurrency_limit=1)  # fmt: skip
+    run.click(_trimmed(on_video), [clip, tasks, keypoints], [status, overlay, files, keypoints],
+              concurrency_id="models", concurrency_limit=1)  # fmt: skip
+    return keypoints
 
+
+def class_choices(classes: SegMetadata) -> dict[str, Any]:
+    """The seg class toggles of a model of ``classes`` (``ModelCache.labels``): one per class, all shown."""
+    names = list(classes.class_names)
+    return {"choices": names, "value": names}
+
+
+def keypoint_choices(points: KeypointMetadata) -> dict[str, Any]:
+    """The keypoint-set control of a pose model of ``points`` (``ModelCache.labels``): the 308 and its conversions;
+    for a model of its own keypoints (``sapiens2.labels``) that set alone, fixed, saying why the others do not apply."""
+    if is_released_set(points):
+        return {"choices": KEYPOINT_SETS, "value": "sapiens308", "interactive": True, "info": None}
+    names = ", ".join(points.names[:4]) + (", ..." if len(points.names) > 4 else "")
+    return {
+        "choices": [(f"The model's own {len(points.names)} keypoints ({names})", OWN_KEYPOINTS)],
+        "value": OWN_KEYPOINTS,
+        "interactive": False,
+        "info": "This pose model has keypoints of its own: COCO-WholeBody 133 and COCO 17 are conversions of the "
+        "Sapiens 308 keypoints and do not apply to it.",
+    }
+
+
+def written_format(choice: str | None) -> str:
+    """The ``keypoint_format`` the files are written and drawn in for the keypoint-set control's ``choice``: a
+    model of its own keypoints writes them as they are whatever the format (``predict.writers``)."""
+    return "sapiens308" if choice in (None, OWN_KEYPOINTS) else choice
+
+
+def _class_update(gr, classes: SegMetadata | None, shown: list[str] | None) -> tuple[Any, list[str] | None]:
+    """(update of the class toggles, the classes to show) after a run whose seg model has ``classes`` (None: seg
+    did not run): its names, keeping the ticks when they are among them, else all shown (the page offered other
+    names: its file did not say them)."""
+    if classes is None:
+        return gr.update(), shown
+    names = list(classes.class_names)
+    kept = list(shown or []) if set(shown or []) <= set(names) else names
+    return gr.update(choices=names, value=kept), kept
+
+
+def _keypoint_update(gr, points: KeypointMetadata | None, choice: str | None) -> tuple[Any, str | None]:
+    """(update of the keypoint-set control, the choice to draw) after a run whose pose model has ``points`` (None:
+    pose did not run): the control as ``keypoint_choices`` makes it when the page offered another kind of set."""
+    if points is None or (choice == OWN_KEYPOINTS) == (not is_released_set(points)):
+        return gr.update(), choice
+    update = keypoint_choices(points)
+    return gr.update(**update), update["value"]
 
 
 def _trimmed(handler: Callable[..., Any]) -> Callable[..., Any]:
@@ -369,6 +452,9 @@ def _views(gr, analysis: Analysis, keypoint_format: str, draw_boxes: bool, shown
 
     image = analysis.image
     seg, pose = analysis.result("seg"), analysis.result("pose")
+    classes = analysis.labels("seg") or (None if seg is None else seg.class_names)
+    points = analysis.labels("pose")
+    written = written_format(keypoint_format)
     normal, pointmap = analysis.result("normal"), analysis.result("pointmap")
     albedo, matting = analysis.result("albedo"), analysis.result("matting")
     mesh_path = None
@@ -379,15 +465,15 @@ def _views(gr, analysis: Analysis, keypoint_format: str, draw_boxes: bool, shown
         mesh_path = str(render.pointmap_glb(pointmap, image, analysis.folder / "pointmap_3d.glb", foreground))
     return [
         show(image),
-        show(None if seg is None else render.seg_picture(image, seg.labels, shown, seg.class_names)),
-        show(None if pose is None else render.pose_picture(image, pose, keypoint_format, draw_boxes)),
+        show(None if seg is None else render.seg_picture(image, seg.labels, shown, classes)),
+        show(None if pose is None else render.pose_picture(image, pose, written, draw_boxes, points)),
         show(None if normal is None else render.normal_picture(normal)),
         show(None if pointmap is None else render.depth_picture(pointmap)),
         show(None if albedo is None else albedo.albedo),
         show(None if matting is None else render.matting_picture(matting)),
         gr.update(value=mesh_path, visible=True if mesh_path else "hidden"),
         gr.update(visible=seg is not None),
-        render.seg_legend(None, None) if seg is None else render.seg_legend(seg.labels, seg.class_names),
+        render.seg_legend(None) if seg is None else render.seg_legend(seg.labels, classes),
     ]
 
 

@@ -7,6 +7,9 @@ import threading
 import time
 from typing import Any
 
+from ..checkpoints import source_label_set
+from ..labels import default_label_set
+from ..metadata import KeypointMetadata, SegMetadata
 from ..predict.batch import make_predictors
 from ..predict.options import OptionText, PredictOptions, python_option
 from ..tasks import check_task
@@ -31,10 +34,23 @@ class ModelCache:
         self.option = option
         self.load_seconds: dict[str, float] = {}
         self._predictors: dict[str, Any] = {}
+        self._file_labels: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def is_loaded(self, task: str) -> bool:
         return task in self._predictors
+
+    def labels(self, task: str) -> KeypointMetadata | SegMetadata | None:
+        """The keypoints (pose) or classes (seg) of ``task``'s model as far as known now, loading nothing: the loaded
+        Predictor's (``Predictor.labels``); before it loads, what its file's header says
+        (``checkpoints.source_label_set``); else the released set (an exported network or a ``.pth`` file names its
+        set once loaded). None for the other tasks."""
+        predictor = self._predictors.get(task)
+        if predictor is not None:
+            return predictor.labels.for_task(task)
+        if task not in self._file_labels:  # read once: the file's header
+            self._file_labels[task] = source_label_set(self.options.source(task), task) or default_label_set(task)
+        return self._file_labels[task].for_task(task)
 
     def device_text(self, task: str | None = None) -> str:
         """Where the models run, as the page shows it: ``cuda:0 (NVIDIA H100 80GB HBM3), bf16`` or ``cpu, fp32``.

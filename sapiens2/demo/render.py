@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..labels import class_set
-from ..metadata import seg_metadata
+from ..metadata import KeypointMetadata, SegMetadata, seg_metadata
 from ..predict.visualize import colorize_depth, colorize_normals, draw_pose, seg_legend_entries, seg_overlay
 from ..tasks import TASKS
 from .analysis import Analysis
@@ -37,11 +37,15 @@ __all__ = [
 
 
 def seg_picture(
-    image: np.ndarray, labels: np.ndarray, shown: Iterable[str] | None = None, class_names: Sequence[str] | None = None
+    image: np.ndarray,
+    labels: np.ndarray,
+    shown: Iterable[str] | None = None,
+    classes: SegMetadata | Sequence[str] | None = None,
 ) -> np.ndarray:
     """The seg overlay (``seg_overlay``) on the classes in ``shown`` (names; None = all); the photo elsewhere.
-    ``class_names``: the result's (a model of its own classes, ``sapiens2.labels``); default the 29."""
-    classes = seg_metadata() if class_names is None else class_set(class_names)
+    ``classes``: the model's class list (``Predictor.labels``: names and palette of a model of its own classes,
+    ``sapiens2.labels``), or the result's class names; default the 29."""
+    classes = _class_list(classes)
     overlay = seg_overlay(image, labels, palette=classes.palette)
     if shown is None:
         return overlay
@@ -51,13 +55,12 @@ def seg_picture(
     return np.where(keep[labels][..., None], overlay, image)
 
 
-def seg_legend(labels: np.ndarray | None, class_names: Sequence[str] | None = None) -> str:
-    """HTML legend of the 29 classes (or the result's ``class_names``): colour, name and share of the image
-    (classes absent from it dimmed); the entries of ``predict.visualize.seg_legend_entries``, as the legend panel
-    of ``_seg_overlay`` pictures."""
+def seg_legend(labels: np.ndarray | None, classes: SegMetadata | Sequence[str] | None = None) -> str:
+    """HTML legend of the model's classes (``classes`` as ``seg_picture`` takes them; default the 29): colour, name
+    and share of the image (classes absent from it dimmed); the entries of ``predict.visualize.seg_legend_entries``,
+    as the legend panel of ``_seg_overlay`` pictures."""
     items = []
-    classes = None if class_names is None else class_set(class_names)
-    for entry in seg_legend_entries(labels, classes):
+    for entry in seg_legend_entries(labels, _class_list(classes)):
         share = f"{100.0 * entry.share:.1f}%" if entry.pixels else "–"
         opacity = 1.0 if entry.pixels or labels is None else 0.45
         colour = entry.color
@@ -70,11 +73,24 @@ def seg_legend(labels: np.ndarray | None, class_names: Sequence[str] | None = No
     return '<div id="seg-legend-items" style="line-height:1.6">' + "".join(items) + "</div>"
 
 
-def pose_picture(image: np.ndarray, result, keypoint_format: str = "sapiens308", boxes: bool = True) -> np.ndarray:
+def _class_list(classes: SegMetadata | Sequence[str] | None) -> SegMetadata:
+    if classes is None:
+        return seg_metadata()
+    return classes if isinstance(classes, SegMetadata) else class_set(classes)
+
+
+def pose_picture(
+    image: np.ndarray,
+    result,
+    keypoint_format: str = "sapiens308",
+    boxes: bool = True,
+    keypoint_set: KeypointMetadata | None = None,
+) -> np.ndarray:
     """Skeletons in ``keypoint_format`` (``draw_pose``), with the person boxes and their ``#n`` (the person's
-    position in ``_pose.json``) when ``boxes``, as ``sapiens2 predict`` draws them."""
+    position in ``_pose.json``) when ``boxes``, as ``sapiens2 predict`` draws them; ``keypoint_set``: the model's
+    (``Predictor.labels``), whose skeleton and colours a model of its own keypoints is drawn with."""
     ids = list(range(len(result))) if boxes else None
-    return draw_pose(image, result, fmt=keypoint_format, draw_boxes=boxes, box_ids=ids)
+    return draw_pose(image, result, fmt=keypoint_format, draw_boxes=boxes, box_ids=ids, keypoint_set=keypoint_set)
 
 
 def normal_picture(result) -> np.ndarray:

@@ -26,7 +26,8 @@ __all__ = ["RequestFolders", "ResultStore", "array_bytes"]
 
 
 def array_bytes(value: Any, _depth: int = 0) -> int:
-    """Bytes of the numpy arrays and torch tensors inside ``value`` (dataclasses, dicts, lists and tuples followed)."""
+    """Bytes of the numpy arrays and torch tensors inside ``value`` (dataclasses, dicts, lists and tuples followed;
+    a dataclass field marked ``metadata={"shared": True}`` is not: it belongs to the model, e.g. its label set)."""
     if _depth > 8:
         return 0
     if isinstance(value, np.ndarray):
@@ -34,7 +35,8 @@ def array_bytes(value: Any, _depth: int = 0) -> int:
     if hasattr(value, "element_size") and hasattr(value, "nelement"):  # a torch.Tensor, without importing torch
         return int(value.element_size() * value.nelement())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return sum(array_bytes(getattr(value, f.name), _depth + 1) for f in dataclasses.fields(value))
+        fields = [f for f in dataclasses.fields(value) if not f.metadata.get("shared")]
+        return sum(array_bytes(getattr(value, f.name), _depth + 1) for f in fields)
     if isinstance(value, dict):
         return sum(array_bytes(item, _depth + 1) for item in value.values())
     if isinstance(value, list | tuple):
