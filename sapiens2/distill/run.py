@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .config import DistillConfig, distill_config_from_dict
+from ..messages import OptionText
+from ..yaml_config import config_option
+from .config import DISTILL_TASKS, DistillConfig, distill_config_from_dict
 from .pairs import read_shapes
 
-__all__ = ["DistillOptions", "distill", "load_distill_config", "run_distill", "teacher_targets"]
+__all__ = ["DistillOptions", "distill", "input_problems", "load_distill_config", "run_distill", "teacher_targets"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +55,17 @@ def _merged(base: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any
 
 
 def load_distill_config(
-    path: str | os.PathLike | None, overrides: Sequence[str] = (), values: Mapping[str, Any] | None = None
+    path: str | os.PathLike | None,
+    overrides: Sequence[str] = (),
+    values: Mapping[str, Any] | None = None,
+    *,
+    option: OptionText = config_option,
+    inputs: Callable[[DistillConfig], list[str]] | None = None,
 ) -> DistillConfig:
     """Read a YAML distillation config (None: the defaults), apply ``"a.b=value"`` overrides, then ``values``.
+
+    ``option`` names the keys in messages (``sapiens2 distill``: its flags); ``inputs`` adds the problems of the
+    run's files to the config's (``input_problems``), so that one run names them all.
 
     Example:
         >>> config = load_distill_config(None, ["task=seg", "distill.teacher=1b", "model.arch=student_20m",
@@ -66,9 +76,91 @@ def load_distill_config(
     paths = {"model.init_from": "source", "distill.teacher": "source", "distill.targets": "path"}
 
     def build(data: dict[str, Any]) -> DistillConfig:
-        return distill_config_from_dict(_merged(data, values or {}))
+        return distill_config_from_dict(_merged(data, values or {}), option, inputs)
 
     return read_config(path, overrides, "distillation", build, paths=paths)
+
+
+# What a resumed run must share with the run it continues (its teacher's outputs and its weights depend on them).
+_RUN_KEYS = ("task", "distill.teacher", "model.arch", "model.head", "data.input_size", "distill.store")
+
+
+def input_problems(
+    config: DistillConfig, option: OptionText = config_option, resume: bool | str | os.PathLike = False
+) -> list[str]:
+    """Every problem of the run's files, found before any model is loaded, one line each: a teacher that is not
+    there (nor downloadable now), images that do not exist or hold no image, a missing ``distill.targets`` folder,
+    and a run folder that does not fit ``resume`` (a finished or started run without it; with it: no checkpoint,
+    or another teacher, student, task or input size than the run was started with)."""
+    from ..checkpoints import find_download, locate_checkpoint
+    from ..data.collections import input_problems as image_problems
+    from ..train.trainer import latest_checkpoint
+
+    problems = []
+    section = config.distill
+    if section.teacher and config.task in DISTILL_TASKS:
+        hint = option("distill.teacher", "/path/to/{filename}")
+        try:
+            found = locate_checkpoint(section.teacher, config.task, local_hint=hint)
+            if isinstance(found, tuple):  # in the cache, or to download: refused now when offline
+                find_download(*found, local_hint=hint)
+        except FileNotFoundError as error:
+            problems.append(f"{option('distill.teacher', section.teacher)}: {error}")
+    if section.targets is not None and not section.online:
+        if not os.path.isdir(section.targets):
+            problems.append(f"{option('distill.targets', section.targets)}: no such folder of stored teacher "
+                            "outputs (compute them with --teacher-only, or leave the option out)")  # fmt: skip
+    elif section.images:
+        targets = config.targets_dir if os.path.isdir(config.targets_dir) else None
+        problems += image_problems(list(section.images), skip=targets)
+    problems += _run_folder_problems(config, option, resume, latest_checkpoint(config.run_dir))
+    return problems
+
+
+def _run_folder_problems(
+    config: DistillConfig, option: OptionText, resume: bool | str | os.PathLike, checkpoint: Any
+) -> list[str]:
+    run_dir, output = config.run_dir, option("output_dir", config.run_dir)
+    if resume is False or resume is None:
+        if checkpoint is None:
+            return []
+        step = int(checkpoint.stem.split("_")[-1])
+        if (run_dir / "model.safetensors").exists():
+            run, more = f"a finished run ({step} steps)", f" and more {option('steps')}"
+        else:
+            run, more = f"a run stopped at step {step}", ""
+        return [f"{output} already holds {run}: continue it with --resume{more}, or choose another "
+                f"{option('output_dir')}"]  # fmt: skip
+    if resume is True and checkpoint is None:
+        return [f"--resume: {run_dir} holds no checkpoint to continue from (the run stopped before its first): run "
+                "the same command without --resume (the teacher's outputs stored so far are kept)"]  # fmt: skip
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return []
+    import yaml
+
+    from ..yaml_config import config_to_dict
+
+    saved, now = yaml.safe_load(saved_path.read_text()) or {}, config_to_dict(config)
+    problems = []
+    for key in _RUN_KEYS:
+        before, after = _dotted(saved, key), _dotted(now, key)
+        if before is not None and not _same(key, before, after):
+            problems.append(f"{option(key, after)}: the run in {run_dir} was started with {before!r}; resume with "
+                            f"the same value, or start a new run in another {option('output_dir')}")  # fmt: skip
+    return problems
+
+
+def _dotted(data: Mapping[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, Mapping) else None
+    return data
+
+
+def _same(key: str, before: Any, after: Any) -> bool:
+    if key == "distill.teacher" and os.path.isfile(str(before)) and os.path.isfile(str(after)):
+        return os.path.samefile(str(before), str(after))
+    return before == after
 
 
 def teacher_targets(config: DistillConfig) -> Any:
@@ -132,16 +224,24 @@ def distill(config: DistillConfig, *, resume: bool | str | os.PathLike = False) 
                       "agreement_json": json_path, "agreement_md": md_path}  # fmt: skip
 
 
-def run_distill(options: DistillOptions) -> dict[str, Any]:
-    """Load and check the config, then distil (or, with ``teacher_only``, only compute the teacher's outputs).
+def run_distill(options: DistillOptions, *, option: OptionText = config_option) -> dict[str, Any]:
+    """Load and check the config and the run's files, then distil (or, with ``teacher_only``, only compute the
+    teacher's outputs). ``option``: how messages name a key (``sapiens2 distill``: its flags).
 
     Raises:
-        FileNotFoundError, ValueError: a missing or invalid config, teacher, student or image set (one line).
+        messages.Problems: an invalid config, a missing teacher or image set, a run folder that does not fit
+            ``resume``: every problem found before any model is loaded, one line each.
+        FileNotFoundError, ValueError: a config file that is missing or not valid YAML; a teacher/student pair that
+            cannot work (one line).
     """
-    config = load_distill_config(options.config, options.overrides, options.values)
+
+    def inputs(config: DistillConfig) -> list[str]:
+        return input_problems(config, option, False if options.teacher_only else options.resume)
+
+    config = load_distill_config(options.config, options.overrides, options.values, option=option, inputs=inputs)
     if options.teacher_only:
         if not config.distill.images:
-            raise ValueError("--teacher-only needs the images (distill.images) to run the teacher on")
+            raise ValueError(f"--teacher-only needs the images ({option('distill.images')}) to run the teacher on")
         report = teacher_targets(config)
         return {"teacher_only": True, "report": report, "targets": config.targets_dir}
     return distill(config, resume=options.resume)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from ..checkpoints import resolve_checkpoint
 from ..models.task_model import TaskModel
 from ..train import distributed as dist_utils
-from ..train.trainer import Trainer
+from ..train.trainer import Trainer, TrainingInterrupted
 from .config import DistillConfig, distill_config_from_dict
 from .losses import DistillLoss
 from .pairs import check_pair, read_shapes, student_on_meta
@@ -125,7 +125,13 @@ class DistillTrainer(Trainer):
             self.teacher = load_model(config.task, teacher, device=self.device).requires_grad_(False)
         else:
             if self.context.is_main and section.targets is None:  # else computed beforehand (--teacher-only)
-                report = compute_targets(config, teacher, progress=config.progress_bar)
+                try:
+                    report = compute_targets(config, teacher, progress=config.progress_bar)
+                except KeyboardInterrupt:
+                    raise TrainingInterrupted(
+                        f"interrupted in the teacher's pass: the outputs stored so far in {config.targets_dir} are "
+                        "kept; run the same command again to compute the rest and train"
+                    ) from None
                 self._info("teacher outputs: %d computed, %d kept from before, %d failed", report.done,
                            report.skipped, report.failed)  # fmt: skip
             dist_utils.barrier(self.context)

@@ -1,0 +1,164 @@
+"""``sapiens2 distill`` as a new user meets it: a short trial run needs no warm-up setting, every problem of the
+inputs is named in one run (one line each, in the flags the user typed) before any model loads, a run folder of
+another run is refused or resumed with a reason, and Ctrl-C says where the run stopped and how to go on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from distill_synth import write_images
+
+from sapiens2.cli import main
+from sapiens2.distill import load_distill_config
+from sapiens2.train.config import save_config
+from sapiens2.train.trainer import find_checkpoints
+
+REPO = Path(__file__).resolve().parents[1]
+STUDENT = "{embed_dims: 16, num_layers: 2, num_heads: 2, feedforward_channels: 32, num_tokenizer_layers: 0}"
+HEAD = "{deconv_out_channels: [8, 8, 8, 8], deconv_kernel_sizes: [4, 4, 4, 4], conv_out_channels: [8], " \
+       "conv_kernel_sizes: [1]}"  # fmt: skip
+# A tiny seg student on the CPU, without a bar or workers; no warm-up is set.
+FAST = ["--set", f"model.arch={STUDENT}", "--set", f"model.head={HEAD}", "--input-size", "64", "48", "--device", "cpu",
+        "--set", "data.num_workers=0", "--set", "precision=fp32", "--set", "progress_bar=false"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    return write_images(tmp_path_factory.mktemp("trial") / "photos", 6, seed=5)
+
+
+def seg_run(images: Path, teacher: Path, out: Path, *extra: str) -> list[str]:
+    return ["distill", str(images), "--task", "seg", "--teacher", str(teacher), *FAST, "-o", str(out), *extra]
+
+
+def error_lines(err: str) -> list[str]:
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and all(line.startswith("sapiens2 distill: error: ") for line in lines), err
+    return [line.removeprefix("sapiens2 distill: error: ") for line in lines]
+
+
+def test_a_trial_run_needs_no_warmup_and_a_warmup_too_long_names_the_flags(images, tiny_checkpoints, tmp_path, capsys):
+    """--steps 100 alone passes the checks (the warm-up defaults to a tenth of the steps; it was 500, refused): the
+    teacher's pass runs. A warm-up set as long as the run is one line in the flags typed; nothing is written."""
+    out = tmp_path / "trial"
+    assert main(seg_run(images, tiny_checkpoints["seg"], out, "--steps", "100", "--teacher-only")) == 0, (
+        capsys.readouterr().err
+    )
+    assert len(list((out / "teacher").glob("*.teacher.safetensors"))) == 6
+    capsys.readouterr()
+    other = tmp_path / "other"
+    argv = seg_run(images, tiny_checkpoints["seg"], other, "--steps", "100", "--set", "schedule.warmup_steps=100")
+    assert main(argv) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        "--set schedule.warmup_steps=100 must be smaller than the run's 100 steps (--steps 100): lower it, train "
+        "longer, or leave the warm-up out (default: a tenth of the steps, at most 500)"
+    ]
+    assert not other.exists()
+
+
+@pytest.mark.slow
+def test_a_trial_distillation_warms_up_over_a_tenth_of_its_steps(images, tiny_checkpoints, tmp_path):
+    out = tmp_path / "trial"
+    assert main(seg_run(images, tiny_checkpoints["seg"], out, "--steps", "10", "--batch-size", "2")) == 0
+    rates = [float(line.split(",")[2]) for line in (out / "metrics.csv").read_text().splitlines()[1:]]
+    assert rates[:2] == pytest.approx([5e-4 * 1e-3, 5e-4])  # step 1 warms up, step 2 has the full LR
+    assert all(later < earlier for earlier, later in zip(rates[1:], rates[2:], strict=False))
+
+
+def test_every_input_problem_is_named_in_one_run_before_any_model_loads(tmp_path, capsys):
+    """A missing and an empty images folder, a missing teacher, a misspelt student and a bad --holdout: one line
+    each, all in one run (it used to stop at the first), each naming the flag or input; exit 2, nothing written."""
+    (tmp_path / "empty").mkdir()
+    missing, empty, teacher = tmp_path / "photos", tmp_path / "empty", tmp_path / "sapiens2_1b_seg.safetensors"
+    out = tmp_path / "run"
+    argv = ["distill", str(missing), str(empty), "--task", "seg", "--teacher", str(teacher), "--student",
+            "sapiens2_student_5mm", "--steps", "100", "--holdout", "2", "-o", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    lines = error_lines(capsys.readouterr().err)
+    expected = [
+        "--student: unknown arch 'sapiens2_student_5mm'; did you mean sapiens2_student_5m",
+        "--holdout must lie in (0, 1), got 2.0",
+        f"--teacher {teacher}: Checkpoint '{teacher}' not found",
+        f"input '{missing}' does not exist (no such file or folder)",
+        f"folder '{empty}' contains no image files (.avif, .bmp",
+    ]
+    assert len(lines) == len(expected) and all(
+        line.startswith(start) for line, start in zip(lines, expected, strict=False)
+    ), lines
+    assert not out.exists()
+
+
+def test_a_run_folder_of_another_run_is_refused_with_what_to_do(images, tiny_checkpoints, tmp_path, capsys):
+    """-o holding a run: without --resume, say so and how to continue (it said 'set another output_dir', a key the
+    command has no flag for); with --resume, refuse another teacher or input size (naming both values), or a folder
+    with no checkpoint yet (run again without --resume). Every refusal comes before the teacher runs."""
+    teacher, out = tiny_checkpoints["seg"], tmp_path / "run"
+    values = {"task": "seg", "steps": 4, "output_dir": str(out), "data": {"input_size": [64, 48]},
+              "model": {"arch": yaml.safe_load(STUDENT), "head": yaml.safe_load(HEAD)},
+              "distill": {"teacher": str(teacher), "images": [str(images)]}}  # fmt: skip
+    save_config(load_distill_config(None, values=values), tmp_path / "config.yaml")
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copy(tmp_path / "config.yaml", out / "config.yaml")
+    (out / "checkpoints" / "step_00000002.pt").write_bytes(b"")  # never read: the refusals come first
+    cases = [
+        ([], [f"-o {out} already holds a run stopped at step 2: continue it with --resume, or choose another -o"]),
+        (["--resume", "--teacher", str(tiny_checkpoints["normal"]), "--input-size", "32", "32"], [
+            f"--teacher {tiny_checkpoints['normal']}: the run in {out} was started with '{teacher}'; resume with the "
+            "same value, or start a new run in another -o",
+            f"--input-size 32 32: the run in {out} was started with [64, 48]; resume with the same value, or start a "
+            "new run in another -o",
+        ]),
+    ]  # fmt: skip
+    for extra, expected in cases:
+        assert main(seg_run(images, teacher, out, "--steps", "4", *extra)) == 2
+        assert error_lines(capsys.readouterr().err) == expected
+    (out / "model.safetensors").write_bytes(b"")
+    assert main(seg_run(images, teacher, out, "--steps", "4")) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        f"-o {out} already holds a finished run (2 steps): continue it with --resume and more --steps, or choose "
+        "another -o"
+    ]
+    shutil.rmtree(out / "checkpoints")
+    assert main(seg_run(images, teacher, out, "--steps", "4", "--resume")) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        f"--resume: {out} holds no checkpoint to continue from (the run stopped before its first): run the same "
+        "command without --resume (the teacher's outputs stored so far are kept)"
+    ]
+    assert not (out / "teacher").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_where_the_run_stopped_and_resume_finishes_it(images, tiny_checkpoints, tmp_path):
+    """SIGINT mid-run: exit 130 and one line naming the step and the checkpoint to resume from (it was a
+    KeyboardInterrupt traceback, exit 1); the same command with --resume then finishes the run."""
+    out = tmp_path / "run"
+    argv = seg_run(images, tiny_checkpoints["seg"], out, "--steps", "300", "--batch-size", "2",
+                   "--set", "checkpoint_every=3")[1:]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "sapiens2", "distill", *argv]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not find_checkpoints(out) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err[-3000:]
+    lines = [line for line in err.splitlines() if "error" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    checkpoint = find_checkpoints(out)[-1]
+    assert lines[0].startswith("sapiens2 distill: error: interrupted at step ") and lines[0].endswith(
+        f"of 300; the newest checkpoint is {checkpoint} (step {int(checkpoint.stem.split('_')[-1])}): run the same "
+        "command with --resume to continue from it"
+    ), lines[0]
+    resumed = subprocess.run([*command, "--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {checkpoint}" in resumed.stderr
+    assert (out / "model.safetensors").is_file()
