@@ -54,6 +54,12 @@ def test_a_trial_run_needs_no_warmup_and_a_warmup_too_long_names_the_flags(image
     )
     assert len(list((out / "teacher").glob("*.teacher.safetensors"))) == 6
     capsys.readouterr()
+    # The stored outputs serve the next run; a batch bigger than the images to train on is named by its flag.
+    assert main(seg_run(images, tiny_checkpoints["seg"], out, "--steps", "100", "--batch-size", "8")) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        "5 images to train on (1 of 6 held out), fewer than one batch of --batch-size 8: lower it to 5 or fewer, or "
+        "add images"
+    ]
     other = tmp_path / "other"
     argv = seg_run(images, tiny_checkpoints["seg"], other, "--steps", "100", "--set", "schedule.warmup_steps=100")
     assert main(argv) == 2
@@ -80,13 +86,15 @@ def test_every_input_problem_is_named_in_one_run_before_any_model_loads(tmp_path
     missing, empty, teacher = tmp_path / "photos", tmp_path / "empty", tmp_path / "sapiens2_1b_seg.safetensors"
     out = tmp_path / "run"
     argv = ["distill", str(missing), str(empty), "--task", "seg", "--teacher", str(teacher), "--student",
-            "sapiens2_student_5mm", "--steps", "100", "--holdout", "2", "-o", str(out)]  # fmt: skip
+            "sapiens2_student_5mm", "--steps", "100", "--holdout", "2", "--devices", "cuda:99",
+            "-o", str(out)]  # fmt: skip
     assert main(argv) == 2
     lines = error_lines(capsys.readouterr().err)
     expected = [
         "--student: unknown arch 'sapiens2_student_5mm'; did you mean sapiens2_student_5m",
         "--holdout must lie in (0, 1), got 2.0",
         f"--teacher {teacher}: Checkpoint '{teacher}' not found",
+        "--devices 'cuda:99': this machine has ",
         f"input '{missing}' does not exist (no such file or folder)",
         f"folder '{empty}' contains no image files (.avif, .bmp",
     ]
@@ -94,6 +102,26 @@ def test_every_input_problem_is_named_in_one_run_before_any_model_loads(tmp_path
         line.startswith(start) for line, start in zip(lines, expected, strict=False)
     ), lines
     assert not out.exists()
+
+
+def test_a_student_given_as_a_file_or_left_out_is_told_where_it_goes(tmp_path, capsys):
+    """--student takes an arch: a weight file there is pointed to model.init_from; no --task, --teacher, --student
+    or --steps: each is named as a flag, with an example."""
+    student = tmp_path / "my_student.safetensors"
+    student.write_bytes(b"")
+    assert main(["distill", str(tmp_path), "--task", "seg", "--teacher", "x", "--student", str(student),
+                 "--steps", "10", "-o", str(tmp_path / "run")]) == 2  # fmt: skip
+    lines = error_lines(capsys.readouterr().err)
+    assert lines[0].startswith(f"--student: unknown arch '{student}'") and lines[0].endswith(
+        f"; weights go in --set model.init_from={student} (the arch is read off them)"
+    ), lines
+    assert main(["distill", str(tmp_path)]) == 2
+    assert error_lines(capsys.readouterr().err)[:4] == [
+        "--task is required; choose one of pose, seg, normal, pointmap, albedo, matting",
+        "set exactly one of --steps and --set epochs",
+        "--student is needed when --set model.init_from is not set (e.g. --student sapiens2_student_5m)",
+        "--teacher is required (a size such as 5b, a repo id or a task model file)",
+    ]
 
 
 def test_a_run_folder_of_another_run_is_refused_with_what_to_do(images, tiny_checkpoints, tmp_path, capsys):

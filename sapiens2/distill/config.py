@@ -98,7 +98,7 @@ def distill_config_from_dict(
     values = dict(values)
     values["data"] = {"root": "-"} | dict(values.get("data") or {})  # unused: the images are distill.images
     config = build_config(DistillConfig, values)
-    problems = config_problems(config, DISTILL_TASKS, option)
+    problems = config_problems(config, DISTILL_TASKS, option, arch_example="sapiens2_student_5m")
     section = config.distill
     if not section.teacher:
         problems.append(f"{option('distill.teacher')} is required (a size such as 5b, a repo id or a task model file)")

@@ -106,6 +106,7 @@ def input_problems(
                 find_download(*found, local_hint=hint)
         except FileNotFoundError as error:
             problems.append(f"{option('distill.teacher', section.teacher)}: {error}")
+    problems += _device_problems(config, option)
     if section.targets is not None and not section.online:
         if not os.path.isdir(section.targets):
             problems.append(f"{option('distill.targets', section.targets)}: no such folder of stored teacher "
@@ -114,6 +115,26 @@ def input_problems(
         targets = config.targets_dir if os.path.isdir(config.targets_dir) else None
         problems += image_problems(list(section.images), skip=targets)
     problems += _run_folder_problems(config, option, resume, latest_checkpoint(config.run_dir))
+    return problems
+
+
+def _device_problems(config: DistillConfig, option: OptionText) -> list[str]:
+    """A training device or teacher-pass devices this machine does not have."""
+    from ..bulk import parse_devices
+
+    problems = []
+    try:
+        cuda = config.device is not None and torch.device(config.device).type == "cuda"
+    except (RuntimeError, ValueError):
+        cuda = False  # not a device: the config's checks say so
+    if cuda and not torch.cuda.is_available():
+        problems.append(f"{option('device', config.device)}: CUDA is not available on this machine; use "
+                        f"{option('device', 'cpu')} (or leave it out: CUDA when there is one)")  # fmt: skip
+    if not config.distill.online and config.distill.targets is None:
+        try:
+            parse_devices(config.distill.devices)
+        except ValueError as error:
+            problems.append(f"{option('distill.devices')} {error}")
     return problems
 
 
@@ -175,9 +196,12 @@ def teacher_targets(config: DistillConfig) -> Any:
     return compute_targets(config, teacher, progress=config.progress_bar)
 
 
-def distill(config: DistillConfig, *, resume: bool | str | os.PathLike = False) -> dict[str, Any]:
+def distill(
+    config: DistillConfig, *, resume: bool | str | os.PathLike = False, option: OptionText = config_option
+) -> dict[str, Any]:
     """Distil ``distill.teacher`` into the student ``model.arch`` on ``distill.images``; returns the training summary
-    plus ``agreement`` (before/after, ``sapiens2.distill.agreement``) and the table's paths.
+    plus ``agreement`` (before/after, ``sapiens2.distill.agreement``) and the table's paths. ``option``: how
+    messages name a key (``sapiens2 distill``: its flags).
 
     Example:
         >>> summary = distill(load_distill_config("distill_seg.yaml"))
@@ -187,7 +211,7 @@ def distill(config: DistillConfig, *, resume: bool | str | os.PathLike = False) 
     from .agreement import HEADLINE, agreement, agreement_table
     from .trainer import DistillTrainer
 
-    trainer = DistillTrainer(config, resume=resume)
+    trainer = DistillTrainer(config, resume=resume, option=option)
     main, task, holdout = trainer.context.is_main, config.task, trainer.holdout_dataset
     device = trainer.device
     before_path = trainer.run_dir / "agreement_before.json"
@@ -244,4 +268,4 @@ def run_distill(options: DistillOptions, *, option: OptionText = config_option) 
             raise ValueError(f"--teacher-only needs the images ({option('distill.images')}) to run the teacher on")
         report = teacher_targets(config)
         return {"teacher_only": True, "report": report, "targets": config.targets_dir}
-    return distill(config, resume=options.resume)
+    return distill(config, resume=options.resume, option=option)

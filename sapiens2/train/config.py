@@ -292,11 +292,17 @@ def validate(
 
 
 def config_problems(
-    config: TrainConfig, tasks: tuple[str, ...] = TRAIN_TASKS, option: OptionText = config_option
+    config: TrainConfig,
+    tasks: tuple[str, ...] = TRAIN_TASKS,
+    option: OptionText = config_option,
+    arch_example: str = "sapiens2_0.4b",
 ) -> list[str]:
-    """Every problem ``validate`` finds, one line each, the keys named by ``option``."""
+    """Every problem ``validate`` finds, one line each, the keys named by ``option`` (``arch_example``: the arch a
+    missing ``model.arch`` suggests)."""
     problems = []
-    if config.task not in tasks:
+    if not config.task:
+        problems.append(f"{option('task')} is required; choose one of {', '.join(tasks)}")
+    elif config.task not in tasks:
         problems.append(
             f"{option('task')} {config.task!r} is not trainable; choose one of {', '.join(tasks)}."
             + did_you_mean(config.task, tasks)
@@ -318,13 +324,17 @@ def config_problems(
     if model.arch is None and model.init_from is None:
         problems.append(
             f"{option('model.arch')} is needed when {option('model.init_from')} is not set "
-            f"(e.g. {option('model.arch', 'sapiens2_0.4b')})"
+            f"(e.g. {option('model.arch', arch_example)})"
         )
     if isinstance(model.arch, str):
         try:
             get_arch(model.arch)
         except ValueError as error:
-            problems.append(f"{option('model.arch')}: {error}")
+            from ..checkpoints import WEIGHT_SUFFIXES
+
+            weights = os.path.isfile(model.arch) or model.arch.endswith(WEIGHT_SUFFIXES)
+            remedy = f"; weights go in {option('model.init_from', model.arch)} (the arch is read off them)"
+            problems.append(f"{option('model.arch')}: {error}{remedy if weights else ''}")
     if model.frozen_stages < -1:
         problems.append(f"{option('model.frozen_stages')} must be >= -1, got {model.frozen_stages}")
     if not data.root:
