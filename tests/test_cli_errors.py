@@ -97,7 +97,7 @@ CASES = {
         "path": (["photos", "-o", "out", "--task", "seg", "--teacher", "missing.safetensors", "--student", "student_5m",
                   "--steps", "1000"], 2, ["'missing.safetensors' not found"]),
         "value": (["photos", "-o", "out", "--task", "seg", "--teacher", "w.safetensors", "--student", "student_5m",
-                   "--steps", "1000", "--holdout", "2"], 2, ["--holdout must lie in (0, 1), got 2.0"]),
+                   "--steps", "1000", "--holdout", "half"], 2, ["--holdout", "'half'"]),
         "flag": (["photos", "-o", "out", "--stpes", "1000"], 2, ["did you mean --steps?"]),
     },
     "labels": {

@@ -104,6 +104,27 @@ def test_every_input_problem_is_named_in_one_run_before_any_model_loads(tmp_path
     assert not out.exists()
 
 
+def test_a_teacher_that_cannot_work_is_named_with_the_other_problems(tiny_checkpoints, tmp_path, capsys):
+    """An unreadable teacher file (it was a safetensors traceback) or a pose teacher for --task seg is one line,
+    beside the images' problems, before anything is computed."""
+    (tmp_path / "empty").mkdir()
+    broken, pose = tmp_path / "teacher.safetensors", tiny_checkpoints["pose"]
+    broken.write_bytes(b"")
+    cases = [
+        (broken, [f"Cannot read checkpoint {broken}: the file is empty (0 bytes)"]),
+        (pose, [f"teacher {pose} is a pose model but the student learns seg: a teacher and its student must share "
+                "the task (--task pose, or a seg teacher)"]),
+    ]  # fmt: skip
+    for teacher, expected in cases:
+        argv = ["distill", str(tmp_path / "empty"), "--task", "seg", "--teacher", str(teacher), *FAST, "--steps", "9",
+                "-o", str(tmp_path / "run")]  # fmt: skip
+        assert main(argv) == 2
+        lines = error_lines(capsys.readouterr().err)
+        assert len(lines) == 2 and lines[0].startswith(expected[0]), lines
+        assert lines[1].startswith(f"folder '{tmp_path / 'empty'}' contains no image files"), lines
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_student_given_as_a_file_or_left_out_is_told_where_it_goes(tmp_path, capsys):
     """--student takes an arch: a weight file there is pointed to model.init_from; no --task, --teacher, --student
     or --steps: each is named as a flag, with an example."""
@@ -128,7 +149,8 @@ def test_a_run_folder_of_another_run_is_refused_with_what_to_do(images, tiny_che
     """-o holding a run: without --resume, say so and how to continue (it said 'set another output_dir', a key the
     command has no flag for); with --resume, refuse another teacher or input size (naming both values), or a folder
     with no checkpoint yet (run again without --resume). Every refusal comes before the teacher runs."""
-    teacher, out = tiny_checkpoints["seg"], tmp_path / "run"
+    teacher, out, other = tiny_checkpoints["seg"], tmp_path / "run", tmp_path / "other_seg.safetensors"
+    shutil.copy(teacher, other)  # another file: another teacher, as far as the run can tell
     values = {"task": "seg", "steps": 4, "output_dir": str(out), "data": {"input_size": [64, 48]},
               "model": {"arch": yaml.safe_load(STUDENT), "head": yaml.safe_load(HEAD)},
               "distill": {"teacher": str(teacher), "images": [str(images)]}}  # fmt: skip
@@ -138,9 +160,9 @@ def test_a_run_folder_of_another_run_is_refused_with_what_to_do(images, tiny_che
     (out / "checkpoints" / "step_00000002.pt").write_bytes(b"")  # never read: the refusals come first
     cases = [
         ([], [f"-o {out} already holds a run stopped at step 2: continue it with --resume, or choose another -o"]),
-        (["--resume", "--teacher", str(tiny_checkpoints["normal"]), "--input-size", "32", "32"], [
-            f"--teacher {tiny_checkpoints['normal']}: the run in {out} was started with '{teacher}'; resume with the "
-            "same value, or start a new run in another -o",
+        (["--resume", "--teacher", str(other), "--input-size", "32", "32"], [
+            f"--teacher {other}: the run in {out} was started with '{teacher}'; resume with the same value, or start "
+            "a new run in another -o",
             f"--input-size 32 32: the run in {out} was started with [64, 48]; resume with the same value, or start a "
             "new run in another -o",
         ]),

@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -103,9 +104,11 @@ def input_problems(
         try:
             found = locate_checkpoint(section.teacher, config.task, local_hint=hint)
             if isinstance(found, tuple):  # in the cache, or to download: refused now when offline
-                find_download(*found, local_hint=hint)
+                found = find_download(*found, local_hint=hint)
         except FileNotFoundError as error:
             problems.append(f"{option('distill.teacher', section.teacher)}: {error}")
+        else:
+            problems += _pair_problems(config, found)
     problems += _device_problems(config, option)
     if section.targets is not None and not section.online:
         if not os.path.isdir(section.targets):
@@ -116,6 +119,24 @@ def input_problems(
         problems += image_problems(list(section.images), skip=targets)
     problems += _run_folder_problems(config, option, resume, latest_checkpoint(config.run_dir))
     return problems
+
+
+def _pair_problems(config: DistillConfig, teacher: Path | None) -> list[str]:
+    """The pair check (``pairs.check_pair``) of a teacher file on this machine, with the others: another task, a
+    bigger student, other keypoints or classes; nothing when the student itself is invalid (the config says so)."""
+    from .pairs import check_pair, student_on_meta
+
+    if teacher is None:  # to download: checked once it is here
+        return []
+    try:
+        student = student_on_meta(config.task, config.model, config.data.input_size)
+    except (ValueError, TypeError, OSError):
+        return []
+    try:
+        check_pair(config.task, teacher, read_shapes(teacher), student)
+    except (ValueError, OSError) as error:
+        return [str(error)]
+    return []
 
 
 def _device_problems(config: DistillConfig, option: OptionText) -> list[str]:
