@@ -212,3 +212,20 @@ def test_ctrl_c_says_where_the_run_stopped_and_resume_finishes_it(images, tiny_c
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {checkpoint}" in resumed.stderr
     assert (out / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_an_image_that_does_not_decode_is_left_out_online_too(images, tiny_checkpoints, tmp_path, caplog):
+    """--online has no teacher's pass to leave a bad image out: it is a warning line where the run meets it and the
+    next image stands in (it stopped the run: an error, or a worker's traceback with data.num_workers > 0)."""
+    folder = tmp_path / "photos"
+    shutil.copytree(images, folder)
+    (folder / "zz_broken.jpg").write_bytes(b"not a jpeg")
+    argv = seg_run(folder, tiny_checkpoints["seg"], tmp_path / "run", "--steps", "6", "--batch-size", "2", "--online")
+    assert main(argv) == 0
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert warnings and all(
+        line == f"cannot read image '{folder / 'zz_broken.jpg'}': not a decodable image (corrupt, truncated or not "
+        "an image format); left out (the next image stands in)"
+        for line in warnings
+    ), warnings
