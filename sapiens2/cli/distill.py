@@ -25,12 +25,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         description="Distil a Sapiens2 teacher (a released size or a fine-tuned file) into a smaller student on your "
         "own unlabelled images: the teacher's outputs are computed once (bulk engine) or online, the student trains "
         "through the training loop, and an agreement table is written next to the model.",
+        epilog="A first try: sapiens2 distill photos/ --task seg --teacher 1b --student sapiens2_student_5m "
+        "-o runs/try --steps 100. Every problem found before the models load is named at once, one line each; Ctrl-C "
+        "says which checkpoint --resume continues from.",
     )
     parser.add_argument("images", nargs="*", help="folders, globs, manifests, tar shards or URLs of images")
     parser.add_argument("--task", choices=DISTILL_TASKS, help="the task of teacher and student")
     parser.add_argument("--teacher", help="released size (5b), repo id or task model file")
-    parser.add_argument("--student", help="student arch: sapiens2_student_20m, student_5m, 0.4b ... (model.arch)")
-    parser.add_argument("-o", "--output", help="the run folder (output_dir)")
+    parser.add_argument(
+        "--student",
+        help="student arch: sapiens2_student_20m, student_5m, 0.4b ... (model.arch); to start it from weights, "
+        "--set model.init_from=FILE",
+    )
+    parser.add_argument("-o", "--output", help="the run folder (output_dir); one holding a run continues with --resume")
     parser.add_argument("--config", help="a YAML distillation config (every key: docs/distill.md)")
     parser.add_argument(
         "--steps",
