@@ -80,19 +80,21 @@ def test_a_trial_distillation_warms_up_over_a_tenth_of_its_steps(images, tiny_ch
 
 
 def test_every_input_problem_is_named_in_one_run_before_any_model_loads(tmp_path, capsys):
-    """A missing and an empty images folder, a missing teacher, a misspelt student and a bad --holdout: one line
-    each, all in one run (it used to stop at the first), each naming the flag or input; exit 2, nothing written."""
+    """A missing and an empty images folder, a missing teacher and student weights, a misspelt student, a bad
+    --holdout and a GPU the machine lacks: one line each, all in one run (it used to stop at the first), each naming
+    the flag or input; exit 2, nothing written."""
     (tmp_path / "empty").mkdir()
     missing, empty, teacher = tmp_path / "photos", tmp_path / "empty", tmp_path / "sapiens2_1b_seg.safetensors"
     out = tmp_path / "run"
     argv = ["distill", str(missing), str(empty), "--task", "seg", "--teacher", str(teacher), "--student",
             "sapiens2_student_5mm", "--steps", "100", "--holdout", "2", "--devices", "cuda:99",
-            "-o", str(out)]  # fmt: skip
+            "--set", f"model.init_from={tmp_path / 'init.pt'}", "-o", str(out)]  # fmt: skip
     assert main(argv) == 2
     lines = error_lines(capsys.readouterr().err)
     expected = [
         "--student: unknown arch 'sapiens2_student_5mm'; did you mean sapiens2_student_5m",
         "--holdout must lie in (0, 1), got 2.0",
+        f"--set model.init_from={tmp_path / 'init.pt'}: Checkpoint '{tmp_path / 'init.pt'}' not found",
         f"--teacher {teacher}: Checkpoint '{teacher}' not found",
         "--devices 'cuda:99': this machine has ",
         f"input '{missing}' does not exist (no such file or folder)",

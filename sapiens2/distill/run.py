@@ -93,22 +93,19 @@ def input_problems(
     there (nor downloadable now), images that do not exist or hold no image, a missing ``distill.targets`` folder,
     and a run folder that does not fit ``resume`` (a finished or started run without it; with it: no checkpoint,
     or another teacher, student, task or input size than the run was started with)."""
-    from ..checkpoints import find_download, locate_checkpoint
     from ..data.collections import input_problems as image_problems
+    from ..tasks import PRETRAIN
     from ..train.trainer import latest_checkpoint
 
     problems = []
     section = config.distill
+    student = True
+    if config.model.init_from is not None:
+        student = _weights(config.model.init_from, PRETRAIN, "model.init_from", option, problems)
     if section.teacher and config.task in DISTILL_TASKS:
-        hint = option("distill.teacher", "/path/to/{filename}")
-        try:
-            found = locate_checkpoint(section.teacher, config.task, local_hint=hint)
-            if isinstance(found, tuple):  # in the cache, or to download: refused now when offline
-                found = find_download(*found, local_hint=hint)
-        except FileNotFoundError as error:
-            problems.append(f"{option('distill.teacher', section.teacher)}: {error}")
-        else:
-            problems += _pair_problems(config, found)
+        teacher = _weights(section.teacher, config.task, "distill.teacher", option, problems)
+        if teacher is not False and student is not False:
+            problems += _pair_problems(config, teacher)
     problems += _device_problems(config, option)
     if section.targets is not None and not section.online:
         if not os.path.isdir(section.targets):
@@ -119,6 +116,20 @@ def input_problems(
         problems += image_problems(list(section.images), skip=targets)
     problems += _run_folder_problems(config, option, resume, latest_checkpoint(config.run_dir))
     return problems
+
+
+def _weights(source: str, task: str, key: str, option: OptionText, problems: list[str]) -> Path | None | bool:
+    """Where the weights of ``source`` (the config's ``key``) are on this machine: a file, None when they are to be
+    downloaded, False (with its line added to ``problems``) when they are neither here nor downloadable now."""
+    from ..checkpoints import find_download, locate_checkpoint
+
+    hint = option(key, "/path/to/{filename}")
+    try:
+        found = locate_checkpoint(source, task, local_hint=hint)
+        return find_download(*found, local_hint=hint) if isinstance(found, tuple) else found
+    except FileNotFoundError as error:
+        problems.append(f"{option(key, source)}: {error}")
+        return False
 
 
 def _pair_problems(config: DistillConfig, teacher: Path | None) -> list[str]:
