@@ -150,7 +150,8 @@ def test_a_student_given_as_a_file_or_left_out_is_told_where_it_goes(tmp_path, c
 def test_a_run_folder_of_another_run_is_refused_with_what_to_do(images, tiny_checkpoints, tmp_path, capsys):
     """-o holding a run: without --resume, say so and how to continue (it said 'set another output_dir', a key the
     command has no flag for); with --resume, refuse another teacher or input size (naming both values), or a folder
-    with no checkpoint yet (run again without --resume). Every refusal comes before the teacher runs."""
+    with no checkpoint yet (run again without --resume); -o naming a file (it was a traceback). Every refusal comes
+    before the teacher runs."""
     teacher, out, other = tiny_checkpoints["seg"], tmp_path / "run", tmp_path / "other_seg.safetensors"
     shutil.copy(teacher, other)  # another file: another teacher, as far as the run can tell
     values = {"task": "seg", "steps": 4, "output_dir": str(out), "data": {"input_size": [64, 48]},
@@ -178,6 +179,9 @@ def test_a_run_folder_of_another_run_is_refused_with_what_to_do(images, tiny_che
         f"-o {out} already holds a finished run (2 steps): continue it with --resume and more --steps, or choose "
         "another -o"
     ]
+    assert main(seg_run(images, teacher, out / "config.yaml", "--steps", "4")) == 2
+    assert error_lines(capsys.readouterr().err) == [f"-o {out / 'config.yaml'} is a file: the run needs a folder "
+                                                    "(made when missing)"]  # fmt: skip
     shutil.rmtree(out / "checkpoints")
     assert main(seg_run(images, teacher, out, "--steps", "4", "--resume")) == 2
     assert error_lines(capsys.readouterr().err) == [

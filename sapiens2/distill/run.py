@@ -174,6 +174,8 @@ def _run_folder_problems(
     config: DistillConfig, option: OptionText, resume: bool | str | os.PathLike, checkpoint: Any
 ) -> list[str]:
     run_dir, output = config.run_dir, option("output_dir", config.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        return [f"{output} is a file: the run needs a folder (made when missing)"]
     if resume is False or resume is None:
         if checkpoint is None:
             return []
