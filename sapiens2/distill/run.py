@@ -89,13 +89,14 @@ _RUN_KEYS = ("task", "distill.teacher", "model.arch", "model.head", "data.input_
 def input_problems(
     config: DistillConfig, option: OptionText = config_option, resume: bool | str | os.PathLike = False
 ) -> list[str]:
-    """Every problem of the run's files, found before any model is loaded, one line each: a teacher that is not
-    there (nor downloadable now), images that do not exist or hold no image, a missing ``distill.targets`` folder,
-    and a run folder that does not fit ``resume`` (a finished or started run without it; with it: no checkpoint,
-    or another teacher, student, task or input size than the run was started with)."""
+    """Every problem of the run's files and devices, found before any model is loaded, one line each, keys named by
+    ``option``: a teacher or student weights (``model.init_from``) that are not there (nor downloadable now), a
+    teacher/student pair that cannot work (``pairs.check_pair``, when the teacher file is here), a device this
+    machine lacks, images that do not exist or hold no image, a missing ``distill.targets`` folder, and a run folder
+    that is a file or does not fit ``resume`` (a finished or started run without it; with it: no checkpoint, or
+    another teacher, student, task, input size or store than the run was started with)."""
     from ..data.collections import input_problems as image_problems
     from ..tasks import PRETRAIN
-    from ..train.trainer import latest_checkpoint
 
     problems = []
     section = config.distill
@@ -114,7 +115,7 @@ def input_problems(
     elif section.images:
         targets = config.targets_dir if os.path.isdir(config.targets_dir) else None
         problems += image_problems(list(section.images), skip=targets)
-    problems += _run_folder_problems(config, option, resume, latest_checkpoint(config.run_dir))
+    problems += _run_folder_problems(config, option, resume)
     return problems
 
 
@@ -170,16 +171,18 @@ def _device_problems(config: DistillConfig, option: OptionText) -> list[str]:
     return problems
 
 
-def _run_folder_problems(
-    config: DistillConfig, option: OptionText, resume: bool | str | os.PathLike, checkpoint: Any
-) -> list[str]:
+def _run_folder_problems(config: DistillConfig, option: OptionText, resume: bool | str | os.PathLike) -> list[str]:
+    """A run folder that is a file, or that does not fit ``resume`` (see ``input_problems``)."""
+    from ..train.trainer import checkpoint_step, latest_checkpoint
+
     run_dir, output = config.run_dir, option("output_dir", config.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         return [f"{output} is a file: the run needs a folder (made when missing)"]
+    checkpoint = latest_checkpoint(run_dir)
     if resume is False or resume is None:
         if checkpoint is None:
             return []
-        step = int(checkpoint.stem.split("_")[-1])
+        step = checkpoint_step(checkpoint)
         if (run_dir / "model.safetensors").exists():
             run, more = f"a finished run ({step} steps)", f" and more {option('steps')}"
         else:

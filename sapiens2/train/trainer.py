@@ -34,6 +34,7 @@ __all__ = [
     "Trainer",
     "TrainingDiverged",
     "TrainingInterrupted",
+    "checkpoint_step",
     "export_model",
     "find_checkpoints",
     "fit",
@@ -60,6 +61,11 @@ def find_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     """The step checkpoints of a run folder, oldest first."""
     folder = Path(run_dir) / "checkpoints"
     return sorted(folder.glob("step_*.pt")) if folder.is_dir() else []
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step a step checkpoint (``checkpoints/step_00000060.pt``) was written at, read off its name."""
+    return int(Path(path).stem.removeprefix("step_"))
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -505,7 +511,7 @@ class Trainer:
             return TrainingInterrupted(f"{where}, before the first checkpoint: nothing to resume; run the same "
                                        "command again to start over")  # fmt: skip
         return TrainingInterrupted(
-            f"{where}; the newest checkpoint is {checkpoint} (step {int(checkpoint.stem.split('_')[-1])}): run the "
+            f"{where}; the newest checkpoint is {checkpoint} (step {checkpoint_step(checkpoint)}): run the "
             "same command with --resume to continue from it"
         )
 
