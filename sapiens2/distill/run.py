@@ -216,8 +216,17 @@ def _dotted(data: Mapping[str, Any], key: str) -> Any:
 
 
 def _same(key: str, before: Any, after: Any) -> bool:
+    """Whether a run's ``key`` is the same in the saved config and now: one file however its path is written, one
+    arch however its name is (``student_5m``, ``sapiens2_student_5m``)."""
     if key == "distill.teacher" and os.path.isfile(str(before)) and os.path.isfile(str(after)):
         return os.path.samefile(str(before), str(after))
+    if key == "model.arch" and isinstance(before, str) and isinstance(after, str):
+        from ..models.zoo import get_arch
+
+        try:
+            return get_arch(before).name == get_arch(after).name
+        except ValueError:
+            pass
     return before == after
 
 
