@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 __all__ = [
     "LogFormatter",
+    "OptionText",
+    "Problems",
     "command_name",
     "library_noise_muted",
     "log_to_stderr",
@@ -39,6 +41,11 @@ _NOISY_LOGGERS = ("torch.onnx._internal.exporter._registration", "torchao", "tor
 # ``LeafSpec`` check (a FutureWarning about PyTorch's code, not the user's).
 _NOISY_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
+# How a message names an option (and its value) in the caller's interface: ("device", "cuda") -> "device='cuda'"
+# (Python), "--device cuda" (the CLI); config keys: ("schedule.warmup_steps", 500) -> "schedule.warmup_steps=500"
+# (YAML and --set), "--steps 100" for a key a command takes as a flag.
+OptionText = Callable[..., str]
+
 
 def set_command(name: str) -> str:
     """Name the command whose lines ``report_error`` prints (``predict``, ``eval``, ...; empty for none); returns
@@ -51,6 +58,29 @@ def set_command(name: str) -> str:
 def command_name() -> str:
     """``sapiens2 predict`` while the ``predict`` command runs, ``sapiens2`` otherwise."""
     return f"sapiens2 {_command}" if _command else "sapiens2"
+
+
+class Problems(ValueError):
+    """Several problems found at once (a config's values, a run's inputs), so that one run names them all:
+    ``problems`` holds one line each (``report_error`` prints one error line each); ``str()`` is ``heading`` then
+    the lines (on one line when there is one).
+
+    Example:
+        >>> raise Problems(["steps must be positive, got 0", "input 'x' does not exist"], "invalid training config")
+    """
+
+    def __init__(self, problems: list[str], heading: str = "") -> None:
+        self.problems, self.heading = list(problems), heading
+        lead = f"{heading}:" if heading else ""
+        if len(self.problems) == 1:
+            text = f"{lead} {self.problems[0]}" if lead else self.problems[0]
+        else:
+            text = lead + "".join(f"\n  {line}" for line in self.problems)
+        super().__init__(text)
+
+    def prefixed(self, prefix: str) -> Problems:
+        """The same problems, each line starting with ``prefix`` (a config file's name)."""
+        return Problems([f"{prefix}{line}" for line in self.problems], f"{prefix}{self.heading}")
 
 
 def report_error(message: str | BaseException) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "TEMPLATES",
     "apply_overrides",
     "build_config",
+    "config_option",
     "config_path",
     "config_to_dict",
     "did_you_mean",
@@ -35,6 +36,17 @@ __all__ = [
 
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+def config_option(key: str, value: Any = None) -> str:
+    """A config key as messages name it where configs are written as YAML keys and ``--set`` overrides:
+    ``schedule.warmup_steps``, or with its value ``schedule.warmup_steps=500``. A command that takes some keys as
+    flags names them its own way (``sapiens2 distill``: ``--steps 100``) through the same signature."""
+    if value is None:
+        return key
+    if isinstance(value, (list, tuple, Mapping)):  # as --set takes it: YAML flow style
+        value = yaml.safe_dump(_plain(value), default_flow_style=True, width=1 << 16).strip()
+    return f"{key}={value}"
 
 
 def did_you_mean(name: str, choices: Sequence[str]) -> str:
@@ -143,17 +155,18 @@ def build_config(cls: type, values: Mapping[str, Any], where: str = "") -> Any:
     return cls(**kwargs)
 
 
+def _plain(value: Any) -> Any:
+    """Tuples as lists, mappings as dicts, all the way down (what YAML writes)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def config_to_dict(config: Any) -> dict[str, Any]:
     """Plain YAML/JSON-ready data (tuples as lists) that ``build_config`` turns back into ``config``."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if isinstance(value, Mapping):
-            return {k: plain(v) for k, v in value.items()}
-        return value
-
-    return plain(dataclasses.asdict(config))
+    return _plain(dataclasses.asdict(config))
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
@@ -253,10 +266,11 @@ def read_config(
     build: typing.Callable[[dict], Any],
     paths: Mapping[str, str] | None = None,
 ) -> Any:
-    """The one YAML config reader (train, pretrain, curate): the file at ``path`` (None: no file, only
+    """The one YAML config reader (train, pretrain, curate, distill): the file at ``path`` (None: no file, only
     ``overrides``; a name of a packaged template: that template) with the ``"a.b=value"`` overrides applied,
-    turned into a config by ``build``; every problem is a FileNotFoundError or a one-line ValueError naming the
-    file and, as ``kind``, what config it should be. The relative paths under the keys of ``paths`` are the file's
+    turned into a config by ``build``; every problem is a FileNotFoundError or a ValueError naming the file and,
+    as ``kind``, what config it should be (a ``messages.Problems`` from ``build``, several problems, keeps one line
+    each, each naming the file). The relative paths under the keys of ``paths`` are the file's
     folder's (:func:`rebase_paths`)."""
     data: Any = {}
     if path is not None:
@@ -270,5 +284,9 @@ def read_config(
         data = rebase_paths(data, path.resolve().parent, paths or {})
     try:
         return build(apply_overrides(data, list(overrides)))
-    except ValueError as error:
-        raise ValueError(f"{path or 'config'}: {error}") from None
+    except ValueError as error:  # each line names the file (no file: the keys and flags say where)
+        if path is None:
+            raise
+        if hasattr(error, "prefixed"):  # messages.Problems: one line per problem
+            raise error.prefixed(f"{path}: ") from None
+        raise ValueError(f"{path}: {error}") from None

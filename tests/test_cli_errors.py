@@ -14,12 +14,13 @@ import subprocess
 import sys
 
 import pytest
+from conftest import zeros_png
 
 from sapiens2.cli import main
 
 # command -> case -> (argv, exit status, words the error line must hold). "missing*" paths do not exist; cfg.yaml
-# is a config file that does and w.safetensors a weight file (written by the fixture, never read), x.jpg an input
-# that is never reached.
+# is a config file that does, w.safetensors a weight file and photos/ a folder of one image (written by the
+# fixture, never read), x.jpg an input that is never reached.
 CASES = {
     "info": {
         "path": (["missing.txt"], 2, ["unrecognized arguments: missing.txt"]),  # info takes no path
@@ -95,8 +96,8 @@ CASES = {
     "distill": {
         "path": (["photos", "-o", "out", "--task", "seg", "--teacher", "missing.safetensors", "--student", "student_5m",
                   "--steps", "1000"], 2, ["'missing.safetensors' not found"]),
-        "value": (["photos", "-o", "out", "--task", "seg", "--teacher", "1b", "--student", "student_5m",
-                   "--steps", "1000", "--holdout", "2"], 2, ["distill.holdout must lie in (0, 1), got 2.0"]),
+        "value": (["photos", "-o", "out", "--task", "seg", "--teacher", "w.safetensors", "--student", "student_5m",
+                   "--steps", "1000", "--holdout", "half"], 2, ["--holdout", "'half'"]),
         "flag": (["photos", "-o", "out", "--stpes", "1000"], 2, ["did you mean --steps?"]),
     },
     "labels": {
@@ -135,10 +136,12 @@ def check_error(command: str, err: str, words: list[str]) -> None:
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
-    """A fresh folder as the working directory, with a config file (cfg.yaml), a weight file (w.safetensors) and
-    nothing else."""
+    """A fresh folder as the working directory, with a config file (cfg.yaml), a weight file (w.safetensors), a
+    folder of one image (photos/) and nothing else."""
     (tmp_path / "cfg.yaml").write_text("steps: 1\n")
     (tmp_path / "w.safetensors").write_bytes(b"")
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "a.png").write_bytes(zeros_png(8, 8))
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

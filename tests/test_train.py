@@ -407,6 +407,39 @@ def test_cli_trains_exports_and_reports_config_errors(demo_root, tmp_path, capsy
     assert cli.main(["export", str(tmp_path / "nothing"), "-o", str(tmp_path / "x.safetensors")]) == 2
 
 
+def test_cli_train_names_a_warmup_as_long_as_the_run_with_both_keys_and_file(demo_root, tmp_path, capsys):
+    """A warm-up the user set too long is one line naming the file, the warm-up and the steps (or the epochs, known
+    once the data is read); nothing is written."""
+    from sapiens2.train.config import save_config
+
+    config = tiny_config("seg", demo_root("seg"), tmp_path / "run", steps=10, schedule={"warmup_steps": None})
+    path = save_config(config, tmp_path / "seg.yaml")
+    cases = [
+        (["--set", "schedule.warmup_steps=10"], "schedule.warmup_steps=10 must be smaller than the run's 10 steps "
+         "(steps=10): lower it, train longer, or leave the warm-up out (default: a tenth of the steps, at most 500)"),
+        (["--set", "steps=null", "--set", "epochs=2", "--set", "schedule.warmup_steps=4"],
+         "schedule.warmup_steps=4 must be smaller than the run's 4 steps (epochs=2)"),
+    ]  # fmt: skip
+    for argv, message in cases:
+        assert cli.main(["train", str(path), *argv]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("sapiens2 train: error: ") and message in lines[0], lines
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_cli_train_of_a_few_steps_warms_up_for_a_tenth_of_them_by_default(demo_root, tmp_path):
+    """Without schedule.warmup_steps a 10-step run warms up for 1 step (the official 500 would refuse it): the LR
+    is the start factor's at step 1 and the full LR from step 2 on, decaying to the end."""
+    from sapiens2.train.config import save_config
+
+    config = tiny_config("seg", demo_root("seg"), tmp_path / "run", steps=10, schedule={"warmup_steps": None})
+    assert cli.main(["train", str(save_config(config, tmp_path / "seg.yaml"))]) == 0
+    rates = [float(row["lr"]) for row in read_rows(tmp_path / "run" / "metrics.csv")]
+    assert rates[:2] == pytest.approx([1e-3 * 1e-3, 1e-3])
+    assert all(later < earlier for earlier, later in zip(rates[1:], rates[2:], strict=False))
+
+
 def _torchrun(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]

@@ -30,7 +30,9 @@ def test_defaults_are_the_official_recipe(minimal_yaml):
     assert isinstance(config, TrainConfig)
     assert config.optimizer.lr == 5e-4 and config.optimizer.weight_decay == 0.1
     assert config.optimizer.betas == (0.9, 0.999)
-    assert config.schedule.warmup_steps == 500 and config.schedule.warmup_start_factor == 1e-3
+    assert config.schedule.warmup_steps is None and config.schedule.warmup_start_factor == 1e-3
+    # Unset, the warm-up is a tenth of the run, at most the official 500.
+    assert [config.schedule.resolved_warmup(n) for n in (5, 100, 5000, 20_000)] == [0, 10, 500, 500]
     assert config.data.input_size == (1024, 768)
     assert config.resolved_layer_decay("sapiens2_0.4b") == 0.8
     assert config.resolved_layer_decay("sapiens2_5b") == 0.94
@@ -92,7 +94,7 @@ def test_custom_arch_dict_is_accepted(minimal_yaml):
         ("model.arch=sapiens2_2b", "model.arch: unknown arch"),
         ("task=segmentation", "task 'segmentation' is not trainable"),
         ("epochs=3", "set exactly one of steps and epochs"),
-        ("schedule.warmup_steps=100", "must be smaller than steps"),
+        ("schedule.warmup_steps=100", r"warmup_steps=100 must be smaller than the run's 50 steps \(steps=50\)"),
         ("data.input_size=[500, 384]", "multiples of 16"),
         ("optimizer.layer_decay=1.5", "layer_decay must be in"),
         ("log_every=0", "log_every must be >= 1"),

@@ -8,10 +8,12 @@ process, or beforehand with ``--teacher-only`` on a Ray cluster).
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from typing import Any
 
 from ..distill.config import DISTILL_TASKS
 from ..distill.run import DistillOptions, run_distill
+from ..yaml_config import config_option
 from .train import add_override_flags, resume_flag, run_logged, summary_line
 
 
@@ -23,14 +25,26 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         description="Distil a Sapiens2 teacher (a released size or a fine-tuned file) into a smaller student on your "
         "own unlabelled images: the teacher's outputs are computed once (bulk engine) or online, the student trains "
         "through the training loop, and an agreement table is written next to the model.",
+        epilog="A first try: sapiens2 distill photos/ --task seg --teacher 1b --student sapiens2_student_5m "
+        "-o runs/try --steps 100. Every problem found before the models load is named at once, one line each; Ctrl-C "
+        "says which checkpoint --resume continues from.",
     )
     parser.add_argument("images", nargs="*", help="folders, globs, manifests, tar shards or URLs of images")
     parser.add_argument("--task", choices=DISTILL_TASKS, help="the task of teacher and student")
     parser.add_argument("--teacher", help="released size (5b), repo id or task model file")
-    parser.add_argument("--student", help="student arch: sapiens2_student_20m, student_5m, 0.4b ... (model.arch)")
-    parser.add_argument("-o", "--output", help="the run folder (output_dir)")
+    parser.add_argument(
+        "--student",
+        help="student arch: sapiens2_student_20m, student_5m, 0.4b ... (model.arch); to start it from weights, "
+        "--set model.init_from=FILE",
+    )
+    parser.add_argument("-o", "--output", help="the run folder (output_dir); one holding a run continues with --resume")
     parser.add_argument("--config", help="a YAML distillation config (every key: docs/distill.md)")
-    parser.add_argument("--steps", type=int, help="optimiser steps")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="optimiser steps; the learning rate warms up over a tenth of them (at most 500), unless "
+        "--set schedule.warmup_steps=N",
+    )
     parser.add_argument("--input-size", type=int, nargs=2, metavar=("H", "W"), help="network input (data.input_size)")
     parser.add_argument("--batch-size", type=int, help="global batch (data.batch_size)")
     parser.add_argument("--lr", type=float, help="learning rate (optimizer.lr)")
@@ -58,6 +72,22 @@ _KEYS = {
 }  # fmt: skip
 
 
+# dotted config key -> its flag (the keys without one are ``--set KEY=VALUE``)
+_FLAGS = {key: "-o" if flag == "output" else "--" + flag.replace("_", "-") for flag, key in _KEYS.items()}
+
+
+def cli_option(key: str, value: Any = None) -> str:
+    """A config key as ``sapiens2 distill``'s messages name it: its flag (``--steps 100``, ``-o runs/x``), the
+    positional ``IMAGES``, else the override that sets it (``--set schedule.warmup_steps=500``)."""
+    if key == "distill.images":
+        return "IMAGES" if value is None else " ".join(map(str, value))
+    if key not in _FLAGS:
+        return f"--set {config_option(key, value)}"
+    if value is None or value is True:
+        return _FLAGS[key]
+    return f"{_FLAGS[key]} {' '.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
+
+
 def options_from_args(args: argparse.Namespace) -> DistillOptions:
     values: dict[str, Any] = {}
     given = {flag: getattr(args, flag) for flag in _KEYS if getattr(args, flag) is not None}
@@ -72,7 +102,7 @@ def options_from_args(args: argparse.Namespace) -> DistillOptions:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    summary = run_logged(run_distill, options_from_args(args))
+    summary = run_logged(partial(run_distill, option=cli_option), options_from_args(args))
     if isinstance(summary, int):
         return summary
     if summary.get("teacher_only"):

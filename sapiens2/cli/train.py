@@ -57,7 +57,8 @@ def resume_flag(args: argparse.Namespace) -> bool | str:
 
 def run_logged(function: Callable[[Any], dict[str, Any]], options: Any) -> dict[str, Any] | int:
     """Run a training loop with its step lines on stderr (main process only); the summary, or the exit status:
-    2 after a one-line user error, 0 on the other processes under torchrun (only the main one reports)."""
+    2 after a user error (one line per problem), 130 after Ctrl-C (one line: where it stopped, how to resume), 0 on
+    the other processes under torchrun (only the main one reports)."""
     log_to_stderr(LOG_FORMAT)  # called from Python: the log has no handler yet
     package = logging.getLogger("sapiens2")
     previous = package.level
@@ -72,8 +73,12 @@ def run_logged(function: Callable[[Any], dict[str, Any]], options: Any) -> dict[
         if main_process:
             report_error(str(error))
         return 1
+    except KeyboardInterrupt as error:  # Ctrl-C: where the run stopped and how to go on (train.TrainingInterrupted)
+        if main_process:
+            report_error(str(error) or "interrupted")
+        return 130
     except _USER_ERRORS as error:
-        report_error(str(error))
+        report_error(error)  # messages.Problems: one line per problem
         return 2
     finally:
         package.setLevel(previous)

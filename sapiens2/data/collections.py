@@ -45,6 +45,7 @@ __all__ = [
     "Shard",
     "content_hash",
     "decode_rgb",
+    "input_problems",
     "local_path",
     "open_collection",
 ]
@@ -851,3 +852,30 @@ def open_collection(
         _check_not_output(spec, skip_path)
     return Collection(specs, shard_size, recursive, skip_path)
 
+
+_EMPTY = {
+    "folder": "folder {spec!r} contains no image files ({extensions})",
+    "glob": "pattern {spec!r} matches no image files",
+    "tar": "tar shard {spec!r} holds no images",
+}
+
+
+def input_problems(specs: Sequence[str | os.PathLike], *, skip: str | os.PathLike | None = None) -> list[str]:
+    """Every input of ``specs`` that cannot be opened (``open_collection``'s check) or, on this machine, yields no
+    image at all (an empty folder, a pattern matching nothing, a manifest listing nothing): one line each, all at
+    once, for a run to refuse before it loads a model. Remote inputs are only checked as ``open_collection`` does
+    (their listing is not read)."""
+    problems = []
+    for spec in (os.fspath(spec) for spec in specs):
+        try:
+            collection = open_collection([spec], skip=skip)
+        except CollectionError as error:
+            problems.append(str(error))
+            continue
+        local = local_path(spec)
+        if local is None or next(iter(collection.records()), None) is not None:
+            continue
+        kind = _spec_kind(spec, local)
+        extensions = ", ".join(sorted(IMAGE_EXTENSIONS))
+        problems.append(_EMPTY.get(kind, "manifest {spec!r} lists no images").format(spec=spec, extensions=extensions))
+    return problems

@@ -6,13 +6,14 @@ weights). Read and checked like the training config (``sapiens2.yaml_config``); 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..messages import OptionText, Problems
 from ..tasks import TASKS
-from ..train.config import TrainConfig, validate
-from ..yaml_config import build_config
+from ..train.config import TrainConfig, config_problems
+from ..yaml_config import build_config, config_option
 
 __all__ = ["DISTILL_TASKS", "DistillConfig", "DistillSection", "distill_config_from_dict"]
 
@@ -75,34 +76,44 @@ class DistillConfig(TrainConfig):
         return self.distill.targets or os.path.join(self.run_dir, "teacher")
 
 
-def distill_config_from_dict(values: Mapping[str, Any]) -> DistillConfig:
+def distill_config_from_dict(
+    values: Mapping[str, Any],
+    option: OptionText = config_option,
+    inputs: Callable[[DistillConfig], list[str]] | None = None,
+) -> DistillConfig:
     """Build and check a ``DistillConfig`` from plain data.
 
+    Args:
+        values: the config as plain data.
+        option: how messages name a key (``yaml_config.config_option``; ``sapiens2 distill``: its flags).
+        inputs: more problems to report with the config's own (``sapiens2.distill.run.input_problems``: the teacher
+            file, the images, the run folder), one line each.
+
     Raises:
-        ValueError: unknown keys (with a did-you-mean), wrong types, or invalid values (all named).
+        ValueError: unknown keys (with a did-you-mean) or wrong types (the first one); ``messages.Problems``: every
+            invalid value (and every problem of ``inputs``), one line each.
     """
     if not isinstance(values, Mapping):
         raise ValueError(f"a distillation config must be a mapping of sections, got {type(values).__name__}")
     values = dict(values)
     values["data"] = {"root": "-"} | dict(values.get("data") or {})  # unused: the images are distill.images
     config = build_config(DistillConfig, values)
-    validate(config, DISTILL_TASKS, "distillation")
-    section, problems = config.distill, []
+    problems = config_problems(config, DISTILL_TASKS, option, arch_example="sapiens2_student_5m")
+    section = config.distill
     if not section.teacher:
-        problems.append("distill.teacher is required (a size such as 5b, a repo id or a task model file) [--teacher]")
+        problems.append(f"{option('distill.teacher')} is required (a size such as 5b, a repo id or a task model file)")
     if not section.images and (section.targets is None or section.online):
-        problems.append("distill.images is required (folders, globs, manifests, tar shards of images)")
+        problems.append(f"{option('distill.images')} are required (folders, globs, manifests, tar shards of images)")
     if not 0 < section.holdout < 1:
-        problems.append(f"distill.holdout must lie in (0, 1), got {section.holdout}")
+        problems.append(f"{option('distill.holdout')} must lie in (0, 1), got {section.holdout}")
     for name in ("feature_loss", "kl_weight", "ce_weight"):
         if getattr(section, name) < 0:
-            problems.append(f"distill.{name} must be >= 0, got {getattr(section, name)}")
+            problems.append(f"{option('distill.' + name)} must be >= 0, got {getattr(section, name)}")
     if section.temperature <= 0:
-        problems.append(f"distill.temperature must be positive, got {section.temperature}")
+        problems.append(f"{option('distill.temperature')} must be positive, got {section.temperature}")
     if section.teacher_batch_size < 1:
-        problems.append(f"distill.teacher_batch_size must be >= 1, got {section.teacher_batch_size}")
-    if config.model.arch is None and config.model.init_from is None:
-        problems.append("model.arch is the student (e.g. sapiens2_student_20m or 0.4b) [--student]")
+        problems.append(f"{option('distill.teacher_batch_size')} must be >= 1, got {section.teacher_batch_size}")
+    problems += inputs(config) if inputs is not None else []
     if problems:
-        raise ValueError("invalid distillation config: " + "; ".join(problems))
+        raise Problems(problems, "invalid distillation config")
     return config

@@ -28,15 +28,22 @@ __all__ = ["check_pair", "read_shapes", "student_on_meta"]
 
 def read_shapes(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """A weight file's tensors as ``meta`` tensors of the same shapes: a ``.safetensors`` file is read by its header
-    only (a 5b teacher costs nothing); other files are read whole."""
+    only (a 5b teacher costs nothing); other files are read whole.
+
+    Raises:
+        ValueError: a file that cannot be read (empty, truncated, another format), in ``checkpoints``' words.
+    """
     path = Path(path)
     if path.suffix == ".safetensors":
         from safetensors import safe_open
 
-        with safe_open(str(path), "pt") as handle:
-            names = list(handle.keys())
-            if any(name.startswith("backbone.") for name in names):  # the official layout; else let the loader convert
-                return {name: torch.empty(handle.get_slice(name).get_shape(), device="meta") for name in names}
+        try:
+            with safe_open(str(path), "pt") as handle:
+                names = list(handle.keys())
+                if any(name.startswith("backbone.") for name in names):  # the official layout; else the loader's
+                    return {name: torch.empty(handle.get_slice(name).get_shape(), device="meta") for name in names}
+        except Exception:  # safetensors' own error type: the loader below says what is wrong, in one line
+            pass
     return {name: tensor.to("meta") for name, tensor in read_state_dict(path).items()}
 
 

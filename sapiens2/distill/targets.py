@@ -11,6 +11,7 @@ folder alone is a training set (no access to the original images needed).
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from ..bulk import BulkJob, ItemOutput, Ledger, WorkItem
 from ..data.collections import Record, open_collection
+from ..data.io import ImageReadError
 from ..data.transforms import letterbox, normalize_to_tensor
 
 __all__ = [
@@ -34,6 +36,8 @@ __all__ = [
     "stored_items",
     "teacher_forward",
 ]
+
+logger = logging.getLogger(__name__)
 
 BLOB = ".teacher.safetensors"
 """Name of each image's record in the targets folder: ``<stem>.teacher.safetensors``."""
@@ -165,6 +169,7 @@ class TargetDataset(torch.utils.data.Dataset):
 
     def __init__(self, sources: list[Path] | list[Record], input_size: tuple[int, int] | None = None) -> None:
         self.sources, self.input_size = sources, input_size
+        self._reported: set[str] = set()  # online images that did not decode, said once per process
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -172,12 +177,28 @@ class TargetDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict[str, Tensor]:
         source = self.sources[index]
         if isinstance(source, Record):
-            assert self.input_size is not None
-            image = image_batch([source.load_rgb()], self.input_size)[0]
-            return {"image": normalize_to_tensor([image])[0]}
+            return {"image": self._online_image(index)}
         item = decode_targets(Path(source).read_bytes())
         item["image"] = normalize_to_tensor([item["image"].numpy()])[0]
         return item
+
+    def _online_image(self, index: int) -> Tensor:
+        """Record ``index``'s image, letterboxed and normalised. One that does not decode gets one warning line (once
+        per process) and the next record that decodes stands in, so the run goes on as the stored mode's does (the
+        same stand-in every time: resume stays exact)."""
+        assert self.input_size is not None
+        for offset in range(len(self.sources)):
+            record = self.sources[(index + offset) % len(self.sources)]
+            assert isinstance(record, Record)
+            try:
+                image = record.load_rgb()
+            except ImageReadError as error:
+                if record.key not in self._reported:
+                    self._reported.add(record.key)
+                    logger.warning("%s; left out (the next image stands in)", error)
+                continue
+            return normalize_to_tensor([image_batch([image], self.input_size)[0]])[0]
+        raise ValueError(f"none of the {len(self.sources)} images decodes (see the lines above)")
 
 
 def online_records(images: list[str]) -> list[Record]:

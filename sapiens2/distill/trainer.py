@@ -18,9 +18,11 @@ import torch
 from torch import Tensor, nn
 
 from ..checkpoints import resolve_checkpoint
+from ..messages import OptionText
 from ..models.task_model import TaskModel
 from ..train import distributed as dist_utils
-from ..train.trainer import Trainer
+from ..train.trainer import Trainer, TrainingInterrupted
+from ..yaml_config import config_option
 from .config import DistillConfig, distill_config_from_dict
 from .losses import DistillLoss
 from .pairs import check_pair, read_shapes, student_on_meta
@@ -103,9 +105,12 @@ class DistillTrainer(Trainer):
 
     config_from_dict = staticmethod(distill_config_from_dict)
 
-    def __init__(self, config: DistillConfig, *, resume: bool | str | os.PathLike = False) -> None:
+    def __init__(
+        self, config: DistillConfig, *, resume: bool | str | os.PathLike = False, option: OptionText = config_option
+    ) -> None:
         self.teacher: nn.Module | None = None
         self.holdout_dataset: TargetDataset | None = None
+        self.option = option
         super().__init__(config, resume=resume)
 
     def _datasets(self, train: Any, val: Any) -> tuple[Any, None]:
@@ -125,13 +130,29 @@ class DistillTrainer(Trainer):
             self.teacher = load_model(config.task, teacher, device=self.device).requires_grad_(False)
         else:
             if self.context.is_main and section.targets is None:  # else computed beforehand (--teacher-only)
-                report = compute_targets(config, teacher, progress=config.progress_bar)
+                try:
+                    report = compute_targets(config, teacher, progress=config.progress_bar)
+                except KeyboardInterrupt:
+                    raise TrainingInterrupted(
+                        f"interrupted in the teacher's pass: the outputs stored so far in {config.targets_dir} are "
+                        "kept; run the same command again to compute the rest and train"
+                    ) from None
                 self._info("teacher outputs: %d computed, %d kept from before, %d failed", report.done,
                            report.skipped, report.failed)  # fmt: skip
             dist_utils.barrier(self.context)
             items = [path for _, path in stored_items(config.targets_dir)]
-        size = config.data.input_size
+        size, batch = config.data.input_size, config.data.batch_size
+        if len(items) < 2:
+            raise ValueError(
+                f"the images give {len(items)} usable image(s) (any that could not be read is named above): "
+                "distillation needs at least 2, one to train on and one held out"
+            )
         training, held = split_holdout(len(items), section.holdout, config.seed)
+        if len(training) < batch:
+            raise ValueError(
+                f"{len(training)} images to train on ({len(held)} of {len(items)} held out), fewer than one batch "
+                f"of {self.option('data.batch_size', batch)}: lower it to {len(training)} or fewer, or add images"
+            )
         self.holdout_dataset = TargetDataset([items[i] for i in held], size)
         self._info("distilling on %d images, %d held out for the agreement table", len(training), len(held))
         return TargetDataset([items[i] for i in training], size), None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import numpy as np
 
 from ..data.io import DEFAULT_MAX_MEGAPIXELS
 from ..data.sources import InputItem
+from ..messages import OptionText
 
 OUTPUT_FORMATS = ("default", "exr", "png16", "tiff16")  # PredictOptions.output_format (predict.writers)
 PATCH_SIZE = 16  # pixels per token side of every Sapiens2 backbone; the 4K tokenizer multiplies it by its window
@@ -130,10 +131,6 @@ class PredictOptions:
         for name in ("boxes", "coco_results"):
             if getattr(self, name) is not None:
                 set_field(self, name, Path(getattr(self, name)))
-
-
-# How a message names an option, e.g. ("device", "cuda") -> "device='cuda'" (Python) or "--device cuda" (the CLI).
-OptionText = Callable[..., str]
 
 
 def python_option(name: str, value: Any = None) -> str:

@@ -15,9 +15,10 @@ from typing import Any, Literal
 
 import yaml
 
+from ..messages import OptionText, Problems
 from ..models.zoo import ARCHS, get_arch
 from ..tasks import TASKS
-from ..yaml_config import build_config, config_to_dict, did_you_mean, read_config
+from ..yaml_config import build_config, config_option, config_to_dict, did_you_mean, read_config
 
 __all__ = [
     "DataConfig",
@@ -34,6 +35,10 @@ __all__ = [
 ]
 
 TRAIN_TASKS = tuple(name for name, task in TASKS.items() if task.trainable)
+
+
+# The official recipe's warm-up (DENSE.md §6); a run shorter than ten times it warms up for a tenth of its steps.
+DEFAULT_WARMUP_STEPS = 500
 
 
 @dataclass(frozen=True)
@@ -126,12 +131,20 @@ class ScheduleConfig:
     """Linear warm-up then linear decay to 0 at the last step, stepped once per optimiser step (DENSE.md §6).
 
     Attributes:
-        warmup_steps: warm-up length in optimiser steps.
+        warmup_steps: warm-up length in optimiser steps, smaller than the run's steps; None: a tenth of the run's
+            steps, at most 500 (the official recipe's 500 from 5000 steps on; a 100-step trial warms up for 10).
         warmup_start_factor: LR factor at step 0 (it rises linearly to 1 at ``warmup_steps``).
     """
 
-    warmup_steps: int = 500
+    warmup_steps: int | None = None
     warmup_start_factor: float = 1e-3
+
+    def resolved_warmup(self, total_steps: int) -> int:
+        """The warm-up length of a run of ``total_steps`` steps: ``warmup_steps`` when set, else
+        ``min(DEFAULT_WARMUP_STEPS, total_steps // 10)``."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return min(DEFAULT_WARMUP_STEPS, total_steps // 10)
 
 
 @dataclass(frozen=True)
@@ -256,82 +269,125 @@ def save_config(config: TrainConfig, path: str | os.PathLike) -> Path:
     return atomic_write(path, text.encode())
 
 
-def validate(config: TrainConfig, tasks: tuple[str, ...] = TRAIN_TASKS, kind: str = "training") -> None:
+def validate(
+    config: TrainConfig,
+    tasks: tuple[str, ...] = TRAIN_TASKS,
+    kind: str = "training",
+    option: OptionText = config_option,
+) -> None:
     """Cross-field checks; each error names the key and the fix.
 
     Args:
         config: the config (``sapiens2.distill`` checks its ``DistillConfig``, a ``TrainConfig``, through this too).
         tasks: the tasks this kind of run takes.
         kind: the run's name in the message ("training", "distillation").
+        option: how messages name a key (``yaml_config.config_option``: ``steps``; a command with flags: ``--steps``).
 
     Raises:
-        ValueError: every problem found, one per line.
+        messages.Problems: every problem found, one line each.
     """
+    problems = config_problems(config, tasks, option)
+    if problems:
+        raise Problems(problems, f"invalid {kind} config")
+
+
+def config_problems(
+    config: TrainConfig,
+    tasks: tuple[str, ...] = TRAIN_TASKS,
+    option: OptionText = config_option,
+    arch_example: str = "sapiens2_0.4b",
+) -> list[str]:
+    """Every problem ``validate`` finds, one line each, the keys named by ``option`` (``arch_example``: the arch a
+    missing ``model.arch`` suggests)."""
     problems = []
-    if config.task not in tasks:
+    if not config.task:
+        problems.append(f"{option('task')} is required; choose one of {', '.join(tasks)}")
+    elif config.task not in tasks:
         problems.append(
-            f"task {config.task!r} is not trainable; choose one of {', '.join(tasks)}."
+            f"{option('task')} {config.task!r} is not trainable; choose one of {', '.join(tasks)}."
             + did_you_mean(config.task, tasks)
         )
     if (config.steps is None) == (config.epochs is None):
-        problems.append("set exactly one of steps and epochs")
+        problems.append(f"set exactly one of {option('steps')} and {option('epochs')}")
     for name in ("steps", "epochs"):
         value = getattr(config, name)
         if value is not None and value <= 0:
-            problems.append(f"{name} must be positive, got {value}")
+            problems.append(f"{option(name)} must be positive, got {value}")
     for name in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "nonfinite_patience"):
         if getattr(config, name) < 0:
-            problems.append(f"{name} must be >= 0, got {getattr(config, name)}")
+            problems.append(f"{option(name)} must be >= 0, got {getattr(config, name)}")
     if config.log_every == 0:
-        problems.append("log_every must be >= 1")
+        problems.append(f"{option('log_every')} must be >= 1")
     if config.grad_clip is not None and config.grad_clip <= 0:
-        problems.append(f"grad_clip must be positive or null (no clipping), got {config.grad_clip}")
+        problems.append(f"{option('grad_clip')} must be positive or null (no clipping), got {config.grad_clip}")
     model, data, optimizer, schedule = config.model, config.data, config.optimizer, config.schedule
     if model.arch is None and model.init_from is None:
-        problems.append("model.arch is needed when model.init_from is not set (e.g. model.arch=sapiens2_0.4b)")
+        problems.append(
+            f"{option('model.arch')} is needed when {option('model.init_from')} is not set "
+            f"(e.g. {option('model.arch', arch_example)})"
+        )
     if isinstance(model.arch, str):
         try:
             get_arch(model.arch)
         except ValueError as error:
-            problems.append(f"model.arch: {error}")
+            from ..checkpoints import WEIGHT_SUFFIXES
+
+            weights = os.path.isfile(model.arch) or model.arch.endswith(WEIGHT_SUFFIXES)
+            remedy = f"; weights go in {option('model.init_from', model.arch)} (the arch is read off them)"
+            problems.append(f"{option('model.arch')}: {error}{remedy if weights else ''}")
     if model.frozen_stages < -1:
-        problems.append(f"model.frozen_stages must be >= -1, got {model.frozen_stages}")
+        problems.append(f"{option('model.frozen_stages')} must be >= -1, got {model.frozen_stages}")
     if not data.root:
-        problems.append("data.root is required (the dataset folder)")
+        problems.append(f"{option('data.root')} is required (the dataset folder)")
     if data.labels and config.task not in ("pose", "seg"):
-        problems.append(f"data.labels (your own keypoints or classes) applies to pose and seg, not {config.task}")
+        problems.append(
+            f"{option('data.labels')} (your own keypoints or classes) applies to pose and seg, not {config.task}"
+        )
     if any(side <= 0 or side % 16 for side in data.input_size):
-        problems.append(f"data.input_size must be positive multiples of 16 (H, W), got {list(data.input_size)}")
+        problems.append(
+            f"{option('data.input_size')} must be positive multiples of 16 (H, W), got {list(data.input_size)}"
+        )
     for name in ("batch_size", "val_batch_size"):
         if getattr(data, name) <= 0:
-            problems.append(f"data.{name} must be positive, got {getattr(data, name)}")
+            problems.append(f"{option('data.' + name)} must be positive, got {getattr(data, name)}")
     if data.num_workers < 0:
-        problems.append(f"data.num_workers must be >= 0, got {data.num_workers}")
+        problems.append(f"{option('data.num_workers')} must be >= 0, got {data.num_workers}")
     if optimizer.lr <= 0:
-        problems.append(f"optimizer.lr must be positive, got {optimizer.lr}")
+        problems.append(f"{option('optimizer.lr')} must be positive, got {optimizer.lr}")
     if optimizer.weight_decay < 0:
-        problems.append(f"optimizer.weight_decay must be >= 0, got {optimizer.weight_decay}")
+        problems.append(f"{option('optimizer.weight_decay')} must be >= 0, got {optimizer.weight_decay}")
     if not all(0 <= beta < 1 for beta in optimizer.betas):
-        problems.append(f"optimizer.betas must lie in [0, 1), got {list(optimizer.betas)}")
+        problems.append(f"{option('optimizer.betas')} must lie in [0, 1), got {list(optimizer.betas)}")
     if optimizer.layer_decay is not None and not 0 < optimizer.layer_decay <= 1:
-        problems.append(f"optimizer.layer_decay must be in (0, 1], got {optimizer.layer_decay}")
-    if schedule.warmup_steps < 0:
-        problems.append(f"schedule.warmup_steps must be >= 0, got {schedule.warmup_steps}")
+        problems.append(f"{option('optimizer.layer_decay')} must be in (0, 1], got {optimizer.layer_decay}")
+    if schedule.warmup_steps is not None and schedule.warmup_steps < 0:
+        problems.append(f"{option('schedule.warmup_steps')} must be >= 0, got {schedule.warmup_steps}")
     if not 0 < schedule.warmup_start_factor <= 1:
-        problems.append(f"schedule.warmup_start_factor must be in (0, 1], got {schedule.warmup_start_factor}")
-    if config.steps is not None and schedule.warmup_steps >= config.steps:
         problems.append(
-            f"schedule.warmup_steps ({schedule.warmup_steps}) must be smaller than steps ({config.steps}); "
-            "lower schedule.warmup_steps"
+            f"{option('schedule.warmup_start_factor')} must be in (0, 1], got {schedule.warmup_start_factor}"
         )
-    problems += _loss_and_device_problems(config)
-    if len(problems) == 1:
-        raise ValueError(f"invalid {kind} config: {problems[0]}")
-    if problems:
-        raise ValueError(f"invalid {kind} config:\n  " + "\n  ".join(problems))
+    if config.steps is not None and config.steps > 0:
+        problem = warmup_problem(config, option=option)
+        problems += [problem] if problem else []
+    return problems + _loss_and_device_problems(config, option)
 
 
-def _loss_and_device_problems(config: TrainConfig) -> list[str]:
+def warmup_problem(
+    config: TrainConfig, total_steps: int | None = None, option: OptionText = config_option
+) -> str | None:
+    """The line for a warm-up set as long as the run or longer, naming the keys as the user typed them; None when it
+    fits. ``total_steps``: what ``epochs`` come to (known once the dataset is read); None: ``steps``."""
+    warmup, total = config.schedule.warmup_steps, total_steps or config.steps
+    if warmup is None or total is None or warmup < total:
+        return None
+    length = option("steps", config.steps) if config.steps else option("epochs", config.epochs)
+    return (
+        f"{option('schedule.warmup_steps', warmup)} must be smaller than the run's {total} steps ({length}): lower "
+        f"it, train longer, or leave the warm-up out (default: a tenth of the steps, at most {DEFAULT_WARMUP_STEPS})"
+    )
+
+
+def _loss_and_device_problems(config: TrainConfig, option: OptionText = config_option) -> list[str]:
     """``loss`` keys the task loss does not take, and a ``device`` torch cannot parse (its CUDA availability is
     checked when the run starts: a config may be written on another machine)."""
     import inspect
@@ -347,12 +403,14 @@ def _loss_and_device_problems(config: TrainConfig) -> list[str]:
         for key in config.loss:
             if key not in taken:
                 problems.append(
-                    f"loss.{key}: the {config.task} loss ({loss.__name__}) takes no {key!r}; it takes "
+                    f"{option('loss')}.{key}: the {config.task} loss ({loss.__name__}) takes no {key!r}; it takes "
                     f"{', '.join(taken)}." + did_you_mean(str(key), taken)
                 )
     if config.device is not None:
         try:
             torch.device(config.device)
         except (RuntimeError, ValueError):
-            problems.append(f"device {config.device!r} is not a device; use cpu, cuda or cuda:N (null: CUDA if any)")
+            problems.append(
+                f"{option('device')} {config.device!r} is not a device; use cpu, cuda or cuda:N (null: CUDA if any)"
+            )
     return problems

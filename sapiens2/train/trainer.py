@@ -23,7 +23,7 @@ from ..checkpoints import init_task_model, read_state_dict, read_torch_file, res
 from ..labels import METADATA_KEY
 from ..models.task_model import build_model
 from . import distributed as dist_utils
-from .config import TrainConfig, config_from_dict, save_config
+from .config import TrainConfig, config_from_dict, save_config, warmup_problem
 from .losses import build_loss
 from .optim import WarmupLinearSchedule, build_optimizer
 
@@ -33,6 +33,8 @@ __all__ = [
     "CHECKPOINT_FORMAT",
     "Trainer",
     "TrainingDiverged",
+    "TrainingInterrupted",
+    "checkpoint_step",
     "export_model",
     "find_checkpoints",
     "fit",
@@ -50,10 +52,20 @@ class TrainingDiverged(RuntimeError):
     stopped and nothing exported. ``str(error)`` is one line: the steps, the last finite checkpoint and the fix."""
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped the run; ``str(error)`` is one line: the step reached, the checkpoint to resume from
+    (nothing later is kept: a step cut in half is not saved) or what a rerun does."""
+
+
 def find_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     """The step checkpoints of a run folder, oldest first."""
     folder = Path(run_dir) / "checkpoints"
     return sorted(folder.glob("step_*.pt")) if folder.is_dir() else []
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step a step checkpoint (``checkpoints/step_00000060.pt``) was written at, read off its name."""
+    return int(Path(path).stem.removeprefix("step_"))
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -193,6 +205,10 @@ class Trainer:
             seed=config.seed,
         )
         self.total_steps = config.steps or config.epochs * self.sampler.batches_per_epoch
+        problem = warmup_problem(config, self.total_steps)  # with epochs: known only now
+        if problem is not None:
+            raise ValueError(problem)
+        self.warmup_steps = config.schedule.resolved_warmup(self.total_steps)
 
         # The same seed on every process, so every process builds identical initial weights.
         dist_utils.seed_everything(config.seed)
@@ -223,7 +239,7 @@ class Trainer:
             fused=optimizer.fused if optimizer.fused is not None else (True if self.device.type == "cuda" else None),
         )
         self.schedule = WarmupLinearSchedule(
-            self.optimizer, self.total_steps, config.schedule.warmup_steps, config.schedule.warmup_start_factor
+            self.optimizer, self.total_steps, self.warmup_steps, config.schedule.warmup_start_factor
         )
         self.criterion = self._build_loss().to(self.device)
         # The loss's keyword arguments after the model outputs are the dataset keys it needs.
@@ -487,6 +503,18 @@ class Trainer:
             f"lower optimizer.lr{f' (now {lr:g})' if lr is not None else ''} and start again"
         )
 
+    def _interrupted(self) -> TrainingInterrupted:
+        """The error of a run stopped by Ctrl-C: where it stopped and how to go on."""
+        checkpoint = latest_checkpoint(self.run_dir)
+        where = f"interrupted at step {self.step} of {self.total_steps}"
+        if checkpoint is None:
+            return TrainingInterrupted(f"{where}, before the first checkpoint: nothing to resume; run the same "
+                                       "command again to start over")  # fmt: skip
+        return TrainingInterrupted(
+            f"{where}; the newest checkpoint is {checkpoint} (step {checkpoint_step(checkpoint)}): run the "
+            "same command with --resume to continue from it"
+        )
+
     def _loader(self, dataset: Any, batch_sampler: Any) -> torch.utils.data.DataLoader:
         # A private generator: creating loader iterators must not consume the global torch RNG (exact resume).
         return torch.utils.data.DataLoader(
@@ -603,6 +631,8 @@ class Trainer:
             if self.context.is_main:
                 self.export(checkpoint, model_path)
                 self._info("exported %s", model_path)
+        except KeyboardInterrupt:
+            raise self._interrupted() from None
         finally:
             console.close()
             bar.close()
