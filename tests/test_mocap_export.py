@@ -15,6 +15,7 @@ from conftest import khronos_issues, require_module, run_blender
 
 from sapiens2.mocap.bvh import euler_zxy_from_matrix, matrix_from_euler_zxy, read_bvh, write_bvh
 from sapiens2.mocap.rig import (
+    CameraAnimation,
     Markers,
     Motion,
     Skeleton,
@@ -629,8 +630,10 @@ def test_khronos_validator_finds_no_errors(tmp_path):
 
     walk, still = random_motion(frames=30, seed=8), random_motion(frames=1, seed=9)
     scene = [("track_1", walk, 0.0), ("track_2", still, 0.4), ("track_3", random_motion(frames=5, seed=10), 0.1)]
+    camera = CameraAnimation.from_camera(np.eye(3)[None], np.zeros((1, 3)), 30.0)  # a static shot's, no keys
     for name, write in (("walk", lambda p: write_glb(walk, p)), ("still", lambda p: write_glb(still, p)),
-                        ("scene", lambda p: write_glb_scene(scene, p))):  # fmt: skip
+                        ("scene", lambda p: write_glb_scene(scene, p)),
+                        ("still_camera", lambda p: write_glb_scene(scene, p, camera))):  # fmt: skip
         issues = khronos_issues(write(tmp_path / f"{name}.glb"), tmp_path)
         warnings = [m for m in issues["messages"] if m["severity"] == 1]
         print(f"{name}.glb: {issues['numErrors']} errors, {issues['numWarnings']} warnings {warnings}")

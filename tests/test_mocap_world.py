@@ -117,10 +117,12 @@ def _oracle_run(tmp_path: Path, clip, name: str, camera: str, formats=("csv", "b
 
 def test_a_still_camera_is_decided_static_and_exports_as_before(tmp_path):
     """``--camera auto`` (the default) on a still camera films the textured room: it records the background, finds
-    it still (the summary says so) and writes the same bytes as ``--camera static``, which records none."""
+    it still (the summary says so) and writes the same bytes as ``--camera static``, which records none: the USD,
+    glTF and FBX with the same still camera (the lifting's pinhole, not the background's)."""
     still = moving_camera_clip(seconds=0.5, moving=False)
-    auto, summary = _oracle_run(tmp_path, still.clip, "still", "auto")
-    static, static_summary = _oracle_run(tmp_path, still.clip, "still", "static")
+    formats = ("csv", "bvh", "usd", "glb", "fbx")  # the last three with the still camera
+    auto, summary = _oracle_run(tmp_path, still.clip, "still", "auto", formats)
+    static, static_summary = _oracle_run(tmp_path, still.clip, "still", "static", formats)
     assert auto.error is None and static.error is None
     assert summary["camera"]["mode"] == "auto" and summary["camera"]["moving"] is False
     assert summary["camera"]["background_motion_px"] <= world.STATIC_PX
@@ -131,6 +133,8 @@ def test_a_still_camera_is_decided_static_and_exports_as_before(tmp_path):
         assert [Path(f).name for f in files] == [Path(f).name for f in static.tracks[track]]
         for a, b in zip(files, static.tracks[track], strict=True):
             assert Path(a).read_bytes() == Path(b).read_bytes(), a
+        glb = next(Path(f) for f in files if f.endswith(".glb"))
+        assert require_module("pygltflib").GLTF2().load(str(glb)).cameras  # the still camera is there
 
 
 def test_moving_on_a_single_image_is_one_clear_line(tmp_path, capsys):
@@ -155,6 +159,206 @@ def test_moving_on_a_single_image_is_one_clear_line(tmp_path, capsys):
     assert stop.value.code == 2 and "--camera: invalid choice: 'sideways'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="camera must be static, moving or auto"):
         MocapOptions(camera="sideways")
+
+
+def seen_through(points: np.ndarray, centre: np.ndarray, axes: np.ndarray, lens: tuple[float, float, float],
+                 size: tuple[int, int] = (640, 480)) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(..., 2) pixels and (...,) distances ahead of (..., 3) points in a file's Y-up axes, seen by a camera read
+    back from the file: at ``centre``, ``axes`` (3, 3) columns its right, up and back (USD's and glTF's cameras look
+    down their -Z), ``lens`` (focal length, film width, film height) in one unit, on a frame of ``size`` (W, H)
+    pixels whose centre is the principal point (the film spans the frame: 2 cx + 1 by 2 cy + 1)."""
+    local = (points - centre) @ axes
+    ahead = -local[..., 2]
+    focal, width, height = lens
+    u = (size[0] - 1) / 2 + focal / width * size[0] * local[..., 0] / ahead
+    v = (size[1] - 1) / 2 - focal / height * size[1] * local[..., 1] / ahead
+    return np.stack([u, v], -1), ahead
+
+
+def static_shot_pixels(folder: Path, track: int, names: tuple[str, ...]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per format (USD, glTF, FBX), each read back by its own reader: the track's exported joints (``names``) at
+    every frame seen through the exported camera, as ``seen_through`` gives them ((T, J, 2) pixels, (T, J) ahead)."""
+    from pxr import Usd, UsdGeom
+    from test_mocap_export import _gltf_track
+    from test_mocap_fbx import ufbx_read
+    from test_mocap_usd import usdskel_positions
+
+    pygltflib = require_module("pygltflib")
+    out = {}
+    stem = folder / f"track_{track}"
+    times, joints, positions = usdskel_positions(stem.with_suffix(".usdc"), f"/track_{track}")
+    stage = Usd.Stage.Open(str(stem.with_suffix(".usdc")))
+    prim = UsdGeom.Camera(stage.GetPrimAtPath("/camera"))
+    assert prim, "no camera in the USD"
+    lens = (prim.GetFocalLengthAttr().Get(), prim.GetHorizontalApertureAttr().Get(),
+            prim.GetVerticalApertureAttr().Get())  # fmt: skip
+    placed = []
+    for time, joints_at in zip(times.tolist(), positions, strict=True):
+        matrix = np.array(UsdGeom.Xformable(prim).ComputeLocalToWorldTransform(time))  # rows: x, y, z, origin
+        placed.append(seen_through(joints_at, matrix[3, :3], matrix[:3, :3].T, lens))
+    order = [joints.index(n) for n in names]
+    out["usd"] = np.stack([p for p, _ in placed])[:, order], np.stack([a for _, a in placed])[:, order]
+    gltf = pygltflib.GLTF2().load(str(stem.with_suffix(".glb")))
+    joints, positions, _ = _gltf_track(stem.with_suffix(".glb"))
+    (node,) = [n for n in gltf.nodes if n.camera is not None]
+    perspective = gltf.cameras[node.camera].perspective
+    film = 2.0 * np.tan(perspective.yfov / 2.0)
+    axes = rig.quat_to_matrix(np.array(node.rotation or [0.0, 0.0, 0.0, 1.0]))
+    pixels, ahead = seen_through(positions, np.array(node.translation or [0.0] * 3), axes,
+                                 (1.0, film * perspective.aspectRatio, film))  # fmt: skip
+    order = [joints.index(n) for n in names]
+    out["glb"] = pixels[:, order], ahead[:, order]
+    frames = len(times)
+    read = ufbx_read(stem.with_suffix(".fbx"), {f"track_{track}": (names, np.arange(frames) / 24.0),
+                                                "camera": (("camera",), np.arange(frames) / 24.0)})  # fmt: skip
+    (camera,) = read["cameras"]
+    view = read["rotations"]["camera"][:, 0]  # FBX's cameras look down their +X, +Y up: right +Z, back -X
+    lens = (camera["focal_length"], *(25.4 * np.array(camera["film"])))  # mm
+    placed = [seen_through(rig.to_y_up(read["positions"][f"track_{track}"][t]),
+                           rig.to_y_up(read["positions"]["camera"][t, 0]),
+                           np.stack([view[t][:, 2], view[t][:, 1], -view[t][:, 0]], 1), lens)
+              for t in range(frames)]  # fmt: skip
+    out["fbx"] = np.stack([p for p, _ in placed]), np.stack([a for _, a in placed])
+    return out
+
+
+@pytest.fixture(scope="module")
+def static_walk() -> tuple:
+    """The walk rendered and lifted (``mocap_synth.lifted_walk``) as one recorded track seen from frame 2, its
+    pinhole (``clip_intrinsics``), the true pinhole, the footage's true joints (the true camera's pixels), the joint
+    names, and an export of it with ``--camera static`` (``solve_and_export``, no camera path) into a folder given,
+    returning the joints seen through each file's camera and the solved joints of the CSV (camera axes)."""
+    from mocap_synth import lifted_walk
+
+    from sapiens2.mocap.run import MocapOptions, RecordedTrack, clip_intrinsics, solve_and_export
+
+    require_module("pxr")
+    clip, lifted = lifted_walk(10)
+    frames = np.arange(2, clip.num_frames)
+    tracks = {1: RecordedTrack(1, frames, frames / 24.0, lifted[2:])}
+    names = clip.motion.skeleton.names
+    options = MocapOptions(formats=("csv", "usd", "glb", "fbx"), camera="static")
+
+    def export(folder: Path) -> tuple[dict, np.ndarray]:
+        files, left_out, _ = solve_and_export(tracks, folder, 24.0, options, "offline")
+        assert not left_out and sorted(Path(f).name for f in files[1]) == sorted(
+            ["track_1_points.csv", "track_1_contacts.csv", "track_1.usdc", "track_1.glb", "track_1.fbx"])  # fmt: skip
+        table = np.genfromtxt(folder / "track_1_points.csv", delimiter=",", names=True)
+        solved = np.stack([np.stack([table[f"{n}_JC_{a}"] for a in "xyz"], -1) for n in names], 1)
+        return static_shot_pixels(folder, 1, names), solved
+
+    return clip_intrinsics(tracks), clip.intrinsics, clip.project(clip.joints[frames]), names, export
+
+
+def test_a_static_shot_is_seen_through_its_camera(tmp_path, static_walk):
+    """``--camera static`` (``solve_and_export`` without a camera path, on the rendered and lifted walk): the USD,
+    glTF and FBX carry a still camera, and each file's joints seen through its own camera (usd-core, pygltflib,
+    ufbx) land where the run's pinhole (the lifting's, read from the pointmaps) puts the solved joints (the CSV,
+    camera axes), within 0.01 px, and where the footage shows the true joints (median within 3 px). The camera has
+    no keys or time samples and adds no time to the file."""
+    from pxr import Usd
+
+    k, truth, footage, _, export = static_walk
+    assert np.abs(k - truth).max() < 0.5, k
+    seen, solved = export(tmp_path)
+    by_pinhole = np.stack([k[0, 0] * solved[..., 0] / solved[..., 2] + k[0, 2],
+                           k[1, 1] * solved[..., 1] / solved[..., 2] + k[1, 2]], -1)  # fmt: skip
+    for kind, (pixels, ahead) in seen.items():
+        assert (ahead > 1.0).all(), kind
+        assert np.abs(pixels - by_pinhole).max() < 0.01, (kind, np.abs(pixels - by_pinhole).max())
+        off = np.linalg.norm(pixels - footage, axis=-1)
+        assert np.median(off) < 3.0, (kind, np.median(off))
+    stage = Usd.Stage.Open(str(tmp_path / "track_1.usdc"))
+    assert all(not a.GetTimeSamples() for a in stage.GetPrimAtPath("/camera").GetAttributes())  # set once
+    assert (stage.GetStartTimeCode(), stage.GetEndTimeCode()) == (0.0, 7.0)
+
+
+def test_a_static_camera_turned_or_without_the_pinhole_fails_the_check(tmp_path, static_walk, monkeypatch):
+    """The negative controls of ``test_a_static_shot_is_seen_through_its_camera``, through the same run: the still
+    camera turned to look down +Z sees every joint behind it; without the run's pinhole (36 mm on 36 mm film: 640
+    px for 560) the joints miss the footage's bar three times over (the person stands 70-100 px off the centre)."""
+    from sapiens2.mocap import run
+
+    k, _, footage, _, export = static_walk
+    turned = rig.CameraAnimation.from_camera(rig.quat_to_matrix(np.array([0.0, 1.0, 0.0, 0.0]))[None],
+                                             np.zeros((1, 3)), 24.0, intrinsics=k)  # fmt: skip
+    monkeypatch.setattr(run, "_still_camera", lambda *_: turned)
+    seen, _ = export(tmp_path / "behind")
+    assert all((ahead < -1.0).all() for _, ahead in seen.values())
+    plain = rig.CameraAnimation.from_camera(np.eye(3)[None], np.zeros((1, 3)), 24.0)
+    monkeypatch.setattr(run, "_still_camera", lambda *_: plain)
+    seen, _ = export(tmp_path / "no_pinhole")
+    for kind, (pixels, _) in seen.items():
+        assert np.median(np.linalg.norm(pixels - footage, axis=-1)) > 3 * 3.0, kind
+
+
+BLENDER_LOOK_THROUGH = """
+import json, sys
+import bpy
+from bpy_extras.object_utils import world_to_camera_view
+paths, frames, output = sys.argv[-3].split(","), [int(f) for f in sys.argv[-2].split(",")], sys.argv[-1]
+result = {}
+for path in paths:
+    bpy.ops.wm.read_factory_settings(use_empty=True)
+    scene = bpy.context.scene
+    if path.endswith(".fbx"):
+        bpy.ops.import_scene.fbx(filepath=path)
+    elif path.endswith(".glb"):
+        bpy.ops.import_scene.gltf(filepath=path)
+    else:
+        bpy.ops.wm.usd_import(filepath=path)
+    scene.render.resolution_x, scene.render.resolution_y, scene.render.resolution_percentage = 640, 480, 100
+    (camera,) = [o for o in scene.objects if o.type == "CAMERA"]
+    (armature,) = [o for o in scene.objects if o.type == "ARMATURE"]
+    seen = result[path] = {"lens": camera.data.lens, "frames": {}}
+    for frame in frames:
+        scene.frame_set(frame)
+        seen["frames"][frame] = {b.name: list(world_to_camera_view(scene, camera, armature.matrix_world @ b.head))
+                                 for b in armature.pose.bones}
+with open(output, "w") as handle:
+    json.dump(result, handle)
+"""
+
+
+@pytest.mark.slow
+def test_blender_looks_through_a_static_shots_camera(tmp_path, static_walk, monkeypatch):
+    """What an animator does with a static shot's exports: Blender imports the FBX, the glTF and the USD, and
+    through the camera each file brings (``world_to_camera_view`` on a 640 x 480 frame) the skeleton's joints land
+    on the footage's true joints (median within 3 px) at the track's first and last frame, and the FBX's and USD's
+    lens is the run's focal length in millimetres (USD's tenths of a metre read right). Negative control: the camera
+    turned to look down +Z, every joint is behind it."""
+    from conftest import run_blender
+
+    from sapiens2.mocap import run
+
+    k, truth, footage, joints, export = static_walk
+    export(tmp_path / "good")
+    turned = rig.CameraAnimation.from_camera(rig.quat_to_matrix(np.array([0.0, 1.0, 0.0, 0.0]))[None],
+                                             np.zeros((1, 3)), 24.0, intrinsics=truth)  # fmt: skip
+    monkeypatch.setattr(run, "_still_camera", lambda *_: turned)
+    export(tmp_path / "turned")
+    files = [
+        str(tmp_path / kind / f"track_1.{suffix}") for kind in ("good", "turned") for suffix in ("fbx", "glb", "usdc")
+    ]
+    last = len(footage) - 1
+    result = run_blender(BLENDER_LOOK_THROUGH, ",".join(files), f"0,1,{last},{1 + last}", folder=tmp_path)
+    for path in files:
+        first = 1 if path.endswith(".fbx") else 0  # FBX keys from frame 1, glTF's and USD's from 0
+        for frame, own in ((first, 0), (first + last, last)):
+            seen = result[path]["frames"][str(frame)]
+            view = np.array([seen[name] for name in joints])
+            pixels = np.stack([view[:, 0] * 640 - 0.5, (1 - view[:, 1]) * 480 - 0.5], -1)
+            off = np.linalg.norm(pixels - footage[own], axis=-1)
+            print(
+                f"{Path(path).parent.name}/{Path(path).name} frame {frame}: median {np.median(off):.2f} px, "
+                f"depth {view[:, 2].min():.2f}..{view[:, 2].max():.2f} m, lens {result[path]['lens']:.3f} mm"
+            )
+            if "good" in path:
+                assert (view[:, 2] > 1.0).all() and np.median(off) < 3.0, (path, frame, np.median(off))
+                if not path.endswith(".glb"):  # glTF has a field of view, no lens: Blender makes one up
+                    assert result[path]["lens"] == pytest.approx(36.0 * k[0, 0] / 640, abs=1e-3), path
+            else:
+                assert (view[:, 2] < -1.0).all(), (path, frame)
 
 
 @pytest.mark.slow
@@ -238,7 +442,8 @@ def test_the_usd_and_gltf_camera_see_what_the_camera_saw(tmp_path):
     path = write_usd(still.clip.motion, tmp_path / "track.usda", camera=camera)
     stage = Usd.Stage.Open(str(path))
     prim = UsdGeom.Camera(stage.GetPrimAtPath("/camera"))
-    assert prim and abs(prim.GetFocalLengthAttr().Get() - 36.0 * 560.0 / 640.0) < 1e-4
+    assert prim and abs(prim.GetFocalLengthAttr().Get() - 0.36 * 560.0 / 640.0) < 1e-6  # tenths of a metre
+    assert abs(prim.GetHorizontalApertureAttr().Get() - 0.36) < 1e-6
     assert stage.GetStartTimeCode() == 0.0 and stage.GetEndTimeCode() == 3.0 + frames - 1
     for t in range(frames):
         matrix = UsdGeom.Xformable(prim).ComputeLocalToWorldTransform(3.0 + t)
@@ -253,6 +458,47 @@ def test_the_usd_and_gltf_camera_see_what_the_camera_saw(tmp_path):
     np.testing.assert_allclose(keys["translation"], camera.positions, atol=1e-6)
     np.testing.assert_allclose(np.abs(np.sum(keys["rotation"] * camera.rotations, -1)), 1.0, atol=1e-6)
     assert abs(keys["yfov"] - 2 * np.arctan(240.0 / 560.0)) < 1e-6 and abs(keys["aspect"] - 640 / 480) < 1e-6
+
+
+def test_a_still_camera_has_no_keys_and_no_time_of_its_own(tmp_path):
+    """``rig.CameraAnimation`` of one frame (what a static shot exports; its ``start`` 5 s set on purpose) in a scene
+    whose track starts at frame 3: the USD's camera has no time samples and the stage spans the track alone; the
+    glTF's camera node stands at the pose with no channel (Khronos' validator: the slow ``test_khronos_validator_
+    finds_no_errors``); the FBX's camera has
+    no curves and the take spans the track alone. A camera that moves has keys (``moves``); none is refused."""
+    require_module("pxr")
+    from pxr import Usd
+    from test_mocap_export import random_motion
+    from test_mocap_fbx import ufbx_read
+
+    from sapiens2.mocap.fbx import FbxTrack, write_fbx_scene
+    from sapiens2.mocap.gltf import write_glb_scene
+    from sapiens2.mocap.rig import CameraAnimation
+    from sapiens2.mocap.usd import SkeletalAnimation, write_usd
+
+    motion = random_motion(frames=6, seed=5, fps=24.0)
+    intrinsics = np.array([[560.0, 0.0, 319.5], [0.0, 560.0, 239.5], [0.0, 0.0, 1.0]])
+    still = CameraAnimation.from_camera(np.eye(3)[None], np.zeros((1, 3)), 24.0, 5.0, intrinsics)
+    walking = CameraAnimation.from_camera(np.stack([np.eye(3)] * 2), [[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]], 24.0)
+    assert not still.moves and walking.moves
+    with pytest.raises(ValueError, match="T >= 1"):
+        CameraAnimation(np.zeros((0, 3)), np.zeros((0, 4)), 24.0)
+    path = write_usd([SkeletalAnimation.from_motion(motion, "track_1", 3)], tmp_path / "scene.usda", camera=still)
+    stage = Usd.Stage.Open(str(path))
+    camera = stage.GetPrimAtPath("/scene/camera")
+    assert camera and all(not a.GetTimeSamples() for a in camera.GetAttributes())
+    assert (stage.GetStartTimeCode(), stage.GetEndTimeCode()) == (3.0, 8.0)
+    assert abs(camera.GetAttribute("focalLength").Get() - 0.36 * 560.0 / 640.0) < 1e-6  # tenths of a metre
+    write_glb_scene([("track_1", motion, 3 / 24.0)], tmp_path / "scene.glb", still)
+    gltf = require_module("pygltflib").GLTF2().load(str(tmp_path / "scene.glb"))
+    (node,) = [i for i, n in enumerate(gltf.nodes) if n.camera is not None]
+    assert gltf.nodes[node].translation == [0.0, 0.0, 0.0] and gltf.nodes[node].rotation == [0.0, 0.0, 0.0, 1.0]
+    assert node not in {c.target.node for c in gltf.animations[0].channels}
+    path = write_fbx_scene([FbxTrack("track_1", motion, 3 / 24.0)], tmp_path / "scene.fbx", still)
+    read = ufbx_read(path, {"camera": (("camera",), np.array([0.0, 1.0]))})
+    assert read["curves"] == 3 * (motion.skeleton.num_joints + 1) and read["time"] == pytest.approx([3 / 24, 8 / 24])
+    np.testing.assert_allclose(read["positions"]["camera"][:, 0], 0.0, atol=1e-9)
+    assert read["cameras"][0]["focal_length"] == pytest.approx(36.0 * 560.0 / 640.0)
 
 
 def glb_camera(path: Path) -> dict:

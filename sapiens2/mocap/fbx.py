@@ -12,12 +12,13 @@ transform of a joint is ``T(offset) @ R`` and forward kinematics equals ``rig.fo
 frame / fps from the track's start (``start`` seconds later in a scene). ``GlobalSettings`` carries the frame rate
 (``TimeMode`` custom, ``CustomFrameRate``).
 
-A camera (``rig.CameraAnimation``, the solved path of a moving camera) is a ``Camera`` model ``camera`` at the
-scene's root with its ``NodeAttribute`` (focal length, film back, field of view, resolution). FBX's cameras look down
-their local +X with +Y up (the FBX SDK's convention, which Blender's exporter and importer, ufbx and assimp follow),
-where USD's and glTF's look down -Z: the model's ``Lcl Rotation`` is the camera's rotation times a quarter turn
-about Y (``_CAMERA_AXES``: +X to -Z), with no post-rotation, so every reader puts the view the same way. Its
-``Lcl Translation`` and ``Lcl Rotation`` are keyed at every frame like the joints' when it moves, set once otherwise.
+A camera (``rig.CameraAnimation``: the solved path of a moving camera, or a static shot's camera at the origin) is
+a ``Camera`` model ``camera`` at the scene's root with its ``NodeAttribute`` (focal length, film back, field of view,
+resolution). FBX's cameras look down their local +X with +Y up (the FBX SDK's convention, which Blender's exporter
+and importer, ufbx and assimp follow), where USD's and glTF's look down -Z: the model's ``Lcl Rotation`` is the
+camera's rotation times a quarter turn about Y (``_CAMERA_AXES``: +X to -Z), with no post-rotation, so every reader
+puts the view the same way. Its ``Lcl Translation`` and ``Lcl Rotation`` are keyed at every frame like the joints'
+when it moves, set once (no curves) when it is still.
 
 A rig whose joints carry axes of their own in the rest pose (bone axes: Maya's joint orient, Mixamo's) gives them as
 ``FbxTrack.orientations``, each joint's rest orientation W in the world; the joint then turns in its own axes: its
@@ -414,7 +415,7 @@ def _add_track(scene: _Scene, layer: int, track: FbxTrack) -> None:
 def _add_camera(scene: _Scene, layer: int, camera: CameraAnimation) -> None:
     """The ``camera`` model at the scene's root (the module docstring) and its ``Camera`` attribute: the focal length
     and film back (inches) of ``camera``, the horizontal field of view, the resolution (or, unknown, the film's
-    aspect); its translation and rotation keyed at every frame when it moves."""
+    aspect); its translation and rotation keyed at every frame when it moves, set once when still."""
     Rotation = _import_rotation()
     positions = camera.positions * CENTIMETRES
     turned = Rotation.from_quat(camera.rotations) * Rotation.from_quat(_CAMERA_AXES)
@@ -441,7 +442,7 @@ def _add_camera(scene: _Scene, layer: int, camera: CameraAnimation) -> None:
     ), _leaf("TypeFlags", "Camera"), _leaf("GeometryVersion", 124)]  # fmt: skip
     model = _model(scene, "camera", "Camera", positions[0], rotation=euler[0], attribute=attribute)
     scene.connect(model, 0)
-    if np.ptp(positions, 0).any() or np.ptp(euler, 0).any():
+    if camera.moves:
         times = _ktime(camera.start + np.arange(len(positions)) / camera.fps)
         _animate(scene, layer, model, "T", times, positions)
         _animate(scene, layer, model, "R", times, euler)
@@ -468,8 +469,9 @@ def write_fbx_scene(tracks: Sequence[FbxTrack], path: str | os.PathLike,
     Args:
         tracks: ``FbxTrack`` per skeleton; names unique, every motion at the same frame rate.
         path: the ``.fbx`` file.
-        camera: the camera (``rig.CameraAnimation``) at the tracks' frame rate, its first frame ``start`` seconds
-            after time 0: a ``camera`` model keyed at every frame when it moves (the module docstring).
+        camera: the shot's camera (``rig.CameraAnimation``): when it moves, at the tracks' frame rate, its first
+            frame ``start`` seconds after time 0, a ``camera`` model keyed at every frame; a still camera is a model
+            set once (no keys; its time and rate play no part) (the module docstring).
 
     Returns:
         ``path`` as a ``Path``.
@@ -486,7 +488,7 @@ def write_fbx_scene(tracks: Sequence[FbxTrack], path: str | os.PathLike,
         raise ValueError(f"{path}: track names repeat: {sorted({n for n in names if names.count(n) > 1})}")
     fps = tracks[0].motion.fps
     spans = [(track.start, track.motion.num_frames, track.motion.fps) for track in tracks]
-    spans += [] if camera is None else [(camera.start, len(camera.positions), camera.fps)]
+    spans += [(camera.start, len(camera.positions), camera.fps)] if camera is not None and camera.moves else []
     if any(abs(rate - fps) > 1e-9 * fps for _, _, rate in spans):
         rates = sorted({rate for _, _, rate in spans})
         raise ValueError(f"{path}: the tracks (and camera) of one FBX scene need one frame rate, got {rates}")

@@ -5,9 +5,10 @@ glTF viewer plays it.
 Axes are glTF's: Y up, right-handed, metres (camera (x, y, z) -> (x, -y, -z), ``rig.to_y_up``). Each joint is a
 node whose translation is its rest offset and whose rotation is animated; the root node's translation is animated
 too. The mesh node sits at the scene root (glTF wants skinned meshes untransformed); its boxes are bound in the rest
-pose, each weighted fully to the joint that moves its bone (the bone's parent end). A moving camera
+pose, each weighted fully to the joint that moves its bone (the bone's parent end). The shot's camera
 (``rig.CameraAnimation``) is a node ``camera`` at the scene root holding a perspective camera, its translation and
-rotation keyed at every frame in the same animation.
+rotation keyed at every frame in the same animation when it moves, set on the node when it is still (a static shot:
+the origin, looking down -Z).
 """
 
 from __future__ import annotations
@@ -127,8 +128,8 @@ _COLOURS = ((0.26, 0.52, 0.96), (0.96, 0.45, 0.2), (0.3, 0.78, 0.4), (0.85, 0.3,
 def write_glb(motion: Motion, path: str | os.PathLike, *, name: str = "track",
               camera: CameraAnimation | None = None) -> Path:  # fmt: skip
     """Write ``motion`` as a binary glTF 2.0 file (atomically): joints as nodes, an animation named ``name`` (a key
-    per frame, linear), and a skinned box mesh. Frames with ``valid`` False hold the filled motion. A moving
-    ``camera`` becomes an animated camera node.
+    per frame, linear), and a skinned box mesh. Frames with ``valid`` False hold the filled motion. The shot's
+    ``camera`` becomes a camera node (animated when it moves).
 
     Returns:
         ``path`` as a ``Path``.
@@ -142,7 +143,7 @@ def write_glb_scene(tracks: Sequence[tuple[str, Motion, float]], path: str | os.
     ``write_glb`` writes one: its joints under a node ``name`` (no transform, so the root keeps its animated world
     position), its skin ``name`` and skinned box mesh ``<name>_mesh`` (a colour per track). One animation,
     ``scene``, keys every track at its times in the clip (``start`` + its frame times), so viewers that play one
-    animation at a time play everyone together; a moving ``camera`` with them.
+    animation at a time play everyone together; a moving ``camera`` with them (a still one stands).
 
     Returns:
         ``path`` as a ``Path``.
@@ -190,12 +191,17 @@ def _animate(blob: _Blob, times: int, node: int, target: str, values: np.ndarray
 
 def _add_camera(gltf, blob: _Blob, camera: CameraAnimation, samplers: list, channels: list) -> int:
     """Add the camera node (a perspective camera: vertical field of view and aspect from the film back) and its
-    keys; returns the node."""
+    keys, or for a still camera its pose on the node; returns the node."""
     pygltflib = _import_pygltflib()
     width, height = camera.aperture
     perspective = pygltflib.Perspective(yfov=2.0 * float(np.arctan(height / (2.0 * camera.focal_length))),
                                         aspectRatio=width / height, znear=0.01)  # fmt: skip
     gltf.cameras = [*(gltf.cameras or []), pygltflib.Camera(name="camera", type="perspective", perspective=perspective)]
+    if not camera.moves:  # a still camera: its node stands at its pose, no keys
+        gltf.nodes.append(pygltflib.Node(name="camera", camera=len(gltf.cameras) - 1,
+                                         translation=camera.positions[0].tolist(),
+                                         rotation=camera.rotations[0].tolist()))  # fmt: skip
+        return len(gltf.nodes) - 1
     gltf.nodes.append(pygltflib.Node(name="camera", camera=len(gltf.cameras) - 1))
     node = len(gltf.nodes) - 1
     times = camera.start + np.arange(len(camera.positions)) / camera.fps

@@ -258,11 +258,12 @@ def quat_from_axis_angle(axis: np.ndarray, angle: np.ndarray | float) -> np.ndar
 
 @dataclass(frozen=True, eq=False)
 class CameraAnimation:
-    """A moving camera as the exporters write it (USD's ``/camera``, glTF's and FBX's ``camera`` node):
+    """The shot's camera as the exporters write it (USD's ``/camera``, glTF's and FBX's ``camera`` node):
     ``positions`` (T, 3) metres and ``rotations`` (T, 4) camera -> world (x, y, z, w), in the files' axes (Y up; the
     camera looking down its -Z with its +Y up, as USD's and glTF's cameras do), a frame every 1 / ``fps`` s from
     ``start`` s; ``focal_length`` and ``aperture`` (horizontal, vertical) in millimetres; ``resolution`` the frame's
-    (width, height) in pixels where known."""
+    (width, height) in pixels where known. A still camera (``moves`` False: a static shot is one frame at the
+    origin, the identity) is written without keys."""
 
     positions: np.ndarray
     rotations: np.ndarray
@@ -274,13 +275,20 @@ class CameraAnimation:
 
     def __post_init__(self) -> None:
         positions, rotations = np.array(self.positions, np.float64), np.array(self.rotations, np.float64)
-        if positions.ndim != 2 or positions.shape[1] != 3 or rotations.shape != (len(positions), 4):
-            raise ValueError(f"CameraAnimation needs (T, 3) positions and (T, 4) rotations, got {positions.shape} "
-                             f"and {rotations.shape}")  # fmt: skip
+        shaped = positions.ndim == 2 and positions.shape[1] == 3 and rotations.shape == (len(positions), 4)
+        if not (shaped and len(positions)):
+            raise ValueError(f"CameraAnimation needs (T, 3) positions and (T, 4) rotations, T >= 1, got "
+                             f"{positions.shape} and {rotations.shape}")  # fmt: skip
         if not (np.isfinite(positions).all() and np.isfinite(rotations).all() and self.fps > 0):
             raise ValueError("CameraAnimation: positions and rotations must be finite, fps > 0")
         object.__setattr__(self, "positions", positions)
         object.__setattr__(self, "rotations", rotations)
+
+    @property
+    def moves(self) -> bool:
+        """The pose changes from frame to frame; False for a still camera (one frame, or every frame the same pose),
+        which the exporters write once, with no keys and no time of its own."""
+        return bool(np.ptp(self.positions, 0).any() or np.ptp(self.rotations, 0).any())
 
     @classmethod
     def from_camera(cls, rotations: np.ndarray, positions: np.ndarray, fps: float, start: float = 0.0,

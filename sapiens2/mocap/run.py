@@ -51,6 +51,7 @@ __all__ = [
     "MocapReport",
     "SCENE_FORMATS",
     "RecordedTrack",
+    "clip_intrinsics",
     "export_scene",
     "read_tracks",
     "record_lifted",
@@ -355,6 +356,18 @@ def read_tracks(frames_jsonl: str | os.PathLike, stride: int = 1) -> dict[int, R
     return tracks
 
 
+def clip_intrinsics(tracks: Mapping[int, RecordedTrack]) -> np.ndarray | None:
+    """(3, 3) the source's pinhole: the median over the frames where someone was lifted of the frame's ``camera``
+    (fx, fy, cx, cy) that ``lift.lift_frame`` read from its pointmap and lifted the keypoints with (one per frame: the
+    people of a frame share it); None without any."""
+    per_frame: dict[int, np.ndarray] = {}
+    for data in tracks.values():
+        for frame, lifted in zip(data.frames.tolist(), data.lifted, strict=True):
+            if lifted is not None:
+                per_frame.setdefault(frame, np.asarray(lifted.intrinsics, np.float64))
+    return np.median(np.stack(list(per_frame.values())), axis=0) if per_frame else None
+
+
 def read_background(frames_jsonl: str | os.PathLike) -> tuple[np.ndarray, list[Any], dict[int, float]] | None:
     """The background features of a mocap run's ``clip_frames.jsonl`` (the records' ``background`` field, written
     when the camera may move): (T,) frame indices, their ``world.Features`` (None where a frame has none) and frame
@@ -379,9 +392,10 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
     ``solve.solve_track`` (3D smoothing ``mode``) and write its exports into ``folder``; with ``options.scene``
     the ``SCENE_FORMATS`` go into one ``scene.<format>`` listed among every track's files. With a moving
     ``camera`` (a ``world.CameraPath`` from ``world.camera_path``) the tracks are grounded in the world frame
-    (``world.ground_motion``) before their feet are planted and they are exported, and the grounded path is
-    written to ``camera.csv``, listed among every track's files. Returns (id -> files, id -> why left out, seconds
-    of ``solve`` and ``export``)."""
+    (``world.ground_motion``) before their feet are planted and they are exported, the grounded path is written to
+    ``camera.csv``, listed among every track's files, and goes into the USD, glTF and FBX; with a static one (None,
+    or not ``moving``) those hold the still camera the exports are seen from (``_still_camera``). Returns (id ->
+    files, id -> why left out, seconds of ``solve`` and ``export``)."""
     min_frames = options.min_frames if min_frames is None else min_frames
     from .rigs import retarget
     from .solve import SolveOptions, solve_track
@@ -397,6 +411,7 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
     in_scene: list[tuple[int, Any, float]] = []
     found: dict[int, Any] = {}  # track id -> its foot contacts
     moving = camera is not None and camera.moving
+    still = None if moving else _still_camera(tracks, options.formats, fps)
     solved_tracks: dict[int, tuple[RecordedTrack, Any]] = {}
     for track, data in tracks.items():
         seen = int(data.seen.sum())
@@ -422,7 +437,7 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
         logger.info("camera path in the world: up and the ground from the %s", camera.up_from)
         seconds["solve"] += time.perf_counter() - start
     for track, (data, solved) in solved_tracks.items():
-        motion, contacts, seen_by = solved.motion, solved.contacts, None
+        motion, contacts, seen_by = solved.motion, solved.contacts, still
         if moving:
             start = time.perf_counter()
             motion, contacts = ground_motion(motion, camera, data.frames, options.plant_feet and mode != "online")
@@ -438,7 +453,7 @@ def solve_and_export(tracks: Mapping[int, RecordedTrack], folder: Path, fps: flo
     if in_scene and per_track != list(options.formats):
         start = time.perf_counter()
         in_file = [f for f in options.formats if f not in per_track]
-        seen_by = _camera_animation(camera, camera.frames, in_file, fps, in_clip=True) if moving else None
+        seen_by = _camera_animation(camera, camera.frames, in_file, fps, in_clip=True) if moving else still
         scene = export_scene(in_scene, folder / "scene", in_file, found, seen_by)
         for track, _, _ in in_scene:
             files[track] += [str(p) for p in scene]  # the files holding the track
@@ -460,14 +475,25 @@ def _camera_animation(camera: Any, frames: np.ndarray, formats: Sequence[str], f
     return CameraAnimation.from_camera(*camera.at(frames), fps, start, camera.intrinsics)
 
 
+def _still_camera(tracks: Mapping[int, RecordedTrack], formats: Sequence[str], fps: float) -> Any:
+    """A static shot's camera as the USD, glTF and FBX exports take it (``rig.CameraAnimation``, still): the exports
+    are in the camera's own frame, so it stands at the origin with no turn (looking down the files' -Z, +Y up), with
+    the pinhole the keypoints were lifted with (``clip_intrinsics``); None without any of them in ``formats``."""
+    if not {"usd", "glb", "fbx"} & set(formats):
+        return None
+    from .rig import CameraAnimation
+
+    return CameraAnimation.from_camera(np.eye(3)[None], np.zeros((1, 3)), fps, intrinsics=clip_intrinsics(tracks))
+
+
 def export_motion(motion: Any, stem: Path, formats: Sequence[str], rigged: Any = None,
                   contacts: Any = None, camera: Any = None) -> list[Path]:  # fmt: skip
     """Write ``motion`` in each of ``formats`` at ``stem`` + the format's suffix; returns the files written. With
     ``rigged`` (a ``rigs.RigMotion``) the ``RIG_FORMATS`` hold that rig's motion (FBX and USD its bone axes too).
     The foot ``contacts`` (``mocap.contacts.FootContacts``) go with CSV / Parquet into ``<stem>_contacts.<suffix>``,
     into the FBX as an animated ``contact`` user property of each ankle joint (on a rig: the joint that follows
-    our ankle) and into the USD as time-sampled attributes ``sapiens2:contact:<foot>`` of the Skeleton prim. A moving
-    ``camera`` (``rig.CameraAnimation``) goes into the USD, the glTF and the FBX."""
+    our ankle) and into the USD as time-sampled attributes ``sapiens2:contact:<foot>`` of the Skeleton prim. The
+    shot's ``camera`` (``rig.CameraAnimation``, moving or still) goes into the USD, the glTF and the FBX."""
     written: list[Path] = []
     animated = motion if rigged is None else rigged.motion
     axes = None if rigged is None else rigged.orientations
@@ -535,7 +561,7 @@ def export_scene(tracks: Sequence[tuple[int, Any, float]], stem: Path, formats: 
                  contacts: Mapping[int, Any] | None = None, camera: Any = None) -> list[Path]:  # fmt: skip
     """Write every (track id, ``Motion`` or ``rigs.RigMotion``, its start in the clip in seconds) into one file per
     format of ``formats`` (from ``SCENE_FORMATS``) at ``stem`` + the format's suffix, each track at its time, with
-    its foot ``contacts`` (track id -> ``FootContacts``) and a moving ``camera`` as ``export_motion`` writes them;
+    its foot ``contacts`` (track id -> ``FootContacts``) and the shot's ``camera`` as ``export_motion`` writes them;
     returns the files written."""
     from .rig import Motion
 

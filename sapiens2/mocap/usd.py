@@ -10,13 +10,15 @@ What a file holds (``docs/mocap.md``)::
             animation        SkelAnimation: translations and rotations, one time sample per video frame; scales
                              the Skeleton's custom attributes (``SkeletalAnimation.attributes``), e.g. the foot
                              contacts ``sapiens2:contact:left_foot`` (bool), time-sampled per frame too
-    /camera                  with a moving camera (``rig.CameraAnimation``): a Camera, its translate and orient ops
-                             time-sampled per frame (under /scene in a scene file)
+    /camera                  the shot's camera (``rig.CameraAnimation``): a Camera, its translate and orient ops
+                             time-sampled per frame when it moves, set once (no time samples) when it is still, the
+                             static shot's camera at the origin looking down -Z (under /scene in a scene file)
 
-Axes and time: Y up (``upAxis``), metres (``metersPerUnit`` 1), right-handed: camera (x, y, z) -> (x, -y, -z) as in
-the BVH and glTF. A time code is a video frame (``timeCodesPerSecond`` = ``framesPerSecond`` = the track's rate); a
-track's first frame sits at its ``start`` (0 in a file of its own, its frame in the clip in a scene), and the stage's
-``startTimeCode`` / ``endTimeCode`` span every track.
+Axes and time: Y up (``upAxis``), metres (``metersPerUnit`` 1; the camera's lens and film back in tenths of a metre,
+``LENS_UNITS_PER_MM``), right-handed: camera (x, y, z) -> (x, -y, -z) as in the BVH and glTF. A time code is a video
+frame (``timeCodesPerSecond`` = ``framesPerSecond`` = the track's rate); a track's first frame sits at its ``start``
+(0 in a file of its own, its frame in the clip in a scene), and the stage's ``startTimeCode`` / ``endTimeCode`` span
+every track (a still camera has no time).
 
 The writer takes any rig: a ``SkeletalAnimation`` is joint names, parents, rest transforms and per-frame local
 rotations and root translation in the file's axes (``SkeletalAnimation.from_motion`` makes one from a solved
@@ -38,10 +40,14 @@ from sapiens2.data.io import atomic_write
 from sapiens2.mocap.gltf import continuous_quaternions
 from sapiens2.mocap.rig import CameraAnimation, Motion
 
-__all__ = ["SUFFIXES", "SkeletalAnimation", "write_usd"]
+__all__ = ["LENS_UNITS_PER_MM", "SUFFIXES", "SkeletalAnimation", "write_usd"]
 
 SUFFIXES = (".usda", ".usdc", ".usd")
 """The files ``write_usd`` writes: ``.usda`` text, ``.usdc`` and ``.usd`` binary (crate)."""
+LENS_UNITS_PER_MM = 0.01
+"""A camera's focal length and film back in USD are in tenths of a stage unit (``UsdGeomCamera``: millimetres only
+on a centimetre stage); the stage here is in metres, so a tenth is 100 mm: 31.5 mm is written 0.315 (Blender's
+importer then shows a 31.5 mm lens on a 36 mm sensor)."""
 
 
 def _import_pxr():
@@ -171,17 +177,20 @@ class SkeletalAnimation:
 
 
 def _define_camera(stage, path, camera: CameraAnimation) -> None:
-    """A Camera prim at ``path``, its translate and orient ops sampled at each frame's time code."""
-    Gf, _, _, UsdGeom, _, _ = _import_pxr()
+    """A Camera prim at ``path`` (focal length and film back times ``LENS_UNITS_PER_MM``), its translate and orient
+    ops sampled at each frame's time code when it moves, else set once (their default values: no time samples)."""
+    Gf, _, Usd, UsdGeom, _, _ = _import_pxr()
     start = round(camera.start * camera.fps)
     prim = UsdGeom.Camera.Define(stage, path)
-    prim.CreateFocalLengthAttr(camera.focal_length)
-    prim.CreateHorizontalApertureAttr(camera.aperture[0])
-    prim.CreateVerticalApertureAttr(camera.aperture[1])
+    prim.CreateFocalLengthAttr(camera.focal_length * LENS_UNITS_PER_MM)
+    prim.CreateHorizontalApertureAttr(camera.aperture[0] * LENS_UNITS_PER_MM)
+    prim.CreateVerticalApertureAttr(camera.aperture[1] * LENS_UNITS_PER_MM)
     translate, orient = prim.AddTranslateOp(), prim.AddOrientOp()
-    for t, (p, q) in enumerate(zip(camera.positions.tolist(), camera.rotations.tolist(), strict=True)):
-        translate.Set(Gf.Vec3d(*p), start + t)
-        orient.Set(Gf.Quatf(q[3], q[0], q[1], q[2]), start + t)
+    count = len(camera.positions) if camera.moves else 1
+    for t, (p, q) in enumerate(zip(camera.positions[:count].tolist(), camera.rotations[:count].tolist(), strict=True)):
+        time = Usd.TimeCode(start + t) if camera.moves else Usd.TimeCode.Default()
+        translate.Set(Gf.Vec3d(*p), time)
+        orient.Set(Gf.Quatf(q[3], q[0], q[1], q[2]), time)
 
 
 def _matrices(rotations: np.ndarray, translations: np.ndarray) -> np.ndarray:
@@ -256,8 +265,8 @@ def write_usd(tracks: Motion | SkeletalAnimation | Sequence[SkeletalAnimation], 
             scene: one SkelRoot per track under ``/scene``; their rates must agree).
         path: a ``.usda`` (text), ``.usdc`` or ``.usd`` (binary) file.
         name: the track's name when ``tracks`` is a ``Motion``.
-        camera: a moving camera (``rig.CameraAnimation``), written as ``/camera`` (``/scene/camera`` in a scene),
-            its first frame at time code ``start * fps``.
+        camera: the shot's camera (``rig.CameraAnimation``), written as ``/camera`` (``/scene/camera`` in a
+            scene): when it moves, its first frame at time code ``start * fps``; a still one with no time samples.
 
     Returns:
         ``path`` as a ``Path``.
@@ -281,7 +290,7 @@ def write_usd(tracks: Motion | SkeletalAnimation | Sequence[SkeletalAnimation], 
     stage.SetTimeCodesPerSecond(rates[0])
     stage.SetFramesPerSecond(rates[0])
     spans = [(a.start, a.start + max(a.num_frames - 1, 0)) for a in animations]
-    if camera is not None:
+    if camera is not None and camera.moves:
         first = round(camera.start * camera.fps)
         spans.append((first, first + max(len(camera.positions) - 1, 0)))
     stage.SetStartTimeCode(min(first for first, _ in spans))
