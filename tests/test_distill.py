@@ -72,10 +72,10 @@ def test_stored_outputs_round_trip_within_quantisation_and_their_size(tmp_path):
     image = np.random.default_rng(0).integers(0, 255, (128, 96, 3), dtype=np.uint8)
     outputs = {"output": torch.randn(29, 128, 96) * 5, "features": torch.randn(48, 32)}
     for store, bound in (("uint8", None), ("fp16", 1e-2)):
-        data = encode_targets(image, outputs, store)
+        data = encode_targets(image[None], {k: v[None] for k, v in outputs.items()}, store)
         back = decode_targets(data)
-        assert np.array_equal(back["image"].numpy(), image)
-        error = (back["teacher"] - outputs["output"]).abs().amax(dim=(1, 2))
+        assert np.array_equal(back["image"][0].numpy(), image)
+        error = (back["teacher"][0] - outputs["output"]).abs().amax(dim=(1, 2))
         span = outputs["output"].amax(dim=(1, 2)) - outputs["output"].amin(dim=(1, 2))
         assert bool((error <= (span / 510 * 1.001 if bound is None else bound)).all())
         values = 29 * 128 * 96 * (1 if store == "uint8" else 2) + image.size + 48 * 32 * 2
@@ -96,7 +96,7 @@ def test_pairs_that_cannot_work_get_one_line_each_and_leave_nothing(images, tiny
         (["--task", "seg", "--teacher", str(tiny_checkpoints["seg"]), "--student", "student_5m"],
          "is bigger than its teacher"),
         (["--task", "pose", "--teacher", str(tiny_checkpoints["pose"]), *STUDENT_SET, *POSE_HEAD_SET,
-          "--set", "model.head.out_channels=17"],
+          "--set", "model.head.out_channels=17", "--detector", "none"],
          "predicts 308 keypoints but the student 17"),
     ]  # fmt: skip
     for index, (argv, message) in enumerate(cases):
@@ -107,7 +107,8 @@ def test_pairs_that_cannot_work_get_one_line_each_and_leave_nothing(images, tiny
         assert not out.exists()  # refused before the teacher computed anything
     # The negative control: the same student with the teacher's 308 keypoints is accepted and runs.
     out = tmp_path / "good"
-    argv = ["--task", "pose", "--teacher", str(tiny_checkpoints["pose"]), *STUDENT_SET, *POSE_HEAD_SET]
+    argv = ["--task", "pose", "--teacher", str(tiny_checkpoints["pose"]), *STUDENT_SET, *POSE_HEAD_SET,
+            "--detector", "none"]  # fmt: skip
     assert main(["distill", *common, "-o", str(out), *argv, "--batch-size", "2", "--holdout", "0.25"]) == 0
     report = json.loads((out / "agreement.json").read_text())
     assert report["task"] == "pose" and 0 <= report["after"]["pck@0.05"] <= 1
@@ -119,7 +120,7 @@ def test_every_task_distils_from_stored_outputs_into_a_loadable_student(task, im
     from conftest import TINY_HEADS, TINY_INPUT
 
     size = list(TINY_INPUT.get(task, (64, 48)))
-    section = {"teacher": str(tiny_checkpoints[task]), "images": [str(images)], "store": "fp16"}
+    section = {"teacher": str(tiny_checkpoints[task]), "images": [str(images)], "store": "fp16", "detector": "none"}
     values = fast_values(tmp_path / task, task=task, steps=2, model={"arch": STUDENT, "head": TINY_HEADS[task]},
                          distill=section)  # fmt: skip
     values["data"]["input_size"] = size
@@ -170,7 +171,8 @@ def test_pose_student_agreement_with_a_trained_teacher_rises_from_chance_to_over
     values = fast_values(tmp_path / "student", task="pose", steps=6000, checkpoint_every=0, log_every=100,
                          optimizer={"lr": 6e-3}, model={"arch": STUDENT, "head": POSE_STUDENT_HEAD},
                          data={"batch_size": 8}, distill={"teacher": str(teacher), "images": [str(images)],
-                                                          "holdout": 0.25, "teacher_batch_size": 8})  # fmt: skip
+                                                          "holdout": 0.25, "teacher_batch_size": 8,
+                                                          "detector": "none"})  # fmt: skip
     summary = distill(load_distill_config(None, values=values))
     before, after = summary["agreement"]["before"], summary["agreement"]["after"]
     # The teacher's outputs depend on the image: each keypoint's heatmap peak moves from image to image.
@@ -187,7 +189,7 @@ def _held_out(run: Path) -> list[dict]:
     from sapiens2.distill.targets import TargetDataset, stored_items
     from sapiens2.distill.trainer import split_holdout
 
-    items = [path for _, path in stored_items(run / "teacher")]
+    items = [(path, 0) for _, path in stored_items(run / "teacher")]  # one sample each (pose: --detector none)
     _, held = split_holdout(len(items), 0.25, 0)
     return list(TargetDataset([items[i] for i in held]))
 
