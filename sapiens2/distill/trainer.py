@@ -194,9 +194,9 @@ class DistillTrainer(Trainer):
         what = "people" if pose else "images"
         if len(train_items) < batch:
             raise ValueError(
-                f"{len(train_items)} {what} to train on ({len(held)} of {len(groups)} images held out), fewer than "
-                f"one batch of {self.option('data.batch_size', batch)}: lower it to {len(train_items)} or fewer, or "
-                "add images"
+                f"{len(train_items)} {what} to train on ({len(held)} of {len(groups)} {'images ' * pose}held out), "
+                f"fewer than one batch of {self.option('data.batch_size', batch)}: lower it to {len(train_items)} or "
+                "fewer, or add images"
             )
         self.holdout_dataset = TargetDataset([item for group in self.holdout_groups for item in group], size)
         self._info("distilling on %d %s, %d images held out for the agreement table", len(train_items), what,
