@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import SHARED, require
 from distill_synth import (
     POSE_STUDENT_HEAD,
     SEG_STUDENT_HEAD,
@@ -195,10 +196,16 @@ def _held_out(run: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_sigkilled_distillation_resumes_to_bit_identical_weights(images, tiny_checkpoints, tmp_path):
-    argv = [str(images), "--task", "seg", "--teacher", str(tiny_checkpoints["seg"]), *STUDENT_SET,
-            "--set", "model.head={deconv_out_channels: [8, 8, 8, 8], deconv_kernel_sizes: [4, 4, 4, 4], "
-            "conv_out_channels: [8], conv_kernel_sizes: [1]}", "--input-size", "64", "48", "--steps", "40",
+@pytest.mark.parametrize("task", ["seg", "pose"])
+def test_sigkilled_distillation_resumes_to_bit_identical_weights(task, images, tiny_checkpoints, tmp_path):
+    """Pose: every person the (random-weight) detector finds in the scenes is a sample, several per image."""
+    if task == "seg":
+        head = ("--set", "model.head={deconv_out_channels: [8, 8, 8, 8], deconv_kernel_sizes: [4, 4, 4, 4], "
+                "conv_out_channels: [8], conv_kernel_sizes: [1]}")  # fmt: skip
+    else:
+        head = (*POSE_HEAD_SET, "--detector", str(require(SHARED / "fixtures/detector/rtmdet_m_random_mmengine.pth")))
+    argv = [str(images), "--task", task, "--teacher", str(tiny_checkpoints[task]), *STUDENT_SET, *head,
+            "--input-size", "64", "48", "--steps", "40",
             "--batch-size", "2", "--device", "cpu", "--feature-loss", "0.5",
             "--set", "checkpoint_every=4", "--set", "keep_checkpoints=0", "--set", "precision=fp32",
             "--set", "schedule.warmup_steps=2", "--set", "progress_bar=false"]  # fmt: skip
@@ -229,3 +236,7 @@ def test_sigkilled_distillation_resumes_to_bit_identical_weights(images, tiny_ch
     assert other.returncode == 0, other.stderr[-3000:]
     three = load_file(str(tmp_path / "other" / "model.safetensors"))
     assert not all(torch.equal(one[k], three[k]) for k in one)
+    if task == "pose":
+        report = json.loads((killed / "agreement.json").read_text())
+        assert report["people"] > 2 * report["images"], report  # several people per image
+        assert report == json.loads((tmp_path / "straight" / "agreement.json").read_text())
