@@ -153,3 +153,17 @@ def test_a_pose_run_counts_its_people_and_measures_agreement_through_predictor(t
         stored = file.get_tensor("image")
     assert np.array_equal(stored, person_crops(cv2.imread(str(folder / "scene_0.png"))[..., ::-1].copy(),
                                                np.array([[0, 0, 255, 159]]), SIZE)[0])  # fmt: skip
+
+
+def test_a_detector_that_is_not_there_is_one_line_naming_the_flag(tiny_checkpoints, tmp_path, capsys):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    cv2.imwrite(str(folder / "scene.png"), crowd(0)[0])
+    missing = tmp_path / "rtmdet_m.pth"
+    argv = ["distill", str(folder), "--task", "pose", "--teacher", str(tiny_checkpoints["pose"]), *STUDENT_SET,
+            "--steps", "1", "--detector", str(missing), "-o", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"sapiens2 distill: error: --detector {missing}: no such file; give a local rtmdet_m.pth, rtmdet "
+                     "(downloaded once) or none (each image is one person)"]  # fmt: skip
+    assert not (tmp_path / "run").exists()
