@@ -179,11 +179,16 @@ def test_pose_student_agreement_with_a_trained_teacher_rises_from_chance_to_over
     # The teacher's outputs depend on the image: each keypoint's heatmap peak moves from image to image.
     heatmaps = torch.stack([item["teacher"] for item in _held_out(tmp_path / "student")])  # (N, 4, h, w)
     peaks = heatmaps.flatten(2).argmax(dim=2)  # (N, 4)
-    assert all(len(set(peaks[:, k].tolist())) > len(peaks) // 2 for k in range(peaks.shape[1]))
+    # (The whole-image box's crop pads by 1.25: the discs lie in the middle 80 % of each side.)
+    assert all(len(set(peaks[:, k].tolist())) > len(peaks) // 3 for k in range(peaks.shape[1]))
     assert before["pck@0.05"] < 0.1  # chance for the student at its initial weights
     assert after["pck@0.05"] >= 0.8, after
+    # End to end through Predictor (flip test, decoding to image pixels): the student follows the teacher there too.
+    assert after["image_pck@0.05"] > before["image_pck@0.05"] and after["image_error"] < before["image_error"]
     print(f"pose agreement on {int(after['images'])} held-out images: PCK@0.05 {before['pck@0.05']:.4f} -> "
-          f"{after['pck@0.05']:.4f}")  # fmt: skip
+          f"{after['pck@0.05']:.4f}; through Predictor {before['image_pck@0.05']:.4f} -> "
+          f"{after['image_pck@0.05']:.4f} (error {before['image_error']:.4f} -> "
+          f"{after['image_error']:.4f})")  # fmt: skip
 
 
 def _held_out(run: Path) -> list[dict]:
