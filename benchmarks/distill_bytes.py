@@ -1,8 +1,10 @@
-"""Stored teacher outputs of ``sapiens2 distill`` per image: bytes of one image's record (the table of
-docs/distill.md). Sizes, not timings: the same on every machine.
+"""Stored teacher outputs of ``sapiens2 distill`` per sample: bytes of the record of an image with one sample (the
+table of docs/distill.md; pose: one person, each more adds about as much again). Sizes, not timings: the same on
+every machine.
 
 For each task and teacher arch (built on the ``meta`` device for its output shapes), the record
-``sapiens2.distill.targets.encode_targets`` writes: the letterboxed input + the outputs in uint8 and in fp16, and
+``sapiens2.distill.targets.encode_targets`` writes: the network input (letterboxed image or person crop, and for pose
+the person's box) + the outputs in uint8 and in fp16, and
 the backbone tokens (fp16) that feature distillation adds. The students' speed is ``benchmarks/bench_runtimes.py``.
 
     python benchmarks/distill_bytes.py --arch sapiens2_5b --input-size 256 192
@@ -20,7 +22,7 @@ from sapiens2 import build_model
 
 
 def stored_bytes(task: str, teacher: str, input_size: tuple[int, int]) -> dict[str, int]:
-    """Bytes of one image's stored record: store -> size, plus ``features`` (the fp16 tokens alone)."""
+    """Bytes of a stored record of one sample: store -> size, plus ``features`` (the fp16 tokens alone)."""
     from sapiens2.distill.targets import encode_targets
 
     model = build_model(task, teacher, input_size=input_size, device="meta")
@@ -32,7 +34,9 @@ def stored_bytes(task: str, teacher: str, input_size: tuple[int, int]) -> dict[s
     if len(shapes) > 1:
         outputs["scale"] = torch.randn(shapes[1], generator=generator)
     image = np.zeros((*input_size, 3), dtype=np.uint8)
-    sizes = {store: len(encode_targets(image, outputs, store)) for store in ("uint8", "fp16")}
+    boxes = np.zeros((1, 5), np.float32) if task == "pose" else None
+    outputs = {name: value[None] for name, value in outputs.items()}  # one sample
+    sizes = {store: len(encode_targets(image[None], outputs, store, boxes)) for store in ("uint8", "fp16")}
     tokens = (input_size[0] // 16) * (input_size[1] // 16)
     sizes["features"] = tokens * model.backbone.arch.embed_dims * 2
     sizes["image"] = image.size
@@ -40,7 +44,8 @@ def stored_bytes(task: str, teacher: str, input_size: tuple[int, int]) -> dict[s
 
 
 def print_bytes(tasks: list[str], teachers: list[str], input_size: tuple[int, int]) -> None:
-    print(f"stored teacher outputs per image, input {input_size[0]}x{input_size[1]} (the record holds the input too)")
+    print(f"stored teacher outputs per sample (an image; pose: a person), input {input_size[0]}x{input_size[1]} (the "
+          "record holds the input too)")  # fmt: skip
     print()
     print("| task | teacher | uint8 record | fp16 record | of which input image | + fp16 tokens (--feature-loss) |")
     print("|---|---|---|---|---|---|")

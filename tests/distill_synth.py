@@ -99,12 +99,27 @@ def dots(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return image.clip(0, 255).astype(np.uint8), centres
 
 
+def as_predictor_crop(image: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``image`` and its (K, 2) points as ``Predictor("pose")`` without a detector feeds the image to the network:
+    the whole-image box's crop (``pose.topdown``: padding 1.25, the UDP warp) and the points warped with it."""
+    from sapiens2.pose.topdown import box_to_center_scale, person_crops, udp_warp_matrix
+
+    height, width = image.shape[:2]
+    box = np.array([[0, 0, width - 1, height - 1]], np.float32)
+    crops, _, _ = person_crops(image, box, SIZE)
+    center, scale = box_to_center_scale(box[0], aspect=SIZE[1] / SIZE[0])
+    matrix = udp_warp_matrix(center, scale, SIZE).astype(np.float64)
+    return crops[0], centres @ matrix[:, :2].T + matrix[:, 2]
+
+
 class PoseDots(torch.utils.data.Dataset):
-    """Labelled dot crops for the pose teacher (image, Gaussian heatmaps at 1/4 size, keypoint weights)."""
+    """Labelled dot crops for the pose teacher (image, Gaussian heatmaps at 1/4 size, keypoint weights): each dots
+    picture as the network sees it in ``Predictor`` and in ``sapiens2 distill --detector none`` (the whole-image
+    box's crop), so that the teacher is trained on the inputs it teaches on."""
 
     def __init__(self, count: int, seed: int) -> None:
         rng = np.random.default_rng(seed)
-        self.items = [dots(rng) for _ in range(count)]
+        self.items = [as_predictor_crop(*dots(rng)) for _ in range(count)]
 
     def __len__(self) -> int:
         return len(self.items)

@@ -14,6 +14,7 @@ from typing import Any
 from ..distill.config import DISTILL_TASKS
 from ..distill.run import DistillOptions, run_distill
 from ..yaml_config import config_option
+from .predict import DETECTOR_HELP
 from .train import add_override_flags, resume_flag, run_logged, summary_line
 
 
@@ -56,6 +57,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--engine", choices=("local", "ray"), help="bulk engine of the teacher's pass")
     parser.add_argument("--devices", help="devices of the teacher's pass: cpu, cuda:0,cuda:1, all")
     parser.add_argument("--ray-address", help="an existing Ray cluster for the teacher's pass")
+    parser.add_argument("--detector", help="pose: the person detector whose people are cropped (as predict): "
+                        + DETECTOR_HELP)  # fmt: skip
     parser.add_argument("--targets", help="folder of the stored teacher outputs (default OUTPUT/teacher)")
     parser.add_argument("--teacher-only", action="store_true", help="compute the teacher's outputs, then stop")
     add_override_flags(parser, "--set distill.temperature=2 --set schedule.warmup_steps=100")
@@ -69,6 +72,7 @@ _KEYS = {
     "teacher": "distill.teacher", "online": "distill.online", "store": "distill.store",
     "feature_loss": "distill.feature_loss", "holdout": "distill.holdout", "engine": "distill.engine",
     "devices": "distill.devices", "ray_address": "distill.ray_address", "targets": "distill.targets",
+    "detector": "distill.detector",
 }  # fmt: skip
 
 
@@ -111,6 +115,10 @@ def run_command(args: argparse.Namespace) -> int:
               f"{report.failed} failed")  # fmt: skip
         return 1 if report.failed else 0
     print(summary_line(summary, "distilled", "student"))
+    if "people" in summary:
+        people = summary["people"]
+        print(f"people: {people['people']} found in {people['images']} images, {people['images_without_people']} "
+              "images without people (they teach nothing)")  # fmt: skip
     print(summary["agreement_table"], end="")
     print(f"agreement table: {summary['agreement_md']}")
     return 0

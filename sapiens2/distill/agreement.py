@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -20,7 +21,7 @@ from ..eval.metrics import NormalMetrics, SegMetrics
 from ..train.losses import pose_pck_accuracy
 from .targets import teacher_forward
 
-__all__ = ["HEADLINE", "agreement", "agreement_table"]
+__all__ = ["HEADLINE", "agreement", "agreement_table", "image_agreement"]
 
 # The figure each task is judged by, and whether higher is better.
 HEADLINE = {
@@ -113,6 +114,48 @@ def agreement(
     return result
 
 
+@torch.no_grad()
+def image_agreement(
+    student: nn.Module,
+    teacher: nn.Module,
+    people: list[tuple[Any, Any]],
+    *,
+    input_size: tuple[int, int],
+    device: torch.device | str = "cpu",
+    threshold: float = 0.05,
+) -> dict[str, float]:
+    """Pose end to end: student and teacher each through ``Predictor("pose")`` (crops, flip test, decoding to image
+    pixels) on held-out images with the same person boxes (the detector's, as stored), keypoints compared in image
+    pixels with the distance divided by the person's box size (its longer side).
+
+    Args:
+        student, teacher: pose task models.
+        people: per held-out image, (RGB uint8 image, boxes (S, 4 or 5)).
+        input_size: the network input of both.
+        threshold: the normalised distance below which a keypoint agrees.
+
+    Returns:
+        ``image_pck@0.05`` (fraction of keypoints that agree), ``image_error`` (mean normalised distance) and
+        ``image_people``.
+    """
+    from ..predict.predictor import Predictor
+
+    kind = {"device": device, "input_size": input_size, "detector": None, "dtype": torch.float32}
+    predictors = [Predictor("pose", model, mode="reference", **kind) for model in (student, teacher)]
+    distances = []
+    for image, boxes in people:
+        mine, theirs = (predictor(image, boxes=boxes) for predictor in predictors)
+        box = np.asarray(boxes, np.float64)[:, :4].reshape(-1, 4)
+        size = np.maximum(np.maximum(box[:, 2] - box[:, 0], box[:, 3] - box[:, 1]), 1.0)  # (S,)
+        distances.append(np.linalg.norm(mine.keypoints - theirs.keypoints, axis=-1) / size[:, None])
+    if not distances:
+        raise ValueError("no held-out people to measure the agreement through Predictor on")
+    distance = np.concatenate(distances)
+    name = f"image_pck@{threshold:g}"
+    return {name: float((distance < threshold).mean()), "image_error": float(distance.mean()),
+            "image_people": float(len(distance))}  # fmt: skip
+
+
 def agreement_table(
     task: str, before: dict[str, float], after: dict[str, float], folder: str | os.PathLike, meta: dict[str, Any]
 ) -> tuple[Path, Path, str]:
@@ -124,11 +167,12 @@ def agreement_table(
     """
     folder = Path(folder)
     names = [name for name in after if name != "images"]
+    samples = "person crops" if task == "pose" else "images"
     lines = [
-        f"| {task} metric (student vs teacher, {int(after['images'])} held-out images) | before | after |",
+        f"| {task} metric (student vs teacher, {int(after['images'])} held-out {samples}) | before | after |",
         "|---|---|---|",
     ]
-    lines += [f"| {name} | {before[name]:.4f} | {after[name]:.4f} |" for name in names]
+    lines += [f"| {name} | {before.get(name, float('nan')):.4f} | {after[name]:.4f} |" for name in names]
     header = ", ".join(f"{k}: {v}" for k, v in meta.items())
     text = f"{header}\n\n" + "\n".join(lines) + "\n"
     json_path = save_json(folder / "agreement.json", {"task": task, **meta, "before": before, "after": after})

@@ -44,7 +44,10 @@ class DistillSection:
             argmax.
         engine, devices, ray_address: the bulk run of the teacher (``sapiens2.bulk``): ``local`` or ``ray``,
             ``--devices`` text (``cpu``, ``cuda:0,cuda:1``, ``all``), an existing Ray cluster.
-        teacher_batch_size: images per teacher forward in the bulk run.
+        teacher_batch_size: images per teacher forward in the bulk run (pose: person crops per forward).
+        detector: pose: the person detector that finds the people to crop, as ``sapiens2 predict --detector``:
+            ``rtmdet`` (the official RTMDet-m, downloaded once), a local ``rtmdet_m.pth``, or ``none`` (each image
+            is one person, cropped from the whole-image box as predict does without a detector).
     """
 
     teacher: str = ""
@@ -61,6 +64,7 @@ class DistillSection:
     devices: str = "cpu"
     ray_address: str | None = None
     teacher_batch_size: int = 4
+    detector: str = "rtmdet"
 
 
 @dataclass(frozen=True)

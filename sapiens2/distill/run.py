@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..messages import OptionText
@@ -83,7 +84,8 @@ def load_distill_config(
 
 
 # What a resumed run must share with the run it continues (its teacher's outputs and its weights depend on them).
-_RUN_KEYS = ("task", "distill.teacher", "model.arch", "model.head", "data.input_size", "distill.store")
+_RUN_KEYS = ("task", "distill.teacher", "model.arch", "model.head", "data.input_size", "distill.store",
+             "distill.detector")  # fmt: skip
 
 
 def input_problems(
@@ -108,6 +110,8 @@ def input_problems(
         if teacher is not False and student is not False:
             problems += _pair_problems(config, teacher)
     problems += _device_problems(config, option)
+    if config.task == "pose" and not (section.targets is not None and not section.online):
+        problems += _detector_problems(section.detector, option)
     if section.targets is not None and not section.online:
         if not os.path.isdir(section.targets):
             problems.append(f"{option('distill.targets', section.targets)}: no such folder of stored teacher "
@@ -131,6 +135,21 @@ def _weights(source: str, task: str, key: str, option: OptionText, problems: lis
     except FileNotFoundError as error:
         problems.append(f"{option(key, source)}: {error}")
         return False
+
+
+def _detector_problems(source: str, option: OptionText) -> list[str]:
+    """A ``distill.detector`` that is neither ``none``, a local file, nor ``rtmdet`` cached or downloadable now."""
+    from .targets import detector_file
+    from .trainer import DETECTOR_HINT
+
+    if source not in ("rtmdet", "none") and not os.path.isfile(source):
+        return [f"{option('distill.detector', source)}: no such file; give a local rtmdet_m.pth, rtmdet (downloaded "
+                "once) or none (each image is one person)"]  # fmt: skip
+    try:
+        detector_file(source, DETECTOR_HINT)
+    except FileNotFoundError as error:
+        return [f"{option('distill.detector', source)}: {error}"]
+    return []
 
 
 def _pair_problems(config: DistillConfig, teacher: Path | None) -> list[str]:
@@ -254,6 +273,7 @@ def distill(
         >>> student = sapiens2.load_model("seg", summary["model"])
     """
     from ..checkpoints import load_model
+    from ..models.task_model import TaskModel
     from .agreement import HEADLINE, agreement, agreement_table
     from .trainer import DistillTrainer
 
@@ -265,6 +285,8 @@ def distill(
     if main and trainer.step == 0 and trainer.context.world_size == 1:
         trainer.model.eval()
         before = agreement(task, trainer.model, holdout, teacher=trainer.teacher, device=device)
+        student_now = TaskModel(task, trainer.model.backbone, trainer.model.decode_head)
+        before |= _through_predictor(config, trainer, student_now)
         trainer.model.train()
         from ..data.io import save_json
 
@@ -278,20 +300,52 @@ def distill(
         before = json.loads(before_path.read_text())
     student = load_model(task, summary["model"], device=device)
     after = agreement(task, student, holdout, teacher=trainer.teacher, device=device)
-    before = before or dict.fromkeys(after, float("nan"))
+    after |= _through_predictor(config, trainer, student)
+    before = {name: float("nan") for name in after} | (before or {})
     meta = {
         "teacher": str(config.distill.teacher), "student": str(config.model.arch or config.model.init_from),
         "student_parameters": sum(p.numel() for p in student.parameters()), "steps": summary["steps"],
         "input_size": list(config.data.input_size), "online": config.distill.online,
     }  # fmt: skip
+    if trainer.people is not None:
+        meta |= {"detector": config.distill.detector, **trainer.people}
     json_path, md_path, text = agreement_table(task, before, after, trainer.run_dir, meta)
     name, _ = HEADLINE[task]
     logger.info("agreement with the teacher (%s): %.4f before, %.4f after", name, before[name], after[name])
     del student
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return summary | {"agreement": {"before": before, "after": after}, "agreement_table": text,
+    people = {} if trainer.people is None else {"people": trainer.people}
+    return summary | people | {"agreement": {"before": before, "after": after}, "agreement_table": text,
                       "agreement_json": json_path, "agreement_md": md_path}  # fmt: skip
+
+
+def _through_predictor(config: DistillConfig, trainer: Any, student: torch.nn.Module) -> dict[str, float]:
+    """Pose: ``agreement.image_agreement`` of ``student`` on the held-out images, with the people found by the
+    teacher's pass (stored) or before training (online); nothing for the other tasks, or when the images are not at
+    hand (a run on ``--targets`` alone)."""
+    if config.task != "pose":
+        return {}
+    from .agreement import image_agreement
+    from .targets import record_boxes
+
+    people: list[tuple[Any, Any]] = []
+    if config.distill.online:
+        people = [(group[0][0], np.stack([box for _, box in group])) for group in trainer.holdout_groups]
+    elif config.distill.images:
+        keys = {trainer.stored_keys[str(group[0][0])]: record_boxes(group[0][0]) for group in trainer.holdout_groups}
+        from ..data.collections import open_collection
+
+        records = open_collection(list(config.distill.images)).records()
+        people = [(record, keys[record.key]) for record in records if record.key in keys]
+    if not people:
+        logger.info("the held-out images are not at hand: no agreement through Predictor")
+        return {}
+    from ..checkpoints import load_model
+
+    teacher = trainer.teacher or load_model("pose", trainer.teacher_path, device=trainer.device)
+    loaded = [(record.load_rgb(), boxes) for record, boxes in people]
+    return image_agreement(student, teacher, loaded, input_size=tuple(config.data.input_size), device=trainer.device)
 
 
 def run_distill(options: DistillOptions, *, option: OptionText = config_option) -> dict[str, Any]:

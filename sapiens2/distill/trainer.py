@@ -26,11 +26,20 @@ from ..yaml_config import config_option
 from .config import DistillConfig, distill_config_from_dict
 from .losses import DistillLoss
 from .pairs import check_pair, read_shapes, student_on_meta
-from .targets import TargetDataset, TeacherJob, online_records, stored_items, teacher_forward
+from .targets import (
+    TargetDataset,
+    TeacherJob,
+    detector_file,
+    online_people,
+    online_records,
+    record_samples,
+    stored_items,
+    teacher_forward,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DistillStudent", "DistillTrainer", "compute_targets", "split_holdout"]
+__all__ = ["DistillStudent", "DistillTrainer", "compute_targets", "people_counts", "split_holdout"]
 
 PROJECTION = "feature_projection."
 """Key prefix of the feature projection: trained with the student, left out of the exported model (``export_model``
@@ -66,7 +75,9 @@ def compute_targets(config: DistillConfig, teacher: Path, progress: bool = True)
     from ..bulk import BulkOptions, parse_devices, run_bulk
 
     section = config.distill
-    job = TeacherJob(config.task, os.fspath(teacher), config.data.input_size, section.store, section.feature_loss > 0)
+    detector = detector_file(section.detector, DETECTOR_HINT) if config.task == "pose" else None
+    job = TeacherJob(config.task, os.fspath(teacher), config.data.input_size, section.store, section.feature_loss > 0,
+                     detector, crops_per_forward=section.teacher_batch_size)  # fmt: skip
     options = BulkOptions(
         inputs=list(section.images),
         output=config.targets_dir,
@@ -77,6 +88,15 @@ def compute_targets(config: DistillConfig, teacher: Path, progress: bool = True)
         progress=progress,
     )
     return run_bulk(job, options)
+
+
+DETECTOR_HINT = "--detector /path/to/rtmdet_m.pth (or --detector none: each image is one person)"
+
+
+def people_counts(samples: list[int]) -> dict[str, int]:
+    """What the images gave (pose): ``images``, ``people`` found and ``images_without_people`` (they teach
+    nothing), from each image's sample count."""
+    return {"images": len(samples), "people": sum(samples), "images_without_people": samples.count(0)}
 
 
 def split_holdout(count: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -98,8 +118,11 @@ class DistillTrainer(Trainer):
             run folder; a path: that checkpoint.
 
     Attributes:
-        holdout_dataset: the held-out images (with the stored teacher outputs, or only images online), for
+        holdout_dataset: the held-out samples (with the stored teacher outputs, or only inputs online), for
             ``sapiens2.distill.agreement``.
+        holdout_groups: the held-out samples by image (``TargetDataset`` sources; pose: one per person).
+        stored_keys: record file -> the image's collection key (stored mode).
+        people: pose: ``people_counts`` of the images.
         teacher: the teacher model on the training device (online only; else None).
     """
 
@@ -110,6 +133,9 @@ class DistillTrainer(Trainer):
     ) -> None:
         self.teacher: nn.Module | None = None
         self.holdout_dataset: TargetDataset | None = None
+        self.holdout_groups: list[list[Any]] = []
+        self.stored_keys: dict[str, str] = {}
+        self.people: dict[str, int] | None = None
         self.option = option
         super().__init__(config, resume=resume)
 
@@ -123,10 +149,16 @@ class DistillTrainer(Trainer):
         check_pair(config.task, teacher, shapes, student_on_meta(config.task, config.model, config.data.input_size))
         self.teacher_path = teacher
         self.teacher_dims = shapes["backbone.cls_token"].shape[-1] if section.feature_loss else None
+        pose = config.task == "pose"
         if section.online:
             from ..checkpoints import load_model
 
-            items: list[Any] = online_records(list(section.images))
+            records = online_records(list(section.images))
+            if pose:
+                people = online_people(records, self._detector())
+                groups: list[list[Any]] = [[(record, box) for box in boxes] for record, boxes in people]
+            else:
+                groups = [[record] for record in records]
             self.teacher = load_model(config.task, teacher, device=self.device).requires_grad_(False)
         else:
             if self.context.is_main and section.targets is None:  # else computed beforehand (--teacher-only)
@@ -140,22 +172,43 @@ class DistillTrainer(Trainer):
                 self._info("teacher outputs: %d computed, %d kept from before, %d failed", report.done,
                            report.skipped, report.failed)  # fmt: skip
             dist_utils.barrier(self.context)
-            items = [path for _, path in stored_items(config.targets_dir)]
+            stored = stored_items(config.targets_dir)
+            self.stored_keys = {str(path): key for key, path in stored}
+            groups = [[(path, index) for index in range(record_samples(path))] for _, path in stored]
         size, batch = config.data.input_size, config.data.batch_size
-        if len(items) < 2:
+        if pose:
+            self.people = people_counts([len(group) for group in groups])
+            self._info("people: %d found in %d images, %d images without people (they teach nothing)",
+                       self.people["people"], self.people["images"], self.people["images_without_people"])  # fmt: skip
+        groups = [group for group in groups if group]
+        if len(groups) < 2:
+            what = "images with people" if pose else "usable image(s)"
             raise ValueError(
-                f"the images give {len(items)} usable image(s) (any that could not be read is named above): "
+                f"the images give {len(groups)} {what} (any that could not be read is named above): "
                 "distillation needs at least 2, one to train on and one held out"
             )
-        training, held = split_holdout(len(items), section.holdout, config.seed)
-        if len(training) < batch:
+        # Held out by image: a person's neighbours in the same picture are never on the other side.
+        training, held = split_holdout(len(groups), section.holdout, config.seed)
+        train_items = [item for i in training for item in groups[i]]
+        self.holdout_groups = [groups[i] for i in held]
+        what = "people" if pose else "images"
+        if len(train_items) < batch:
             raise ValueError(
-                f"{len(training)} images to train on ({len(held)} of {len(items)} held out), fewer than one batch "
-                f"of {self.option('data.batch_size', batch)}: lower it to {len(training)} or fewer, or add images"
+                f"{len(train_items)} {what} to train on ({len(held)} of {len(groups)} {'images ' * pose}held out), "
+                f"fewer than one batch of {self.option('data.batch_size', batch)}: lower it to {len(train_items)} or "
+                "fewer, or add images"
             )
-        self.holdout_dataset = TargetDataset([items[i] for i in held], size)
-        self._info("distilling on %d images, %d held out for the agreement table", len(training), len(held))
-        return TargetDataset([items[i] for i in training], size), None
+        self.holdout_dataset = TargetDataset([item for group in self.holdout_groups for item in group], size)
+        self._info("distilling on %d %s, %d images held out for the agreement table", len(train_items), what,
+                   len(held))  # fmt: skip
+        return TargetDataset(train_items, size), None
+
+    def _detector(self) -> Any:
+        """The person detector of ``distill.detector`` on the training device (None: ``none``)."""
+        from ..pose.topdown import make_detector
+
+        path = detector_file(self.config.distill.detector, DETECTOR_HINT)
+        return None if path is None else make_detector(path, device=self.device)
 
     def _build_model(self, resume_state: dict[str, Tensor] | None) -> nn.Module:
         if resume_state is not None:

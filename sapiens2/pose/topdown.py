@@ -38,6 +38,7 @@ __all__ = [
     "nms",
     "normalize",
     "person_boxes",
+    "person_crops",
     "udp_warp_matrix",
 ]
 
@@ -84,6 +85,7 @@ def filter_detections(
     score_thr: float = 0.3,
     nms_iou: float = 0.3,
     person_label: int = 0,
+    fallback: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The reference demo's person-box selection (POSE.md §2.2).
 
@@ -100,9 +102,10 @@ def filter_detections(
         score_thr: keep scores > this.
         nms_iou: NMS IoU threshold.
         person_label: label of the person class (0 for the Sapiens detector).
+        fallback: give the whole-image box when nothing is left (the demo); False: no box then (M = 0).
 
     Returns:
-        boxes (M, 4) float32 and scores (M,) float32 in descending score order, M >= 1.
+        boxes (M, 4) float32 and scores (M,) float32 in descending score order, M >= 1 with ``fallback``.
 
     Raises:
         ValueError: on inconsistent shapes or a bad image size.
@@ -121,7 +124,7 @@ def filter_detections(
         keep &= label_array == person_label
     boxes, conf = boxes[keep], conf[keep]
     order = nms(boxes, conf, nms_iou)
-    if order.size == 0:
+    if order.size == 0 and fallback:
         height, width = image_size
         return np.array([[0, 0, width - 1, height - 1]], dtype=np.float32), np.ones(1, dtype=np.float32)
     return boxes[order], conf[order]
@@ -145,7 +148,11 @@ def make_detector(
 
 
 def person_boxes(
-    images: Sequence[np.ndarray], boxes: Sequence[Any] | None = None, detector: Detector | None = None
+    images: Sequence[np.ndarray],
+    boxes: Sequence[Any] | None = None,
+    detector: Detector | None = None,
+    *,
+    fallback: bool = True,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The person boxes and box scores of each image, as ``Predictor`` feeds them to :func:`estimate_pose`.
 
@@ -158,6 +165,9 @@ def person_boxes(
         images: RGB uint8 (H, W, 3) arrays.
         boxes: None, or one box array per image.
         detector: called as ``detector(images)`` when ``boxes`` is None (see :func:`make_detector`).
+        fallback: False: an image where the detector finds no person gets no box instead of the whole image
+            (``sapiens2 distill`` counts it and learns nothing from it); without a detector the whole image is
+            still the one person.
 
     Returns:
         Per image, boxes (N_i, 4) float32 xyxy and scores (N_i,) float32.
@@ -178,7 +188,9 @@ def person_boxes(
         detections = [np.zeros((0, 5), np.float32) for _ in images]
     for image, found in zip(images, detections, strict=True):
         # The official demo's selection: score > 0.3, NMS at IoU 0.3, whole-image fallback.
-        kept_boxes, kept_scores = filter_detections(found[:, :4], found[:, 4], image_size=image.shape[:2])
+        kept_boxes, kept_scores = filter_detections(
+            found[:, :4], found[:, 4], image_size=image.shape[:2], fallback=fallback or detector is None
+        )
         boxes_per_image.append(kept_boxes)
         scores_per_image.append(kept_scores)
     return boxes_per_image, scores_per_image
@@ -275,6 +287,27 @@ def crop_person(
     flags = cv2.INTER_LINEAR if shrink < 1 else cv2.INTER_CUBIC
     in_h, in_w = input_size
     return cv2.warpAffine(image, matrix, (in_w, in_h), flags=flags, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+
+
+def person_crops(
+    image: np.ndarray, boxes: np.ndarray, input_size: tuple[int, int] = (1024, 768)
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The network inputs of one image's people as :func:`estimate_pose` makes them: per box
+    :func:`box_to_center_scale` (aspect from ``input_size``) and :func:`crop_person`.
+
+    Args:
+        image: (H, W, 3) uint8.
+        boxes: (N, 4) xyxy pixels.
+        input_size: network input (H_in, W_in).
+
+    Returns:
+        crops (N, H_in, W_in, 3) uint8, centres and scales (N, 2) float32.
+    """
+    in_h, in_w = input_size
+    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    centers, scales = box_to_center_scale(boxes, aspect=in_w / in_h)
+    crops = [crop_person(image, center, scale, input_size) for center, scale in zip(centers, scales, strict=True)]
+    return np.stack(crops) if crops else np.zeros((0, in_h, in_w, 3), np.uint8), centers, scales
 
 
 def normalize(crops_rgb: np.ndarray) -> torch.Tensor:
