@@ -251,3 +251,25 @@ def test_litert_files_and_exports_that_cannot_work_say_why(tiny_checkpoints, tmp
     assert not (tmp_path / "x.tflite").exists()
     assert cli.main(["export", str(tiny_checkpoints["seg"]), "-o", str(tmp_path / "y.tflite"), "--dtype", "bf16"]) == 2
     assert "LiteRT export is fp32, fp16, int8, not 'bf16'" in capsys.readouterr().err
+
+
+def test_large_convolutions_split_for_int8_compute_the_same_and_are_put_back():
+    """``_quantisable_convolutions`` (what ``export_litert`` int8 converts through): the released pose and normal
+    heads' convolutions over 32 MiB become parts of at most 32 MiB with the same outputs (float32 reassociation
+    only), and the model holds its own modules again after the block."""
+    from sapiens2.export.formats import QUANTISER_CHUNKED_BYTES, _OutputChannelParts, _quantisable_convolutions
+
+    for task in ("pose", "normal"):
+        torch.manual_seed(0)
+        model = build_model(task, TINY_ARCH, input_size=_input_size(task)).eval()
+        before = dict(model.named_modules())
+        x = torch.randn(2, 3, *_input_size(task), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            expected = model(x)
+            with _quantisable_convolutions(model):
+                split = [module for module in model.modules() if isinstance(module, _OutputChannelParts)]
+                got = model(x)
+        assert split and all(len(parts.parts) > 1 for parts in split), task
+        assert all(part.weight.numel() * 4 <= QUANTISER_CHUNKED_BYTES for parts in split for part in parts.parts)
+        assert tensor_rule(got.numpy(), expected.numpy())[0] < 1e-5, task
+        assert dict(model.named_modules()) == before, task
