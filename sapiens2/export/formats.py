@@ -10,6 +10,7 @@ official deployment scripts did). Each file carries the task, arch, input size a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import importlib.util
@@ -17,7 +18,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -425,6 +426,10 @@ LITERT_DTYPES = ("fp32", "fp16", "int8")
 # The alignment LiteRT wants of weight buffers in a .tflite flatbuffer (its converter's ``force_align: 16``).
 TFLITE_BUFFER_ALIGNMENT = 16
 FLATBUFFER_BYTES = 2**31 - 2**20  # what one flatbuffer can address, less room for the metadata
+# ai-edge-quantizer (0.10.0) quantises a weight over 32 MiB in chunks of rows after flattening it to 2-D, which fails
+# for a weight of more than two dimensions ("input operand has more dimensions than allowed by the axis remapping"):
+# convolutions with more float32 weight bytes than this are split by output channels before an int8 conversion.
+QUANTISER_CHUNKED_BYTES = 32 * 2**20
 
 
 class _NamedOutputs(nn.Module):
@@ -491,6 +496,59 @@ def _tflite_with_metadata(flatbuffer: bytes, metadata: dict[str, str]) -> bytes:
     return bytes(builder.Output())
 
 
+class _OutputChannelParts(nn.Module):
+    """``convolution`` (``nn.Conv2d`` or ``nn.ConvTranspose2d``, one group) as convolutions over consecutive slices of
+    its output channels of at most ``channels`` each, their outputs concatenated: the same function, in weights that
+    each fit ``QUANTISER_CHUNKED_BYTES``. Per-output-channel int8 scales are those of the whole weight."""
+
+    def __init__(self, convolution: nn.Conv2d | nn.ConvTranspose2d, channels: int) -> None:
+        super().__init__()
+        transposed = isinstance(convolution, nn.ConvTranspose2d)
+        options = {name: getattr(convolution, name) for name in ("kernel_size", "stride", "padding", "dilation",
+                                                                 "padding_mode")}  # fmt: skip
+        if transposed:
+            options["output_padding"] = convolution.output_padding
+        weight = convolution.weight.detach()
+        bias = None if convolution.bias is None else convolution.bias.detach()
+        self.parts = nn.ModuleList()
+        for start in range(0, convolution.out_channels, channels):
+            stop = min(start + channels, convolution.out_channels)
+            part = type(convolution)(convolution.in_channels, stop - start, bias=bias is not None, **options,
+                                     device=weight.device, dtype=weight.dtype)  # fmt: skip
+            with torch.no_grad():
+                part.weight.copy_(weight[:, start:stop] if transposed else weight[start:stop])
+                if bias is not None:
+                    part.bias.copy_(bias[start:stop])
+            self.parts.append(part)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=1)
+
+
+@contextlib.contextmanager
+def _quantisable_convolutions(model: nn.Module) -> Iterator[None]:
+    """While in the block, ``model``'s convolutions with more than ``QUANTISER_CHUNKED_BYTES`` of float32 weights
+    (the 0.1b pose head's 12.6 M-value deconvolution, the normal head's 21 M-value convolution) are
+    ``_OutputChannelParts`` that ai-edge-quantizer can quantise; put back after it."""
+    large = [
+        (name, module) for name, module in model.named_modules()
+        if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)) and module.groups == 1
+        and module.weight.numel() * 4 > QUANTISER_CHUNKED_BYTES
+    ]  # fmt: skip
+    swapped = []
+    try:
+        for name, convolution in large:
+            parent, _, child = name.rpartition(".")
+            channel_bytes = convolution.weight.numel() // convolution.out_channels * 4
+            parts = _OutputChannelParts(convolution, max(1, QUANTISER_CHUNKED_BYTES // channel_bytes))
+            setattr(model.get_submodule(parent), child, parts)
+            swapped.append((parent, child, convolution))
+        yield
+    finally:
+        for parent, child, convolution in swapped:
+            setattr(model.get_submodule(parent), child, convolution)
+
+
 @_quiet
 def export_litert(
     model: nn.Module,
@@ -509,7 +567,10 @@ def export_litert(
 
     - ``fp32``: the reference numerics;
     - ``fp16``: float16 weights, expanded to float32 when loaded;
-    - ``int8``: dynamic-range int8 (int8 weights per output channel, activations quantised on the fly).
+    - ``int8``: dynamic-range int8 (int8 weights per output channel, activations quantised on the fly), every
+      weight of every task: litert-torch's ``full_dynamic_recipe`` (ai-edge-quantizer), after splitting each
+      convolution whose float32 weight is over 32 MiB (the 0.1b pose and normal heads' largest) by output channels
+      into convolutions that are not (ai-edge-quantizer 0.10.0 fails on such a weight; ``_OutputChannelParts``).
 
     Needs litert-torch (``pip install 'sapiens2[litert]'``, best in an environment of its own); running the file
     needs only ai-edge-litert.
@@ -528,7 +589,8 @@ def export_litert(
         raise ExportError(f"LiteRT export needs the 'litert-torch' package, which is not installed"
                           f"{'' if error.name and error.name.startswith('litert') else f' ({error})'}; "
                           f"{LITERT_EXTRA}") from None  # fmt: skip
-    size, program, metadata = _fixed_batch_program(model, input_size, dtype, batch, rounding="split")
+    with _quantisable_convolutions(model) if dtype == "int8" else contextlib.nullcontext():
+        size, program, metadata = _fixed_batch_program(model, input_size, dtype, batch, rounding="split")
     recipes = {"fp16": quant_recipes.full_fp16_recipe, "int8": quant_recipes.full_dynamic_recipe}
     example = torch.zeros(int(batch), 3, *size)
     try:
@@ -537,7 +599,7 @@ def export_litert(
             sample_kwargs={INPUT_NAME: example},  # a keyword argument names the signature's input
             quant_config=recipes[dtype]() if dtype in recipes else None,
         )
-    except ValueError as error:  # ai-edge-quantizer refuses some weights (a tiny normal head's convolution, in int8)
+    except ValueError as error:  # a weight ai-edge-quantizer refuses that _quantisable_convolutions does not foresee
         if dtype == "fp32" or "quantization" not in str(error):
             raise
         reason = str(error).strip().splitlines()[0]
