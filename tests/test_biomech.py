@@ -109,6 +109,7 @@ def test_marker_sources_are_joint_centres_or_keypoints():
 STAND = 18  # frames standing still (0.75 s) before the walk: the static trial
 
 
+@pytest.mark.slow  # 8-15 s: the default suite stays under 10 minutes
 def test_opensim_scaling_and_ik_match_the_synthetic_walk(tmp_path, capsys):
     """Scaled on the standing stretch it finds itself, IK over the walk: marker RMS < 2 cm and the knee flexion
     within 5° RMS of the walk's own knee rotation; the report and the summary are written."""

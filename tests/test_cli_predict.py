@@ -168,6 +168,7 @@ def test_skip_existing_redoes_outputs_that_another_input_or_an_edit_now_claims(t
     assert "4 images skipped" in capsys.readouterr().out  # now every output is recorded with its input
 
 
+@pytest.mark.slow  # 8-15 s: the default suite stays under 10 minutes
 def test_a_run_killed_mid_write_leaves_no_temporary_after_the_next_run(tiny_checkpoints, tmp_path):
     """``sapiens2 predict`` killed with SIGKILL while it writes an output leaves that write's temporary file beside
     the outputs (``.<name>.<hex>.tmp<suffix>``); the next run into the folder removes it."""

@@ -300,6 +300,7 @@ def _interpreted(what: str) -> dict[str, float]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # 8-15 s: the default suite stays under 10 minutes
 def test_triton_kernels_agree_with_the_reference_path_in_the_interpreter():
     """Every kernel on CPU tensors (head dims 16/64/76/80, fp32/bf16, bf16/fp32 RoPE, MHA/GQA) within the bound; the
     RoPE kernel fed swapped halves or tables one token off is far outside it."""

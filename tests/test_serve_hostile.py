@@ -180,6 +180,7 @@ def test_a_port_in_use_is_one_line_naming_it_at_once(server, tiny_checkpoints):
             assert time.monotonic() - started < 30
 
 
+@pytest.mark.slow  # 8-15 s: the default suite stays under 10 minutes
 def test_idle_uploads_take_no_slot_and_are_cut_off_at_the_request_timeout(server):
     head = f"POST /v1/seg HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Length: 100000\r\n\r\n".encode()
     idle = []

@@ -5,6 +5,7 @@ transformers uses a float32 RoPE, so ours runs with ``rope_dtype="fp32"`` here; 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import assert_rel_close, require_module
 from safetensors.torch import save_file
@@ -41,6 +42,7 @@ def hf_model_from_official_file(model: Sapiens2, folder):
     return transformers.Sapiens2Model.from_pretrained(folder).eval()
 
 
+@pytest.mark.slow  # 8-15 s: the default suite stays under 10 minutes
 def test_backbone_agrees_with_transformers_port_on_real_size_arch(tmp_path):
     torch.manual_seed(0)
     ours = Sapiens2("sapiens2_0.4b", rope_dtype="fp32").eval()  # real widths, GQA blocks 8-15
