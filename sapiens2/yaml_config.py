@@ -28,6 +28,7 @@ __all__ = [
     "config_path",
     "config_to_dict",
     "did_you_mean",
+    "dotted_value",
     "read_config",
     "rebase_paths",
     "templates",
@@ -167,6 +168,13 @@ def _plain(value: Any) -> Any:
 def config_to_dict(config: Any) -> dict[str, Any]:
     """Plain YAML/JSON-ready data (tuples as lists) that ``build_config`` turns back into ``config``."""
     return _plain(dataclasses.asdict(config))
+
+
+def dotted_value(data: Mapping[str, Any], key: str) -> Any:
+    """The value at the dotted ``key`` (``schedule.warmup_steps``) of plain config data; None where it is absent."""
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, Mapping) else None
+    return data
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..messages import OptionText
-from ..yaml_config import config_option
+from ..yaml_config import config_option, dotted_value
 from .config import DISTILL_TASKS, DistillConfig, distill_config_from_dict
 from .pairs import read_shapes
 
@@ -221,17 +221,11 @@ def _run_folder_problems(config: DistillConfig, option: OptionText, resume: bool
     saved, now = yaml.safe_load(saved_path.read_text()) or {}, config_to_dict(config)
     problems = []
     for key in _RUN_KEYS:
-        before, after = _dotted(saved, key), _dotted(now, key)
+        before, after = dotted_value(saved, key), dotted_value(now, key)
         if before is not None and not _same(key, before, after):
             problems.append(f"{option(key, after)}: the run in {run_dir} was started with {before!r}; resume with "
                             f"the same value, or start a new run in another {option('output_dir')}")  # fmt: skip
     return problems
-
-
-def _dotted(data: Mapping[str, Any], key: str) -> Any:
-    for part in key.split("."):
-        data = data.get(part) if isinstance(data, Mapping) else None
-    return data
 
 
 def _same(key: str, before: Any, after: Any) -> bool:
